@@ -1,0 +1,39 @@
+"""The ``scalevec`` command line: one subcommand per stage (DESIGN.md §12).
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and ``run(args) -> int``;
+this file only dispatches. User errors (``ValueError``, a missing file) print one line naming the
+problem and the fix and exit with code 2; nothing is written by a command that fails validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (name, module, help). Modules are imported only when their subcommand runs, so `info` stays instant.
+SUBCOMMANDS = [
+    ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scalevec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module, help_text in SUBCOMMANDS:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+        print(f"scalevec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"scalevec {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""Typed configuration: dataclasses, YAML files and ``key=value`` overrides (DESIGN.md §2, §3, §12).
+
+Every knob of a run lives in one of these dataclasses. ``RunConfig`` groups them; it is what a run
+directory stores as ``config.yaml`` and what ``--config FILE.yaml`` and ``section.field=value``
+overrides edit. Validation raises ``ValueError`` naming the offending field and what to use instead.
+This module builds nothing: models, optimizers and data read these objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclass
+class MoEConfig:
+    """Mixture-of-experts MLP (DESIGN.md §6). ``d_expert`` is each expert's SwiGLU width."""
+
+    n_experts: int = 8
+    top_k: int = 2
+    d_expert: int = 128
+    n_shared_experts: int = 0
+    lb_coef: float = 0.01  # switch-style load-balancing loss E * sum_i f_i P_i
+    z_loss_coef: float = 0.0  # router z-loss mean(logsumexp(logits)^2)
+    first_dense: int = 0  # the first `first_dense` blocks keep a dense MLP (0: every block is MoE)
+
+    def validate(self) -> None:
+        _positive(self, "n_experts", "d_expert", "top_k")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"moe.top_k={self.top_k} exceeds moe.n_experts={self.n_experts}; use top_k <= n_experts")
+        if self.n_shared_experts < 0 or self.first_dense < 0:
+            raise ValueError("moe.n_shared_experts and moe.first_dense must be >= 0")
+        if self.lb_coef < 0 or self.z_loss_coef < 0:
+            raise ValueError("moe.lb_coef and moe.z_loss_coef must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    """Llama-style decoder shape (DESIGN.md §2). ``head_dim = d_model // n_heads``."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 4
+    d_ff: int = 344
+    vocab_size: int = 256
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    layout: str = "pre"  # pre | peri
+    qk_norm: bool = False
+    init_std: float = 0.02
+    moe: MoEConfig | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads} (GQA)")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE; change model.d_model or model.n_heads")
+        if self.layout not in ("pre", "peri"):
+            raise ValueError(f"model.layout={self.layout!r} is unknown; use 'pre' or 'peri'")
+        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
+            raise ValueError("model.rope_theta, model.norm_eps and model.init_std must be > 0")
+        if self.moe is not None:
+            self.moe.validate()
+            if self.moe.first_dense > self.n_layers:
+                raise ValueError(f"moe.first_dense={self.moe.first_dense} exceeds model.n_layers={self.n_layers}")
+
+
+# --------------------------------------------------------------------------------------------- scales
+
+SCALE_CHOICES = {
+    "scale": ("none", "shared", "branch"),
+    "placement": ("input", "dual", "dual_norm"),
+    "param": ("direct", "magdir", "magdir_exp"),
+    "wd": ("none", "all", "input", "output"),
+    "apply": ("weight", "activation"),
+}
+
+PRESET_NAMES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
+
+
+@dataclass
+class ScaleConfig:
+    """A scale-vector strategy: the four switches of DESIGN.md §3 plus where they act.
+
+    - ``scale``: ``none`` (γ ≡ 1, no parameter), ``shared`` (one γ per norm), ``branch`` (HG: one γ
+      per linear map that reads the norm).
+    - ``placement``: ``input``, ``dual`` (DP: also an output-side scale s, ``diag(s) W diag(γ)``),
+      ``dual_norm`` (DNP: as DP, and the outputs of ``norm_sites`` are RMS-normalized before s).
+    - ``param``: ``direct``, ``magdir`` (OR: ``γ = β α / rms(α)``), ``magdir_exp`` (ER: ``exp(b) α/rms(α)``).
+    - ``wd``: which scales get weight decay: ``none``, ``all``, ``input`` (IWD), ``output``.
+    - ``per_expert``: under ``branch``, every MoE expert gets its own gate/up scale vectors.
+    - ``dual_sites`` / ``norm_sites``: the projections that get an output-side scale / normalization.
+    - ``apply``: ``weight`` folds the scales into the weights on the fly (``W' = diag(s) W diag(γ)``),
+      ``activation`` multiplies activations; same function and gradients (DESIGN.md §3 note).
+    - ``folded``: the result of ``fold_scales``: no Input-Norm scales, QK-norm scale vectors kept as
+      plain vectors (Qwen3's q_norm/k_norm). Not a research strategy; set by ``fold_scales``.
+    """
+
+    scale: str = "shared"
+    placement: str = "input"
+    param: str = "direct"
+    wd: str = "none"
+    per_expert: bool = False
+    dual_sites: tuple[str, ...] = ("q", "k", "v", "gate", "up")
+    norm_sites: tuple[str, ...] = ("gate", "up")
+    apply: str = "weight"
+    folded: bool = False
+
+    @classmethod
+    def preset(cls, name: str) -> "ScaleConfig":
+        """The named strategy of DESIGN.md §3. Raises ``ValueError`` for an unknown name."""
+        presets = {
+            "none": dict(scale="none"),
+            "baseline": dict(),
+            "iwd": dict(wd="input"),
+            "hg": dict(scale="branch"),
+            "dp": dict(placement="dual"),
+            "dnp": dict(placement="dual_norm"),
+            "or": dict(param="magdir"),
+            "er": dict(param="magdir_exp"),
+            "unified": dict(scale="branch", placement="dual_norm", param="magdir", wd="input"),
+            "unified_foldable": dict(scale="branch", placement="dual", param="magdir", wd="input"),
+        }
+        if name not in presets:
+            raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(PRESET_NAMES)}")
+        cfg = cls(**presets[name])
+        cfg.validate()
+        return cfg
+
+    @property
+    def foldable(self) -> bool:
+        """True when every scale folds into an adjacent linear map of a ``pre`` model (no DNP)."""
+        return self.placement != "dual_norm"
+
+    def validate(self) -> None:
+        for name, choices in SCALE_CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"scale.{name}={value!r} is unknown; use one of {', '.join(choices)}")
+        if self.scale == "none":
+            for name, plain in (("placement", "input"), ("param", "direct"), ("wd", "none")):
+                if getattr(self, name) != plain:
+                    raise ValueError(
+                        f"scale.{name}={getattr(self, name)!r} needs scale vectors, but scale.scale='none'; "
+                        f"set scale.{name}={plain!r} or choose scale.scale='shared'/'branch'"
+                    )
+        if self.per_expert and self.scale != "branch":
+            raise ValueError("scale.per_expert=True needs scale.scale='branch' (HG)")
+        for site in self.dual_sites:
+            if site not in ("q", "k", "v", "gate", "up"):
+                raise ValueError(f"scale.dual_sites has {site!r}; allowed: q, k, v, gate, up")
+        for site in self.norm_sites:
+            if site not in ("gate", "up"):
+                raise ValueError(f"scale.norm_sites has {site!r}; allowed: gate, up")
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer (DESIGN.md §5). ``lr`` is the AdamW peak lr; Muon's matrices use ``muon_lr`` or ``lr``."""
+
+    name: str = "adamw"  # adamw | muon
+    lr: float = 3e-3
+    muon_lr: float | None = None
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    embedding_wd: bool = False
+    router_wd: bool = False
+    muon_momentum: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+
+    def validate(self) -> None:
+        if self.name not in ("adamw", "muon"):
+            raise ValueError(f"optim.name={self.name!r} is unknown; use 'adamw' or 'muon'")
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr={self.lr} must be > 0 (try 3e-3)")
+        if self.muon_lr is not None and not self.muon_lr > 0:
+            raise ValueError(f"optim.muon_lr={self.muon_lr} must be > 0")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("optim.weight_decay and optim.grad_clip must be >= 0")
+
+
+@dataclass
+class ScheduleConfig:
+    """lr(step) (DESIGN.md §7). ``warmup`` in steps; ``decay_frac`` is WSD's decay share of the run."""
+
+    name: str = "cosine"  # cosine | wsd | linear | constant
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    decay_frac: float = 0.2
+    decay_shape: str = "linear"  # WSD decay: linear | cosine | 1-sqrt
+
+    def validate(self) -> None:
+        if self.name not in ("cosine", "wsd", "linear", "constant"):
+            raise ValueError(f"schedule.name={self.name!r} is unknown; use cosine, wsd, linear or constant")
+        if self.decay_shape not in ("linear", "cosine", "1-sqrt"):
+            raise ValueError(f"schedule.decay_shape={self.decay_shape!r} is unknown; use linear, cosine or 1-sqrt")
+        if self.warmup < 0:
+            raise ValueError(f"schedule.warmup={self.warmup} must be >= 0")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.decay_frac <= 1:
+            raise ValueError("schedule.min_lr_ratio must be in [0, 1] and schedule.decay_frac in (0, 1]")
+
+
+@dataclass
+class DataConfig:
+    """Corpus and tokenizer (DESIGN.md §8). ``source`` is ``shakespeare``, ``kjv``, a path or ``hf:NAME[:CONFIG]``."""
+
+    source: str = "shakespeare"
+    tokenizer: str = "bytes"  # bytes | bpe:N | path/to/tokenizer.json
+    val_frac: float = 0.1
+    val_tokens: int = 131072  # fixed validation set: the same for every run of a comparison
+    cache_dir: str = ""  # "" -> ~/.cache/scalevec
+
+    def validate(self) -> None:
+        if not 0 < self.val_frac < 1:
+            raise ValueError(f"data.val_frac={self.val_frac} must be in (0, 1)")
+        if self.val_tokens <= 0:
+            raise ValueError(f"data.val_tokens={self.val_tokens} must be > 0")
+
+
+@dataclass
+class TrainConfig:
+    """The training loop (DESIGN.md §8). One step = ``batch_size`` sequences of ``seq_len`` tokens."""
+
+    steps: int = 800
+    tokens: int = 0  # if > 0, overrides steps: steps = ceil(tokens / (batch_size * seq_len))
+    batch_size: int = 16  # global batch, in sequences
+    micro_batch_size: int = 0  # 0 -> batch_size (no accumulation)
+    seq_len: int = 128
+    seed: int = 0
+    eval_every: int = 100
+    eval_batch_size: int = 32
+    log_every: int = 10
+    ckpt_every: int = 0  # 0 -> only at the end
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu) | float32 | bfloat16
+    dist: str = "none"  # none | ddp | fsdp2
+    probe_every: int = 0
+    sharpness_every: int = 0
+
+    def validate(self) -> None:
+        _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
+        if self.tokens < 0 or self.micro_batch_size < 0 or self.ckpt_every < 0:
+            raise ValueError("train.tokens, train.micro_batch_size and train.ckpt_every must be >= 0")
+        mb = self.micro_batch_size or self.batch_size
+        if self.batch_size % mb:
+            raise ValueError(f"train.batch_size={self.batch_size} is not a multiple of train.micro_batch_size={mb}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"train.device={self.device!r} is unknown; use auto, cpu or cuda")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"train.dtype={self.dtype!r} is unknown; use auto, float32 or bfloat16")
+        if self.dist not in ("none", "ddp", "fsdp2"):
+            raise ValueError(f"train.dist={self.dist!r} is unknown; use none, ddp or fsdp2")
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; stored as the run directory's ``config.yaml``."""
+
+    preset: str = "small"
+    strategy: str = "baseline"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        for part in (self.model, self.scale, self.optim, self.schedule, self.data, self.train):
+            part.validate()
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ValueError(
+                f"train.seq_len={self.train.seq_len} exceeds the model's max_seq_len={self.model.max_seq_len}; "
+                f"lower --seq-len or set model.max_seq_len"
+            )
+
+
+# --------------------------------------------------------------------------------------------- I/O
+
+
+def to_dict(cfg: Any) -> dict:
+    """A dataclass as plain YAML-safe dicts, lists and scalars."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(cfg)
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a dict, checking keys and types. Raises ``ValueError`` naming the key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + k for k in unknown))}; known: {', '.join(sorted(known))}")
+    kwargs = {k: _coerce(hints[k], v, where + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(options[0], value, key)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key + ".")
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace(" ", "").split(",") if v] if value else []
+        args = typing.get_args(tp)
+        item = args[0]
+        return tuple(_coerce(item, v, key) for v in value)
+    try:
+        if tp is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return bool(value)
+        if tp is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(float(value)) if isinstance(value, str) else int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={value!r} is not a valid {getattr(tp, '__name__', tp)}") from None
+    return value
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply ``section.field=value`` overrides (e.g. ``model.d_model=256``, ``moe.n_experts=4``).
+
+    ``moe.*`` edits ``model.moe`` (creating it with defaults if absent). Raises ``ValueError`` for a
+    malformed item or an unknown key.
+    """
+    data = to_dict(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not key=value (example: model.d_model=256)")
+        key, value = item.split("=", 1)
+        path = key.strip().split(".")
+        if path[0] == "moe":
+            path = ["model", *path]
+        node = data
+        for part in path[:-1]:
+            if part == "moe" and node.get("moe") is None:
+                node["moe"] = to_dict(MoEConfig())
+            if part not in node or not isinstance(node[part], dict):
+                raise ValueError(f"unknown config key {key!r}; sections: {', '.join(k for k, v in data.items() if isinstance(v, dict))}")
+            node = node[part]
+        if path[-1] not in node:
+            raise ValueError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node))}")
+        node[path[-1]] = yaml.safe_load(value) if value.strip() else ""
+    return from_dict(RunConfig, data)
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping; ``ValueError`` with the path if it is missing or malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"config file {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {p} must hold a mapping")
+    return data
+
+
+def save_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def _positive(obj: Any, *names: str) -> None:
+    section = type(obj).__name__.replace("Config", "").lower()
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{section}.{name}={value!r} must be a positive integer")
+
+
+__all__ = [
+    "MoEConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
+    "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
+    "load_yaml", "save_yaml", "replace",
+]

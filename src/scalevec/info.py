@@ -1,0 +1,77 @@
+"""``scalevec info``: parameter counts of a preset and strategy, built on the meta device (instant at 2B).
+
+Reports total, embedding and non-embedding parameters, scale-vector parameters by role, and the
+overhead against ``baseline`` (DESIGN.md §3, §11). For MoE presets also the active (per-token) count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .config import PRESET_NAMES, ScaleConfig
+from .model import Transformer, build_model
+from .presets import PRESETS, get_preset
+
+SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
+
+
+def count_params(model: Transformer) -> dict:
+    """Parameter figures of ``model`` (works on the meta device): totals, by role, scale vectors, active."""
+    roles = model.param_roles()
+    by_role: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        by_role[roles[name]] = by_role.get(roles[name], 0) + p.numel()
+    total = sum(by_role.values())
+    embedding = by_role.get("embedding", 0) + by_role.get("lm_head", 0)
+    scale_by_role = {r: by_role.get(r, 0) for r in SCALE_ROLES}
+    out = {
+        "params": total,
+        "embedding_params": embedding,
+        "non_embedding_params": total - embedding,
+        "params_by_role": by_role,
+        "scale_params": sum(scale_by_role.values()),
+        "scale_params_by_role": scale_by_role,
+    }
+    active = getattr(model, "active_params", None)
+    out["active_params"] = active() if callable(active) else total
+    return out
+
+
+def info(preset: str, strategy: str) -> dict:
+    """Figures for ``preset`` × ``strategy`` plus the overhead against ``baseline``. ``ValueError`` if unknown."""
+    cfg = get_preset(preset)
+    scfg = ScaleConfig.preset(strategy)
+    figures = count_params(build_model(cfg, scfg, device="meta"))
+    base = count_params(build_model(cfg, ScaleConfig.preset("baseline"), device="meta"))
+    extra = figures["params"] - base["params"]
+    return {"preset": preset, "strategy": strategy, **figures, "overhead_params": extra,
+            "overhead_share": extra / base["params"]}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="small", help=f"one of: {', '.join(PRESETS)}")
+    p.add_argument("--strategy", default="baseline", help=f"one of: {', '.join(PRESET_NAMES)}")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    r = info(args.preset, args.strategy)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    rows = [
+        ("total parameters", r["params"]),
+        ("  embedding + LM head", r["embedding_params"]),
+        ("  non-embedding", r["non_embedding_params"]),
+    ]
+    if r["active_params"] != r["params"]:
+        rows.append(("active per token", r["active_params"]))
+    rows.append(("scale-vector parameters", r["scale_params"]))
+    rows += [(f"  {role}", n) for role, n in r["scale_params_by_role"].items() if n]
+    rows.append(("overhead vs baseline", r["overhead_params"]))
+    print(f"{args.preset} · {args.strategy}")
+    for label, n in rows:
+        print(f"  {label:<28}{n:>16,}")
+    print(f"  {'overhead share':<28}{r['overhead_share']:>16.6%}")
+    return 0

@@ -1,0 +1,177 @@
+"""The Llama-style decoder with every scale-vector strategy (DESIGN.md §2, §3).
+
+A handful of small modules: ``Attention`` (GQA, RoPE in Hugging Face's half-rotation layout,
+optional QK-norm, SDPA), ``MLP`` (SwiGLU), ``Block`` (``pre`` or ``peri`` layout) and ``Transformer``.
+Where scale vectors sit is decided by ``scales.NormLinear`` / ``scales.OutputNorm`` when a block is
+built, never by flags in ``forward``. Parameter roles and inits are declared where parameters are
+made (``scales.new_param``). MoE MLPs live in ``moe.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig, ScaleConfig
+from .scales import Linear, NormLinear, OutputNorm, init_params, new_param, normal_init, param_roles
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """RoPE tables ``cos, sin: (seq_len, head_dim)`` in float32, Hugging Face Llama's layout:
+    ``inv_freq_i = theta^(-2i/head_dim)``, frequencies repeated as ``[f, f]`` (half rotation)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    freqs = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x: (B, H, T, hd)`` by position: ``x cos + rotate_half(x) sin`` (HF half-rotation)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal GQA self-attention reading an Input-Norm (its γ folds into W_q, W_k, W_v).
+
+    ``forward(x: (B, T, d_model), cos, sin) -> (B, T, d_model)``. With ``qk_norm`` each head's q and k
+    are RMS-normalized over head_dim with one Output-Norm γ per projection, before RoPE (as in Qwen3).
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        kv = cfg.n_kv_heads * cfg.head_dim
+        self.proj = NormLinear(cfg.d_model, {"q": cfg.d_model, "k": kv, "v": kv}, scfg, cfg.norm_eps, std=cfg.init_std)
+        self.q_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.k_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.o = Linear(cfg.d_model, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.proj(x)
+        q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, KV, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU ``W_down(silu(W_gate u) * (W_up u))`` reading an Input-Norm. ``(B, T, d) -> ((B, T, d), aux=0)``."""
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+        super().__init__()
+        self.proj = NormLinear(cfg.d_model, {"gate": cfg.d_ff, "up": cfg.d_ff}, scfg, cfg.norm_eps, std=cfg.init_std)
+        self.down = Linear(cfg.d_ff, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        gate, up = self.proj(x)
+        return self.down(F.silu(gate) * up), x.new_zeros(())
+
+
+class Block(nn.Module):
+    """One decoder block. Where the scale vectors sit (γ: Input-Norm, γ_out: Output-Norm)::
+
+        pre:   x ─┬─ n·γ ─ Attn ─(+)─┬─ n·γ ─ MLP ─(+)─>        γ folds into W_q,k,v / W_gate,up
+                  └──────────────────┘└─────────────────┘
+        peri:  x ─┬─ n·γ ─ Attn ─ n·γ_out ─(+)─ ... same for the MLP   γ_out cannot fold
+
+    ``forward(x: (B, T, d), cos, sin) -> (x, aux_loss)``; aux is the MoE auxiliary loss (0 if dense).
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig, layer: int):
+        super().__init__()
+        self.attn = Attention(cfg, scfg)
+        if cfg.moe is not None and layer >= cfg.moe.first_dense:
+            from .moe import MoE
+
+            self.mlp = MoE(cfg, scfg)
+        else:
+            self.mlp = MLP(cfg, scfg)
+        peri = cfg.layout == "peri"
+        self.attn_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
+        self.mlp_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        x = x + self.attn_out(self.attn(x, cos, sin))
+        y, aux = self.mlp(x)
+        return x + self.mlp_out(y), aux
+
+
+class Embedding(nn.Module):
+    """Token embedding ``(B, T) -> (B, T, d_model)``, role ``embedding``."""
+
+    def __init__(self, vocab_size: int, d_model: int, std: float):
+        super().__init__()
+        new_param(self, "weight", (vocab_size, d_model), "embedding", normal_init(std))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.embedding(tokens, self.weight)
+
+
+class Transformer(nn.Module):
+    """The decoder: embedding, ``n_layers`` blocks, final Input-Norm, LM head (DESIGN.md §2).
+
+    ``forward(tokens: LongTensor (B, T)) -> logits (B, T, vocab_size)``.
+    ``forward(tokens, targets (B, T)) -> (ce_sum, n_targets, aux)``: cross-entropy in nats summed over
+    targets ``!= -100`` (float32), their count, and the coefficient-weighted MoE auxiliary loss.
+    Parameters are initialized from the current torch RNG in creation order; scale parameters use
+    no randomness, so every strategy gets the same matrices from the same seed.
+    Raises ``ValueError`` for an invalid config.
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+        super().__init__()
+        cfg.validate()
+        scfg.validate()
+        self.cfg, self.scfg = cfg, scfg
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model, cfg.init_std)
+        self.layers = nn.ModuleList(Block(cfg, scfg, i) for i in range(cfg.n_layers))
+        self.head = NormLinear(cfg.d_model, {"lm_head": cfg.vocab_size}, scfg, cfg.norm_eps, role="lm_head",
+                               std=cfg.init_std)
+        if cfg.tie_embeddings:
+            self.head.branches["lm_head"].weight = self.embed.weight
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """(Re-)initialize every parameter as declared at creation (DESIGN.md §2 init)."""
+        init_params(self)
+
+    def param_roles(self) -> dict[str, str]:
+        """``{name: role}`` for every parameter (DESIGN.md §5); exhaustive and exclusive."""
+        return param_roles(self)
+
+    def forward(self, tokens: Tensor, targets: Tensor | None = None):
+        B, T = tokens.shape
+        x = self.embed(tokens)  # (B, T, d)
+        cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device)
+        aux = x.new_zeros((), dtype=torch.float32)
+        for layer in self.layers:
+            x, a = layer(x, cos, sin)
+            aux = aux + a
+        logits = self.head(x)[0]  # (B, T, V)
+        if targets is None:
+            return logits
+        ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+        return ce, (targets != -100).sum(), aux
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count; ``non_embedding`` leaves out the embedding and the LM head (scaling fits)."""
+        roles = self.param_roles()
+        return sum(p.numel() for n, p in self.named_parameters()
+                   if not (non_embedding and roles[n] in ("embedding", "lm_head")))
+
+
+def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None, device: str | torch.device | None = None) -> Transformer:
+    """Build a ``Transformer``; with ``seed`` its matrices come from ``torch.manual_seed(seed)`` (fork of the
+    global RNG, which is left untouched). ``device='meta'`` builds it without memory (parameter counts)."""
+    with torch.device(device or "cpu"):
+        if seed is None:
+            return Transformer(cfg, scfg)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return Transformer(cfg, scfg)

@@ -1,0 +1,53 @@
+"""Model presets: CPU sizes for tests and the main job, and the paper's Llama family (DESIGN.md §11).
+
+The paper family keeps head_dim 64, ``d_ff = floor(8/3 · d_model)`` (SwiGLU), vocab 50304 untied, full
+multi-head attention; ``llama-1b`` is exactly the paper's Llama-1B (1,028,065,024 parameters with the
+``baseline`` strategy, 80,640 of them scale vectors). The others are sized so that the total parameter
+count matches the name. CPU presets use the bytes vocabulary (256) and head_dim 32. MoE presets
+(``moe-*``) keep the dense attention and replace every MLP by fine-grained experts (DESIGN.md §6).
+
+| preset       | d_model | n_layers | n_heads | d_ff | vocab | notes |
+|--------------|--------:|---------:|--------:|-----:|------:|-------|
+| tiny         |      64 |        4 |       2 |  170 |   256 | ~0.2M non-embedding |
+| small        |     128 |        5 |       4 |  341 |   256 | ~1M non-embedding |
+| medium       |     256 |        6 |       8 |  682 |   256 | ~4.7M non-embedding |
+| llama-0.12b  |     640 |       12 |      10 | 1706 | 50304 | 0.123B |
+| llama-0.25b  |     896 |       16 |      14 | 2389 | 50304 | 0.244B |
+| llama-0.5b   |    1280 |       18 |      20 | 3413 | 50304 | 0.483B |
+| llama-1b     |    1792 |       22 |      28 | 4778 | 50304 | 1.028B (the paper's) |
+| llama-2b     |    2304 |       28 |      36 | 6144 | 50304 | 2.015B |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .config import MoEConfig, ModelConfig
+
+
+def _llama(d_model: int, n_layers: int, vocab: int = 50304, head_dim: int = 64, max_seq_len: int = 2048) -> ModelConfig:
+    n_heads = d_model // head_dim
+    return ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
+                       d_ff=8 * d_model // 3, vocab_size=vocab, max_seq_len=max_seq_len)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": _llama(64, 4, vocab=256, head_dim=32, max_seq_len=256),
+    "small": _llama(128, 5, vocab=256, head_dim=32, max_seq_len=512),
+    "medium": _llama(256, 6, vocab=256, head_dim=32, max_seq_len=512),
+    "llama-0.12b": _llama(640, 12),
+    "llama-0.25b": _llama(896, 16),
+    "llama-0.5b": _llama(1280, 18),
+    "llama-1b": _llama(1792, 22),
+    "llama-2b": _llama(2304, 28),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """A fresh copy of preset ``name``. Raises ``ValueError`` naming the known presets."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], moe=dataclasses.replace(PRESETS[name].moe) if PRESETS[name].moe else None)
+
+
+__all__ = ["PRESETS", "get_preset", "MoEConfig"]
