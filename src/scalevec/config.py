@@ -207,7 +207,7 @@ class ScheduleConfig:
 
     name: str = "cosine"  # cosine | wsd | linear | constant
     warmup: int = 50
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.1  # floor = min_lr_ratio * peak (WSD in DESIGN.md decays to 0: set 0.0)
     decay_frac: float = 0.2
     decay_shape: str = "linear"  # WSD decay: linear | cosine | 1-sqrt
 
