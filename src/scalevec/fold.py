@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from .config import ScaleConfig
-from .model import Transformer
+from .model import Transformer, build_model
 
 
 def unfoldable_scales(model: Transformer) -> list[str]:
@@ -44,8 +44,8 @@ def fold_scales(model: Transformer) -> Transformer:
                          f"dp, or, er, unified_foldable (the exportable form of unified), in the pre layout")
     cfg = dataclasses.replace(model.cfg, tie_embeddings=False)
     ref = next(model.parameters())
-    with torch.device(ref.device):
-        folded = Transformer(cfg, ScaleConfig(scale="none", folded=True)).to(ref.dtype)
+    # a seeded build (fork of the RNG): folding must not advance the caller's global RNG stream
+    folded = build_model(cfg, ScaleConfig(scale="none", folded=True), seed=0, device=ref.device).to(ref.dtype)
     state = folded.state_dict()
     old = model.state_dict()
     with torch.no_grad():
