@@ -14,6 +14,9 @@ import sys
 # (name, module, help). Modules are imported only when their subcommand runs, so `info` stays instant.
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
+    ("train", "scalevec.train", "train one run into a run directory"),
+    ("export", "scalevec.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
+    ("generate", "scalevec.generate", "sample text from a run directory or an exported Hugging Face directory"),
 ]
 
 

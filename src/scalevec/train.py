@@ -1,0 +1,552 @@
+"""The trainer: one CPU or many GPUs, exact resume, a self-describing run directory (DESIGN.md §8).
+
+``train(cfg, out_dir)`` validates everything first (config, data, model) and only then creates the
+run directory, so a bad input writes nothing. The step: the global batch of ``train.batch_size``
+sequences is split across ranks and micro-batches; the loss is summed in nats and divided by the
+number of target tokens of the whole global batch (so accumulation and world size do not change
+it); gradients are clipped; a non-finite loss or gradient norm stops the run with the last good
+checkpoint kept. Checkpoints are written atomically (temporary directory, then rename) and hold the
+model (safetensors), optimizer, step and RNG states; the data sampler is stateless (batch = f(seed,
+step)), so resume is exact. Only rank 0 writes.
+
+Run directory: ``config.yaml``, ``meta.json``, ``optim_groups.txt``, ``metrics.jsonl``,
+``summary.json``, ``tokenizer/``, ``checkpoints/step_XXXXXXX/`` + ``checkpoints/latest``, ``DONE``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from . import __version__, distributed
+from .config import RunConfig, ScaleConfig, from_dict, load_yaml, save_yaml, to_dict
+from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
+from .model import Transformer, build_model
+from .optim import build_optimizers, group_table, param_groups, set_lr
+from .presets import get_preset
+from .scales import scale_vectors
+from .schedule import lr_at
+
+CKPT_DIR = "checkpoints"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became non-finite; the run directory keeps the last good checkpoint."""
+
+
+def make_config(preset: str = "small", strategy: str = "baseline", overrides: list[str] | None = None,
+                file_data: dict | None = None) -> RunConfig:
+    """Resolve a run's config: preset and strategy defaults, then a YAML mapping, then ``key=value`` overrides.
+
+    Raises ``ValueError`` for unknown presets, strategies or keys, and invalid values.
+    """
+    from .config import apply_overrides
+
+    file_data = dict(file_data or {})
+    preset = file_data.pop("preset", preset)
+    strategy = file_data.pop("strategy", strategy)
+    base = RunConfig(preset=preset, strategy=strategy, model=get_preset(preset), scale=ScaleConfig.preset(strategy))
+    data = to_dict(base)
+    for section, values in file_data.items():
+        if section not in data or not isinstance(data[section], dict):
+            raise ValueError(f"unknown config section {section!r}; known: {', '.join(k for k, v in data.items() if isinstance(v, dict))}")
+        if not isinstance(values, dict):
+            raise ValueError(f"config section {section!r} must be a mapping")
+        if section == "model" and "moe" in values and isinstance(values["moe"], dict) and data["model"]["moe"]:
+            values = {**values, "moe": {**data["model"]["moe"], **values["moe"]}}
+        data[section] = {**data[section], **values}
+    cfg = apply_overrides(from_dict(RunConfig, data), overrides or [])
+    cfg.validate()
+    return cfg
+
+
+def total_steps(cfg: RunConfig) -> int:
+    """Optimizer steps of the run: ``train.steps``, or ``ceil(train.tokens / tokens per step)`` if set."""
+    if cfg.train.tokens > 0:
+        return math.ceil(cfg.train.tokens / (cfg.train.batch_size * cfg.train.seq_len))
+    return cfg.train.steps
+
+
+# ----------------------------------------------------------------------------------------- run directory
+
+
+def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to clobber an existing run (``FileExistsError`` naming ``--resume``/``--overwrite``)."""
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite exclude each other; pick one")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
+    existing = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not (out / CKPT_DIR / "latest").is_file():
+            raise FileNotFoundError(f"{out} has no checkpoint to resume from; drop --resume to start a new run")
+    elif existing and not overwrite:
+        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_meta(cfg: RunConfig) -> dict:
+    """Versions, code version, host and start time, for ``meta.json``."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {
+        "scalevec": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "git_commit": commit, "host": socket.gethostname(), "platform": platform.platform(),
+        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "world_size": distributed.world_size(),
+    }
+
+
+def save_checkpoint(out: Path, step: int, model: Transformer, optimizers, extra: dict) -> Path:
+    """Write ``checkpoints/step_XXXXXXX`` atomically and point ``checkpoints/latest`` at it.
+
+    Holds ``model.safetensors`` (the consolidated model) and ``train_state.pt`` (optimizer states, the
+    number of completed steps, RNG states, ``extra``). Keeps the two newest checkpoints.
+    """
+    root = out / CKPT_DIR
+    root.mkdir(exist_ok=True)
+    final = root / f"step_{step:07d}"
+    tmp = root / f".tmp_step_{step:07d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    state = {
+        "step": step,
+        "optimizers": [o.state_dict() for o in optimizers],
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "extra": extra,
+    }
+    torch.save(state, tmp / "train_state.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    latest_tmp = root / "latest.tmp"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, root / "latest")
+    for old in sorted(root.glob("step_*"))[:-2]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    """The directory named by ``checkpoints/latest``; ``FileNotFoundError`` if there is none."""
+    latest = Path(run_dir) / CKPT_DIR / "latest"
+    if not latest.is_file():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/latest); is it a scalevec run directory?")
+    path = latest.parent / latest.read_text().strip()
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"checkpoint {path} is incomplete (no model.safetensors)")
+    return path
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The ``RunConfig`` stored in ``run_dir/config.yaml``."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a scalevec run directory (no config.yaml)")
+    return from_dict(RunConfig, load_yaml(path))
+
+
+def load_run_model(run_dir: str | Path, device: str = "cpu") -> tuple[RunConfig, Transformer]:
+    """``(config, model)`` of a run, weights from its latest checkpoint (the final one for a finished run)."""
+    cfg = load_run_config(run_dir)
+    model = build_model(cfg.model, cfg.scale, device=device)
+    load_model(model, str(latest_checkpoint(Path(run_dir)) / "model.safetensors"), device=str(device))
+    return cfg, model
+
+
+def load_run_tokenizer(run_dir: str | Path):
+    return load_tokenizer_dir(Path(run_dir) / "tokenizer")
+
+
+# ----------------------------------------------------------------------------------------- telemetry
+
+
+def scale_stats(model: torch.nn.Module) -> dict[str, dict[str, float]]:
+    """Mean, std, min, max of every effective scale vector (DESIGN.md §8 telemetry)."""
+    out = {}
+    for name, g in scale_vectors(model).items():
+        g = g.float().flatten()
+        out[name] = {"mean": g.mean().item(), "std": g.std(unbiased=False).item(), "min": g.min().item(),
+                     "max": g.max().item()}
+    return out
+
+
+def moe_stats(model: torch.nn.Module) -> dict:
+    """Per-layer MoE telemetry that ``moe.MoE`` leaves in ``last_stats`` (load balance, entropy)."""
+    out = {}
+    for name, m in model.named_modules():
+        stats = getattr(m, "last_stats", None)
+        if stats:
+            out[name] = {k: (v.tolist() if torch.is_tensor(v) else v) for k, v in stats.items()}
+    return out
+
+
+# ----------------------------------------------------------------------------------------- the step
+
+
+def accumulate_gradients(model: torch.nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                         autocast=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward over this rank's micro-batches of one global batch (DESIGN.md §8).
+
+    The loss is the cross-entropy summed in nats over every target ``!= -100`` of the *global* batch
+    (all micro-batches, all ranks) divided by their count, so the gradient does not depend on how the
+    batch is split; MoE aux losses are averaged over micro-batches. DDP/FSDP average gradients over
+    ranks, hence each rank's loss carries a factor ``world_size``. Gradients sync on the last
+    micro-batch only. Returns the global (loss, aux) as detached scalars.
+    """
+    world = distributed.world_size()
+    device = micro_batches[0][0].device
+    n_local = sum(int((y != -100).sum()) for _, y in micro_batches)
+    n_global = distributed.all_reduce_sum(torch.tensor(float(n_local), device=device))
+    ce_total = torch.zeros((), device=device)
+    aux_total = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(micro_batches):
+        with distributed.grad_sync(model, last=i == len(micro_batches) - 1):
+            with autocast or nullcontext():
+                ce, _, aux = model(x, y)
+            loss = ce * (world / n_global) + aux / len(micro_batches)
+            loss.backward()
+        ce_total += ce.detach()
+        aux_total += aux.detach() / len(micro_batches)
+    loss = distributed.all_reduce_sum(ce_total) / n_global
+    return loss, distributed.all_reduce_sum(aux_total) / world
+
+
+# ----------------------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """Builds everything for one run and trains it; see the module docstring for the contract."""
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
+                 quiet: bool = False):
+        cfg.validate()
+        self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
+        self.steps = total_steps(cfg)
+        check_out_dir(self.out, resume, overwrite)
+        if resume:
+            stored = load_run_config(self.out)
+            if to_dict(stored) != to_dict(cfg):
+                diff = [k for k, v in to_dict(cfg).items() if to_dict(stored).get(k) != v]
+                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {', '.join(diff)}; "
+                                 f"resume with the stored config (scalevec train --resume --config {self.out}/config.yaml)")
+
+        self.dist = distributed.setup(cfg.train)
+        self.device = self.dist.device
+        self.rank, self.world = self.dist.rank, self.dist.world_size
+        t = cfg.train
+        self.local_batch = t.batch_size // self.world
+        self.micro = min(t.micro_batch_size or t.batch_size, self.local_batch)
+        if t.batch_size % self.world or self.local_batch % self.micro:
+            raise ValueError(f"train.batch_size={t.batch_size} must split evenly over {self.world} process(es) and "
+                             f"micro-batches of {self.micro}; choose a batch size divisible by both")
+
+        # Data and model: everything that can fail on user input happens before the run dir exists.
+        self.data = prepare_data(cfg.data)
+        if self.data.tokenizer.vocab_size > cfg.model.vocab_size:
+            raise ValueError(f"the tokenizer has {self.data.tokenizer.vocab_size} tokens but model.vocab_size="
+                             f"{cfg.model.vocab_size}; set model.vocab_size={self.data.tokenizer.vocab_size} or higher")
+        self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
+        self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
+        self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
+        self.roles = self.model.param_roles()
+        self.groups = param_groups(self.model, cfg.optim, cfg.scale, self.roles)
+        self.wrapped = distributed.wrap(self.model, t, self.dist)
+        self.optimizers = build_optimizers(self.groups, cfg.optim)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" and t.dtype != "float32"
+                         else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
+        self.step = 0
+        self.best_val = math.inf
+        self.write = self.rank == 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def setup_run_dir(self) -> None:
+        if self.resume:
+            self.load(latest_checkpoint(self.out))
+            return
+        if self.write:
+            if self.out.exists():  # --overwrite: the old run is removed only now that the new one is valid
+                shutil.rmtree(self.out)
+            self.out.mkdir(parents=True)
+            save_yaml(self.cfg, self.out / "config.yaml")
+            write_json(self.out / "meta.json", run_meta(self.cfg))
+            (self.out / "optim_groups.txt").write_text(group_table(self.groups) + "\n")
+            self.data.tokenizer.save(self.out / "tokenizer")
+        distributed.barrier()
+
+    def load(self, ckpt: Path) -> None:
+        load_model(self.model, str(ckpt / "model.safetensors"), device=str(self.device))
+        state = torch.load(ckpt / "train_state.pt", map_location=self.device, weights_only=True)
+        for opt, sd in zip(self.optimizers, state["optimizers"]):
+            opt.load_state_dict(sd)
+        torch.set_rng_state(state["rng_cpu"].cpu())
+        if state["rng_cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+        self.step = state["step"]
+        self.best_val = state["extra"].get("best_val", math.inf)
+        if self.write:  # metrics past the checkpoint belong to a lost future: drop them
+            self.truncate_metrics(self.step)
+
+    def truncate_metrics(self, step: int) -> None:
+        path = self.out / "metrics.jsonl"
+        if path.is_file():
+            # train rows are numbered by the step taken, eval rows by the steps completed
+            rows = [(ln, json.loads(ln)) for ln in path.read_text().splitlines() if ln.strip()]
+            keep = [ln for ln, r in rows if r["step"] < step or (r["kind"] == "eval" and r["step"] == step)]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in keep))
+            os.replace(tmp, path)
+
+    def log(self, row: dict) -> None:
+        if self.write:
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def say(self, msg: str) -> None:
+        if self.write and not self.quiet:
+            print(msg, flush=True)
+
+    # -- the step ---------------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> tuple[float, float, float]:
+        """One optimizer step; returns (loss in nats/token over the global batch, aux loss, grad norm)."""
+        lr = lr_at(step, self.steps, self.cfg.optim.lr, self.cfg.schedule)
+        set_lr(self.optimizers, lr / self.cfg.optim.lr)
+        x, y = self.sampler.batch(step, self.rank, self.world)
+        x, y = x.to(self.device), y.to(self.device)
+        micro = [(x[i:i + self.micro], y[i:i + self.micro]) for i in range(0, self.local_batch, self.micro)]
+        loss, aux = accumulate_gradients(self.wrapped, micro, self.autocast)
+        clip = self.cfg.optim.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        stats = torch.stack([loss, aux, grad_norm.float().to(loss.device)]).tolist()
+        if not all(math.isfinite(v) for v in stats):
+            raise TrainingDiverged(f"non-finite loss or gradient norm at step {step} (loss {stats[0]}, grad norm "
+                                   f"{stats[2]}); the last good checkpoint is kept — lower the lr or raise warmup")
+        for opt in self.optimizers:
+            opt.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        return stats[0], stats[1], stats[2]
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Validation loss in nats/token and bits-per-byte over the fixed validation set."""
+        self.wrapped.eval()
+        ce_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        n = torch.zeros((), device=self.device, dtype=torch.float64)
+        for i, (x, y) in enumerate(self.val):
+            if i % self.world != self.rank:
+                continue
+            with self.autocast:
+                ce, cnt, _ = self.wrapped(x.to(self.device), y.to(self.device))
+            ce_sum += ce.double()
+            n += cnt
+        ce_sum, n = distributed.all_reduce_sum(ce_sum), distributed.all_reduce_sum(n)
+        self.wrapped.train()
+        loss = (ce_sum / n).item()
+        return loss, ce_sum.item() / (math.log(2) * self.val_bytes)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    def fit(self, stop_at: int | None = None) -> dict:
+        """Train to the end (or until ``stop_at`` steps are done, for tests and preemption); return the summary."""
+        self.setup_run_dir()
+        t = self.cfg.train
+        tokens_per_step = t.batch_size * t.seq_len
+        end = min(self.steps, stop_at) if stop_at is not None else self.steps
+        if self.step == 0 and self.write:
+            self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {self.model.num_params():,} params · "
+                     f"{self.steps} steps × {tokens_per_step:,} tokens · {self.world} process(es) on {self.device}")
+            self.say(group_table(self.groups))
+        bar = None
+        if self.write and not self.quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(total=end, initial=self.step, unit="step", dynamic_ncols=True)
+        step_times: list[float] = []
+        t_start = time.perf_counter()
+        self.wrapped.train()
+        while self.step < end:
+            step = self.step
+            t0 = time.perf_counter()
+            loss, aux, grad_norm = self.train_step(step)
+            dt = time.perf_counter() - t0
+            step_times.append(dt)
+            self.step = step + 1
+            if step % t.log_every == 0 or self.step == self.steps:
+                row = {"kind": "train", "step": step, "tokens": self.step * tokens_per_step,
+                       "lr": lr_at(step, self.steps, self.cfg.optim.lr, self.cfg.schedule), "loss": loss,
+                       "grad_norm": grad_norm, "tok_per_s": tokens_per_step / dt, "step_time": dt,
+                       "scales": scale_stats(self.model)}
+                if self.cfg.model.moe is not None:
+                    row["aux_loss"] = aux
+                    row["moe"] = moe_stats(self.model)
+                self.log(row)
+                if bar is None:
+                    self.say(f"step {step:>6} loss {loss:.4f} lr {row['lr']:.2e} grad {grad_norm:.3f} "
+                             f"{row['tok_per_s']:,.0f} tok/s")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}")
+            if self.step % t.eval_every == 0 or self.step == self.steps:
+                val_loss, val_bpb = self.evaluate()
+                self.best_val = min(self.best_val, val_loss)
+                self.log({"kind": "eval", "step": self.step, "tokens": self.step * tokens_per_step,
+                          "val_loss": val_loss, "val_bpb": val_bpb})
+                if bar is None:
+                    self.say(f"step {self.step:>6} val_loss {val_loss:.4f} val_bpb {val_bpb:.4f}")
+            if (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (end, self.steps):
+                self.checkpoint()
+        if bar is not None:
+            bar.close()
+        wall = time.perf_counter() - t_start
+        if self.step < self.steps:
+            return {"stopped_at": self.step}
+        summary = self.summary(wall, step_times)
+        if self.write:
+            write_json(self.out / "summary.json", summary)
+            (self.out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+            self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} bits/byte")
+        distributed.barrier()
+        return summary
+
+    def checkpoint(self) -> None:
+        if self.write:
+            save_checkpoint(self.out, self.step, self.model, self.optimizers, {"best_val": self.best_val})
+        distributed.barrier()
+
+    def summary(self, wall: float, step_times: list[float]) -> dict:
+        evals = [json.loads(ln) for ln in (self.out / "metrics.jsonl").read_text().splitlines()
+                 if ln.strip() and json.loads(ln)["kind"] == "eval"] if self.write else []
+        final = evals[-1] if evals else {"val_loss": math.nan, "val_bpb": math.nan}
+        from .info import count_params
+
+        counts = count_params(self.model)
+        warm = step_times[min(len(step_times) - 1, 5):] or step_times or [math.nan]
+        return {
+            "preset": self.cfg.preset, "strategy": self.cfg.strategy, "optimizer": self.cfg.optim.name,
+            "schedule": self.cfg.schedule.name, "lr": self.cfg.optim.lr, "seed": self.cfg.train.seed,
+            "final_val_loss": final["val_loss"], "final_val_bpb": final["val_bpb"],
+            "best_val_loss": min((e["val_loss"] for e in evals), default=math.nan),
+            "steps": self.steps, "tokens": self.steps * self.cfg.train.batch_size * self.cfg.train.seq_len,
+            "wall_time_s": wall, "step_time_s": statistics.median(warm),
+            "params": counts["params"], "non_embedding_params": counts["non_embedding_params"],
+            "active_params": counts["active_params"], "scale_params": counts["scale_params"],
+            "world_size": self.world,
+        }
+
+
+def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
+          stop_at: int | None = None, quiet: bool = False) -> dict:
+    """Train one run into ``out_dir`` and return its summary (see ``Trainer``).
+
+    Raises ``ValueError`` / ``FileNotFoundError`` / ``FileExistsError`` for bad input (before anything is
+    written) and ``TrainingDiverged`` if the loss or gradient norm becomes non-finite.
+    """
+    trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet)
+    try:
+        return trainer.fit(stop_at=stop_at)
+    finally:
+        distributed.teardown(trainer.dist)
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+FLAG_FIELDS = {  # --flag -> config field
+    "optimizer": "optim.name", "lr": "optim.lr", "schedule": "schedule.name", "warmup": "schedule.warmup",
+    "steps": "train.steps", "tokens": "train.tokens", "batch_size": "train.batch_size",
+    "micro_batch_size": "train.micro_batch_size", "seq_len": "train.seq_len", "seed": "train.seed",
+    "data": "data.source", "tokenizer": "data.tokenizer", "device": "train.device", "dtype": "train.dtype",
+    "dist": "train.dist", "probe_every": "train.probe_every", "sharpness_every": "train.sharpness_every",
+    "eval_every": "train.eval_every",
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", help="YAML file with any RunConfig fields (preset, strategy, model, scale, optim, ...)")
+    p.add_argument("--preset", help="model preset (default small; see `scalevec info`)")
+    p.add_argument("--strategy", help="scale-vector strategy (default baseline)")
+    p.add_argument("--optimizer", choices=["adamw", "muon"])
+    p.add_argument("--schedule", choices=["cosine", "wsd", "linear", "constant"],
+                   help="wsd decays to 0 unless schedule.min_lr_ratio is given")
+    for flag, kind in (("lr", float), ("warmup", int), ("steps", int), ("tokens", int), ("batch-size", int),
+                       ("micro-batch-size", int), ("seq-len", int), ("seed", int), ("eval-every", int),
+                       ("probe-every", int), ("sharpness-every", int)):
+        p.add_argument(f"--{flag}", type=kind)
+    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, hf:NAME[:CONFIG]")
+    p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
+    p.add_argument("--device", help="auto (default), cpu, cuda")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--dist", choices=["none", "ddp", "fsdp2"], help="data parallelism under torchrun")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--out", help="run directory (default runs/<preset>-<strategy>-seed<seed>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.d_model=256")
+
+
+def config_from_args(args) -> RunConfig:
+    """The RunConfig of a ``train``-style command line (precedence: preset/strategy < file < flags < key=value)."""
+    file_data = load_yaml(args.config) if args.config else {}
+    preset = args.preset or file_data.get("preset", "small")
+    strategy = args.strategy or file_data.get("strategy", "baseline")
+    file_data = {k: v for k, v in file_data.items() if k not in ("preset", "strategy")}
+    if args.preset and "model" in file_data:
+        raise ValueError("--preset conflicts with the model section of --config; drop one of them")
+    flags = []
+    for name, key in FLAG_FIELDS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            flags.append(f"{key}={value}")
+    if getattr(args, "schedule", None) == "wsd" and not any(o.startswith("schedule.min_lr_ratio") for o in args.overrides):
+        flags.append("schedule.min_lr_ratio=0.0")  # DESIGN.md §7: WSD decays to 0
+    if getattr(args, "compile", False):
+        flags.append("train.compile=true")
+    for item in args.overrides:
+        if "=" not in item:
+            raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.d_model=256)")
+    return make_config(preset, strategy, flags + list(args.overrides), file_data)
+
+
+def run(args) -> int:
+    if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
+        cfg = load_run_config(args.out)
+        if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS):
+            raise ValueError("--resume continues the stored config; drop the other options (or start a new --out)")
+    else:
+        cfg = config_from_args(args)
+    out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
+    try:
+        train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    except TrainingDiverged as e:
+        print(f"scalevec train: {e}", file=sys.stderr)
+        return 3
+    return 0

@@ -1,0 +1,164 @@
+"""The trainer (DESIGN.md §8): loss normalization, exact resume, run directory, guards, CLI errors."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from scalevec import ScaleConfig, build_model
+from scalevec.cli import main
+from scalevec.train import TrainingDiverged, Trainer, accumulate_gradients, load_run_model, make_config, train
+
+
+def tiny_run(tmp_path, strategy="baseline", steps=10, **over):
+    """A seconds-long config: tiny preset, bundled Shakespeare as bytes, small validation set."""
+    items = {"train.steps": steps, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 5,
+             "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 2048, "schedule.warmup": 2,
+             "data.cache_dir": str(tmp_path / "cache"), **over}
+    return make_config("tiny", strategy, [f"{k}={v}" for k, v in items.items()])
+
+
+def read_metrics(run, kind="train"):
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def test_loss_normalized_over_global_batch(make_cfg):
+    """Two micro-batches with 2 and 6 valid targets give the loss and gradients of one batch with all 8."""
+    cfg = make_cfg()
+    torch.manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (2, 8))
+    y = torch.randint(0, cfg.vocab_size, (2, 8))
+    y[0, 2:] = -100  # 2 valid targets in row 0
+    y[1, :2] = -100  # 6 valid targets in row 1
+    split = build_model(cfg, ScaleConfig.preset("unified"), seed=0)
+    whole = build_model(cfg, ScaleConfig.preset("unified"), seed=0)
+    loss_split, _ = accumulate_gradients(split, [(x[:1], y[:1]), (x[1:], y[1:])])
+    loss_whole, _ = accumulate_gradients(whole, [(x, y)])
+    ce, n, _ = build_model(cfg, ScaleConfig.preset("unified"), seed=0)(x, y)
+    assert n == 8
+    torch.testing.assert_close(loss_split, loss_whole, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss_whole, ce / 8, rtol=1e-6, atol=0)
+    for (name, a), (_, b) in zip(split.named_parameters(), whole.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_resume_is_bitwise_exact(tmp_path):
+    """10 steps straight equal 5 steps + resume + 5 steps, bitwise, on CPU (AdamW and Muon)."""
+    for opt in ("adamw", "muon"):
+        cfg = tiny_run(tmp_path, "unified", **{"optim.name": opt})
+        straight = tmp_path / f"straight-{opt}"
+        train(cfg, straight, quiet=True)
+        split = tmp_path / f"split-{opt}"
+        assert train(cfg, split, stop_at=5, quiet=True) == {"stopped_at": 5}
+        assert not (split / "DONE").exists()
+        train(cfg, split, resume=True, quiet=True)
+        a = [r["loss"] for r in read_metrics(straight)]
+        b = [r["loss"] for r in read_metrics(split)]
+        assert len(a) == len(b) == 10
+        assert a == b
+        assert [r["val_loss"] for r in read_metrics(straight, "eval")] == [r["val_loss"] for r in read_metrics(split, "eval")]
+
+
+def test_run_directory_contents(tmp_path):
+    """A finished run holds config, meta, group table, metrics with scale stats, summary, tokenizer, DONE."""
+    run = tmp_path / "run"
+    summary = train(tiny_run(tmp_path, "hg", steps=6), run, quiet=True)
+    for name in ("config.yaml", "meta.json", "optim_groups.txt", "metrics.jsonl", "summary.json", "DONE"):
+        assert (run / name).is_file(), name
+    assert (run / "tokenizer").is_dir()
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == list(range(6))
+    assert {"lr", "loss", "grad_norm", "tok_per_s", "tokens"} <= set(rows[0])
+    scales = rows[-1]["scales"]
+    assert any("in_scale" in k for k in scales) and all(set(v) == {"mean", "std", "min", "max"} for v in scales.values())
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["final_val_loss"] == summary["final_val_loss"] == read_metrics(run, "eval")[-1]["val_loss"]
+    assert on_disk["tokens"] == 6 * 4 * 32
+    # bytes tokenizer: bits-per-byte is nats/token divided by ln 2
+    assert summary["final_val_bpb"] == pytest.approx(summary["final_val_loss"] / math.log(2), rel=1e-9)
+    cfg, model = load_run_model(run)
+    assert cfg.strategy == "hg" and model.num_params() == summary["params"]
+
+
+def test_training_lowers_the_loss(tmp_path):
+    """40 steps on Shakespeare lower the validation loss well below the uniform ln(256) = 5.55 nats."""
+    summary = train(tiny_run(tmp_path, "baseline", steps=40, **{"optim.lr": 1e-2}), tmp_path / "r", quiet=True)
+    assert summary["final_val_loss"] < 3.5
+
+
+def test_existing_run_is_never_overwritten(tmp_path):
+    """A second run into the same directory is refused unless --resume or --overwrite; the first is intact."""
+    run = tmp_path / "run"
+    cfg = tiny_run(tmp_path, steps=2)
+    train(cfg, run, quiet=True)
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="--resume.*--overwrite"):
+        train(cfg, run, quiet=True)
+    assert (run / "metrics.jsonl").read_text() == before
+    train(cfg, run, overwrite=True, quiet=True)
+    assert (run / "DONE").is_file()
+
+
+def test_resume_with_different_config_is_refused(tmp_path):
+    """Resuming with a changed config would silently mix two runs; it is an error."""
+    run = tmp_path / "run"
+    train(tiny_run(tmp_path, steps=4), run, stop_at=2, quiet=True)
+    with pytest.raises(ValueError, match="differs"):
+        train(tiny_run(tmp_path, steps=4, **{"optim.lr": 1e-2}), run, resume=True, quiet=True)
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    """A NaN loss stops the run with TrainingDiverged; the last good checkpoint stays loadable."""
+    run = tmp_path / "run"
+    trainer = Trainer(tiny_run(tmp_path, steps=6, **{"train.ckpt_every": 2}), run, quiet=True)
+    real = trainer.model.forward
+    calls = {"n": 0}
+
+    def poisoned(tokens, targets=None):
+        calls["n"] += 1
+        out = real(tokens, targets)
+        if targets is not None and calls["n"] > 3:
+            return out[0] * float("nan"), out[1], out[2]
+        return out
+
+    monkeypatch.setattr(trainer.model, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match="step 3"):
+        trainer.fit()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
+    assert not (run / "DONE").exists()
+    load_run_model(run)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--strategy", "bogus"], "unknown strategy"),
+    (["--preset", "huge"], "unknown preset"),
+    (["--lr", "0"], "optim.lr"),
+    (["--lr=-1e-3"], "optim.lr"),
+    (["--steps", "0"], "train.steps"),
+    (["--seq-len", "100000"], "max_seq_len"),
+    (["--tokenizer", "/nonexistent/tokenizer.json"], "tokenizer"),
+    (["model.d_modle=3"], "unknown config key"),
+])
+def test_cli_bad_input_exit_2_writes_nothing(tmp_path, capsys, argv, needle):
+    """Bad input: one-line error naming the problem, exit code 2, no run directory created."""
+    out = tmp_path / "run"
+    rc = main(["train", "--preset", "tiny", "--out", str(out), "--steps", "2", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content,needle", [(b"", "empty"), (b"\xff\xfe\xfa bad bytes", "UTF-8")])
+def test_cli_bad_data_file_exit_2(tmp_path, capsys, content, needle, monkeypatch):
+    """An empty or undecodable data file is refused with exit code 2 and nothing written."""
+    monkeypatch.setenv("SCALEVEC_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "corpus.txt"
+    data.write_bytes(content)
+    out = tmp_path / "run"
+    rc = main(["train", "--preset", "tiny", "--out", str(out), "--data", str(data), "--steps", "2"])
+    assert rc == 2
+    assert needle.lower() in capsys.readouterr().err.lower()
+    assert not out.exists()
