@@ -29,9 +29,10 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model
 
 from . import __version__, distributed
+from .checkpoint import CKPT_DIR, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RunConfig, ScaleConfig, from_dict, load_yaml, save_yaml, to_dict
 from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
 from .model import Transformer, build_model
@@ -39,9 +40,6 @@ from .optim import build_optimizers, group_table, param_groups, set_lr
 from .presets import get_preset
 from .scales import scale_vectors
 from .schedule import lr_at
-
-CKPT_DIR = "checkpoints"
-
 
 class TrainingDiverged(RuntimeError):
     """The loss or gradient norm became non-finite; the run directory keeps the last good checkpoint."""
@@ -117,49 +115,6 @@ def run_meta(cfg: RunConfig) -> dict:
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "world_size": distributed.world_size(),
     }
-
-
-def save_checkpoint(out: Path, step: int, model: Transformer, optimizers, extra: dict) -> Path:
-    """Write ``checkpoints/step_XXXXXXX`` atomically and point ``checkpoints/latest`` at it.
-
-    Holds ``model.safetensors`` (the consolidated model) and ``train_state.pt`` (optimizer states, the
-    number of completed steps, RNG states, ``extra``). Keeps the two newest checkpoints.
-    """
-    root = out / CKPT_DIR
-    root.mkdir(exist_ok=True)
-    final = root / f"step_{step:07d}"
-    tmp = root / f".tmp_step_{step:07d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    state = {
-        "step": step,
-        "optimizers": [o.state_dict() for o in optimizers],
-        "rng_cpu": torch.get_rng_state(),
-        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "extra": extra,
-    }
-    torch.save(state, tmp / "train_state.pt")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    latest_tmp = root / "latest.tmp"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
-    for old in sorted(root.glob("step_*"))[:-2]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path:
-    """The directory named by ``checkpoints/latest``; ``FileNotFoundError`` if there is none."""
-    latest = Path(run_dir) / CKPT_DIR / "latest"
-    if not latest.is_file():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/latest); is it a scalevec run directory?")
-    path = latest.parent / latest.read_text().strip()
-    if not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(f"checkpoint {path} is incomplete (no model.safetensors)")
-    return path
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
@@ -300,13 +255,7 @@ class Trainer:
         distributed.barrier()
 
     def load(self, ckpt: Path) -> None:
-        load_model(self.model, str(ckpt / "model.safetensors"), device=str(self.device))
-        state = torch.load(ckpt / "train_state.pt", map_location=self.device, weights_only=True)
-        for opt, sd in zip(self.optimizers, state["optimizers"]):
-            opt.load_state_dict(sd)
-        torch.set_rng_state(state["rng_cpu"].cpu())
-        if state["rng_cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["rng_cuda"]])
+        state = load_checkpoint(ckpt, self.model, self.optimizers, self.device)
         self.step = state["step"]
         self.best_val = state["extra"].get("best_val", math.inf)
         if self.write:  # metrics past the checkpoint belong to a lost future: drop them
