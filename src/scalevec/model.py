@@ -165,6 +165,10 @@ class Transformer(nn.Module):
         return sum(p.numel() for n, p in self.named_parameters()
                    if not (non_embedding and roles[n] in ("embedding", "lm_head")))
 
+    def active_params(self) -> int:
+        """Parameters one token uses (DESIGN.md §6): all, less the routed experts it is not sent to."""
+        return self.num_params() - sum(m.inactive_params() for m in self.modules() if hasattr(m, "inactive_params"))
+
 
 def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None, device: str | torch.device | None = None) -> Transformer:
     """Build a ``Transformer``; with ``seed`` its matrices come from ``torch.manual_seed(seed)`` (fork of the

@@ -16,6 +16,20 @@ count matches the name. CPU presets use the bytes vocabulary (256) and head_dim 
 | llama-0.5b   |    1280 |       18 |      20 | 3413 | 50304 | 0.483B |
 | llama-1b     |    1792 |       22 |      28 | 4778 | 50304 | 1.028B (the paper's) |
 | llama-2b     |    2304 |       28 |      36 | 6144 | 50304 | 2.015B |
+
+MoE presets (DESIGN.md §6): every block's MLP is an MoE of E SwiGLU experts of width d_expert, top-k
+routing, no shared expert; attention as in the dense family (full MHA). Counts with ``baseline``
+(``unified`` adds 1.2 % at moe-tiny, under 0.1 % at paper scale); "active" counts the parameters one
+token uses (everything but the routed experts, plus the router and k of E experts).
+The paper-scale ones keep the Llama family rule (head_dim 64, vocab 50304); ``moe-2b`` is the
+``llama-0.5b`` backbone with 32 experts of width 768 (4 active: 3072 ≈ its dense d_ff 3413).
+
+| preset    | d_model | n_layers | n_heads | E  | top_k | d_expert | vocab | total         | active      |
+|-----------|--------:|---------:|--------:|---:|------:|---------:|------:|--------------:|------------:|
+| moe-tiny  |      64 |        4 |       2 |  8 |     2 |       64 |   256 |       494,144 |     199,232 |
+| moe-small |     128 |        5 |       4 |  8 |     2 |      128 |   256 |     2,365,824 |     891,264 |
+| moe-0.5b  |     768 |       12 |      12 | 32 |     4 |      448 | 50304 |   502,254,336 | 155,437,824 |
+| moe-2b    |    1280 |       18 |      20 | 32 |     4 |      768 | 50304 | 1,946,220,800 | 459,864,320 |
 """
 
 from __future__ import annotations
@@ -31,6 +45,11 @@ def _llama(d_model: int, n_layers: int, vocab: int = 50304, head_dim: int = 64, 
                        d_ff=8 * d_model // 3, vocab_size=vocab, max_seq_len=max_seq_len)
 
 
+def _moe(base: ModelConfig, n_experts: int, top_k: int, d_expert: int) -> ModelConfig:
+    """``base`` with every MLP replaced by an MoE of ``n_experts`` experts of width ``d_expert`` (§6)."""
+    return dataclasses.replace(base, moe=MoEConfig(n_experts=n_experts, top_k=top_k, d_expert=d_expert))
+
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny": _llama(64, 4, vocab=256, head_dim=32, max_seq_len=256),
     "small": _llama(128, 5, vocab=256, head_dim=32, max_seq_len=512),
@@ -40,6 +59,10 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-0.5b": _llama(1280, 18),
     "llama-1b": _llama(1792, 22),
     "llama-2b": _llama(2304, 28),
+    "moe-tiny": _moe(_llama(64, 4, vocab=256, head_dim=32, max_seq_len=256), 8, 2, 64),
+    "moe-small": _moe(_llama(128, 5, vocab=256, head_dim=32, max_seq_len=512), 8, 2, 128),
+    "moe-0.5b": _moe(_llama(768, 12), 32, 4, 448),
+    "moe-2b": _moe(_llama(1280, 18), 32, 4, 768),
 }
 
 
