@@ -203,12 +203,6 @@ class Trainer:
         self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
         self.steps = total_steps(cfg)
         check_out_dir(self.out, resume, overwrite)
-        if resume:
-            stored = load_run_config(self.out)
-            if to_dict(stored) != to_dict(cfg):
-                diff = [k for k, v in to_dict(cfg).items() if to_dict(stored).get(k) != v]
-                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {', '.join(diff)}; "
-                                 f"resume with the stored config (scalevec train --resume --config {self.out}/config.yaml)")
 
         self.dist = distributed.setup(cfg.train)
         self.device = self.dist.device
@@ -223,8 +217,15 @@ class Trainer:
         # Data and model: everything that can fail on user input happens before the run dir exists.
         self.data = prepare_data(cfg.data)
         if self.data.tokenizer.vocab_size > cfg.model.vocab_size:
-            raise ValueError(f"the tokenizer has {self.data.tokenizer.vocab_size} tokens but model.vocab_size="
-                             f"{cfg.model.vocab_size}; set model.vocab_size={self.data.tokenizer.vocab_size} or higher")
+            # A preset's vocabulary is a default, not a constraint: grow it to fit the tokenizer. The stored
+            # config.yaml holds the resolved value.
+            cfg.model.vocab_size = self.data.tokenizer.vocab_size
+        if resume:
+            stored = load_run_config(self.out)
+            if to_dict(stored) != to_dict(cfg):
+                diff = [k for k, v in to_dict(cfg).items() if to_dict(stored).get(k) != v]
+                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {', '.join(diff)}; "
+                                 f"resume with the stored config (scalevec train --resume --out {self.out})")
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
         self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
         self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
