@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -206,6 +208,9 @@ def test_cli_export_with_verify(tmp_path, make_cfg, perturb_scales, capsys):
     out = tmp_path / "hf"
     assert (out / "tokenizer.json").read_bytes() == (run / "tokenizer" / "tokenizer.json").read_bytes()
     assert (out / "tokenizer_config.json").is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask  # an ordinary directory, not mkdtemp's 0700
     hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     x = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

@@ -317,6 +317,11 @@ def _write_all(out: Path, config, state: dict[str, Tensor], tokenizer_dir: str |
             src = Path(tokenizer_dir) / name
             if src.is_file():
                 shutil.copyfile(src, out / name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(out, 0o777 & ~umask)  # mkdtemp made it private; the export is an ordinary directory
+    for f in out.iterdir():
+        os.chmod(f, 0o666 & ~umask)
 
 
 # --------------------------------------------------------------------------------------------- verify
