@@ -6,7 +6,6 @@ import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from scalevec import ScaleConfig, build_model
 from scalevec.scales import ROLES, ScaleVector, scale_vectors

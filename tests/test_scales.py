@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from scalevec import ScaleConfig
-from scalevec.scales import NormLinear, OutputNorm, ScaleVector, init_params, new_param, param_roles, rms_norm, \
-    scale_vectors
+from scalevec.scales import (NormLinear, OutputNorm, ScaleVector, init_params, new_param, param_roles, rms_norm,
+                             scale_vectors)
 
 EPS = 1e-6
 
