@@ -15,6 +15,7 @@ import sys
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
     ("train", "scalevec.train", "train one run into a run directory"),
+    ("theory", "scalevec.theory.lab", "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
     ("export", "scalevec.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
     ("generate", "scalevec.generate", "sample text from a run directory or an exported Hugging Face directory"),
 ]
