@@ -3,7 +3,7 @@
 ``probe_scales(model)`` reads the model's norms without running it (cheap; call it every K steps).
 ``sharpness(model, loss_fn)`` runs ``n_iters`` Hessian-vector products (each about two backward
 passes). Both are off the training path: nothing here changes parameters, their ``.grad`` or the
-RNG state. The trainer decides when to call them (``--probe-every``, ``--sharpness-every``).
+global RNG state (``sharpness``'s forward pass does refresh an MoE's ``last_stats`` telemetry). The trainer decides when to call them (``--probe-every``, ``--sharpness-every``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def top_hessian_eigenvalue(loss_fn: Callable[[], Tensor], params: list[Tensor], 
     oscillates or converges to it), and pass 2 runs ``n_iters`` iterations on ``H + ρI`` with
     ``ρ = ‖Hv‖`` from pass 1 (≈ the spectral radius, so ``H + ρI`` is ≈ PSD and its top eigenvector is
     H's λ_max one) and returns ``vᵀHv`` of its last iterate. Either way the result is a Rayleigh
-    quotient of H, hence ≤ λ_max, and pass 2's rises monotonically towards it; the error decays like
+    quotient of H, hence ≤ λ_max, and pass 2's rises monotonically towards it (H + ρI PSD); the error decays like
     ``(λ_2/λ_1)^(2·n_iters)`` of the matrix iterated. At most ``2·n_iters`` products. Raises
     ``ValueError`` if ``n_iters < 1`` or no parameter is given.
     """
@@ -121,6 +121,7 @@ def top_hessian_eigenvalue(loss_fn: Callable[[], Tensor], params: list[Tensor], 
 
 
 def _unit(vs: list[Tensor]) -> list[Tensor]:
+    """``vs / ‖vs‖`` with the norm over all tensors together (a vector in parameter space)."""
     norm = torch.sqrt(sum(x.pow(2).sum() for x in vs))
     if norm == 0:
         return vs  # Hv = 0: H is zero along v; the next Rayleigh quotient is 0, the honest answer
@@ -131,14 +132,15 @@ def sharpness(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], n_iters:
     """Top Hessian eigenvalue of ``loss_fn(model)`` in all trainable parameters (DESIGN.md §4 sharpness).
 
     ``loss_fn(model) -> scalar Tensor`` (e.g. ``batch_loss(tokens, targets)``: mean nats/token on a
-    fixed batch). Power iteration with ``n_iters`` (default 20) Hessian-vector products, twice that if
-    the largest-magnitude eigenvalue is negative (see ``top_hessian_eigenvalue``). Runs in the parameters' dtype with autocast off. Attention is forced
+    fixed batch). Power iteration with ``n_iters`` (default 20) Hessian-vector products, twice that when
+    a negative eigenvalue competes (see ``top_hessian_eigenvalue``). Runs in the parameters' dtype with
+    autocast off (call it in eval mode if the model has dropout; ours has none). Attention is forced
     onto SDPA's math backend: the fused CPU (flash) kernel has no double backward in torch 2.13
     ("derivative for aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented")
     and no forward-mode AD either, so neither double backward nor forward-over-reverse
     (``torch.func.jvp`` of ``torch.func.grad``) works through it; the math backend computes the same
-    function with ordinary differentiable ops. Memory: one graph with create_graph, about 2-3× a
-    training step's activations. Returns a Python float.
+    function with ordinary differentiable ops, at more memory than a training step (the math backend
+    materializes the attention matrix and the graph is kept for the double backward). Returns a float.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     device_type = params[0].device.type if params else "cpu"
