@@ -176,6 +176,9 @@ def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None, de
     with torch.device(device or "cpu"):
         if seed is None:
             return Transformer(cfg, scfg)
-        with torch.random.fork_rng(devices=[]):
+        # manual_seed also reseeds CUDA: fork the current CUDA device's RNG too (only that one, so that
+        # no other GPU gets a context).
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seed)
             return Transformer(cfg, scfg)

@@ -15,7 +15,7 @@ count matches the name. CPU presets use the bytes vocabulary (256) and head_dim 
 | llama-0.25b  |     896 |       16 |      14 | 2389 | 50304 | 0.244B |
 | llama-0.5b   |    1280 |       18 |      20 | 3413 | 50304 | 0.483B |
 | llama-1b     |    1792 |       22 |      28 | 4778 | 50304 | 1.028B (the paper's) |
-| llama-2b     |    2304 |       28 |      36 | 6144 | 50304 | 2.015B |
+| llama-2b     |    2304 |       28 |      36 | 6144 | 50304 | 2.016B |
 
 MoE presets (DESIGN.md §6): every block's MLP is an MoE of E SwiGLU experts of width d_expert, top-k
 routing, no shared expert; attention as in the dense family (full MHA). Counts with ``baseline``
