@@ -162,3 +162,18 @@ def test_cli_bad_data_file_exit_2(tmp_path, capsys, content, needle, monkeypatch
     assert rc == 2
     assert needle.lower() in capsys.readouterr().err.lower()
     assert not out.exists()
+
+
+def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
+    """--probe-every / --sharpness-every add probe rows (γ² spectrum, column norms, sharpness); off: none."""
+    run = tmp_path / "probed"
+    train(tiny_run(tmp_path, "hg", steps=4, **{"train.probe_every": 2, "train.sharpness_every": 4}), run, quiet=True)
+    probes = read_metrics(run, "probe")
+    assert [r["step"] for r in probes] == [2, 4]
+    attn = probes[0]["norms"]["layers.0.attn.proj"]["branches"]["q"]
+    assert attn["gamma_sq"]["min"] <= attn["gamma_sq"]["median"] <= attn["gamma_sq"]["max"]
+    assert attn["col_norm"]["min"] > 0
+    assert "sharpness" not in probes[0] and probes[1]["sharpness"] > 0
+    plain = tmp_path / "plain"
+    train(tiny_run(tmp_path, "hg", steps=2), plain, quiet=True)
+    assert read_metrics(plain, "probe") == []

@@ -144,18 +144,23 @@ def scale_stats(model: torch.nn.Module) -> dict[str, dict[str, float]]:
     """Mean, std, min, max of every effective scale vector (DESIGN.md §8 telemetry)."""
     out = {}
     for name, g in scale_vectors(model).items():
-        g = g.float().flatten()
+        g = distributed.full_tensor(g).float().flatten()  # FSDP2: gather the sharded vector (every rank calls)
         out[name] = {"mean": g.mean().item(), "std": g.std(unbiased=False).item(), "min": g.min().item(),
                      "max": g.max().item()}
     return out
 
 
 def moe_stats(model: torch.nn.Module) -> dict:
-    """Per-layer MoE telemetry that ``moe.MoE`` leaves in ``last_stats`` (load balance, entropy)."""
+    """Per-layer MoE telemetry that ``moe.MoE`` leaves in ``last_stats`` (load balance, entropy); with
+    several processes every tensor is averaged over ranks (each rank's last micro-batch; every rank calls)."""
     out = {}
+    world = distributed.world_size()
     for name, m in model.named_modules():
         stats = getattr(m, "last_stats", None)
         if stats:
+            if world > 1:
+                stats = {k: distributed.all_reduce_sum(v.float()) / world if torch.is_tensor(v) else v
+                         for k, v in stats.items()}
             out[name] = {k: (v.tolist() if torch.is_tensor(v) else v) for k, v in stats.items()}
     return out
 
@@ -204,6 +209,8 @@ class Trainer:
         self.steps = total_steps(cfg)
         check_out_dir(self.out, resume, overwrite)
 
+        if cfg.train.sharpness_every and cfg.train.dist == "fsdp2":
+            raise ValueError("--sharpness-every needs the whole model on one process; use --dist ddp or drop it")
         self.dist = distributed.setup(cfg.train)
         self.device = self.dist.device
         self.rank, self.world = self.dist.rank, self.dist.world_size
@@ -230,9 +237,9 @@ class Trainer:
         self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
         self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
         self.roles = self.model.param_roles()
+        self.wrapped = distributed.wrap(self.model, t, self.dist)  # FSDP2 replaces the parameters: groups after
         self.groups = param_groups(self.model, cfg.optim, cfg.scale, self.roles)
-        self.wrapped = distributed.wrap(self.model, t, self.dist)
-        self.optimizers = build_optimizers(self.groups, cfg.optim)
+        self.optimizers = distributed.shard_aware_optimizers(build_optimizers(self.groups, cfg.optim))
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" and t.dtype != "float32"
                          else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
         self.step = 0
@@ -267,7 +274,7 @@ class Trainer:
         if path.is_file():
             # train rows are numbered by the step taken, eval rows by the steps completed
             rows = [(ln, json.loads(ln)) for ln in path.read_text().splitlines() if ln.strip()]
-            keep = [ln for ln, r in rows if r["step"] < step or (r["kind"] == "eval" and r["step"] == step)]
+            keep = [ln for ln, r in rows if r["step"] < step or (r["kind"] != "train" and r["step"] == step)]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(k + "\n" for k in keep))
             os.replace(tmp, path)
@@ -311,13 +318,14 @@ class Trainer:
         self.wrapped.eval()
         ce_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         n = torch.zeros((), device=self.device, dtype=torch.float64)
-        for i, (x, y) in enumerate(self.val):
-            if i % self.world != self.rank:
-                continue
+        mine = self.val[self.rank::self.world]
+        for i in range(-(-len(self.val) // self.world)):  # the same number of forwards on every rank (FSDP2
+            x, y = mine[i] if i < len(mine) else self.val[0]  # all-gathers in each); a spare one is not counted
             with self.autocast:
                 ce, cnt, _ = self.wrapped(x.to(self.device), y.to(self.device))
-            ce_sum += ce.double()
-            n += cnt
+            if i < len(mine):
+                ce_sum += ce.double()
+                n += cnt
         ce_sum, n = distributed.all_reduce_sum(ce_sum), distributed.all_reduce_sum(n)
         self.wrapped.train()
         loss = (ce_sum / n).item()
@@ -372,6 +380,7 @@ class Trainer:
                           "val_loss": val_loss, "val_bpb": val_bpb})
                 if bar is None:
                     self.say(f"step {self.step:>6} val_loss {val_loss:.4f} val_bpb {val_bpb:.4f}")
+            self.probe()
             if (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (end, self.steps):
                 self.checkpoint()
         if bar is not None:
@@ -387,10 +396,30 @@ class Trainer:
         distributed.barrier()
         return summary
 
+    def probe(self) -> None:
+        """Theory probes (DESIGN.md §4), off by default: every ``probe_every`` steps the preconditioner
+        spectrum each scale vector induces and the column norms it acts on; every ``sharpness_every``
+        steps the top Hessian eigenvalue of the loss on the first validation batch (power iteration, 20
+        Hessian-vector products; see ``theory.sharpness``). Logged as ``kind: probe`` rows."""
+        t = self.cfg.train
+        row = {}
+        if t.probe_every and self.step % t.probe_every == 0 and self.write:
+            from .theory import probe_scales
+
+            row["norms"] = probe_scales(self.model)
+        if t.sharpness_every and self.step % t.sharpness_every == 0 and self.write:
+            from .theory import batch_loss, sharpness
+
+            x, y = self.val[0]
+            row["sharpness"] = sharpness(self.model, batch_loss(x.to(self.device), y.to(self.device)), n_iters=20)
+            row["sharpness_iters"] = 20
+        if row:
+            self.log({"kind": "probe", "step": self.step, "tokens": self.step * self.cfg.train.batch_size *
+                      self.cfg.train.seq_len, **row})
+
     def checkpoint(self) -> None:
-        if self.write:
-            save_checkpoint(self.out, self.step, self.model, self.optimizers, {"best_val": self.best_val})
-        distributed.barrier()
+        # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py)
+        save_checkpoint(self.out, self.step, self.model, self.optimizers, {"best_val": self.best_val})
 
     def summary(self, wall: float, step_times: list[float]) -> dict:
         evals = [json.loads(ln) for ln in (self.out / "metrics.jsonl").read_text().splitlines()
