@@ -15,6 +15,9 @@ import sys
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
     ("train", "scalevec.train", "train one run into a run directory"),
+    ("compare", "scalevec.compare", "train strategies × seeds on one config and print the paired comparison"),
+    ("sweep", "scalevec.sweep", "run a grid of runs from a YAML file (resumable, --jobs N, --dry-run)"),
+    ("report", "scalevec.report", "rebuild report.md, results.csv and figures from a sweep's run directories"),
     ("theory", "scalevec.theory.lab", "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
     ("export", "scalevec.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
     ("generate", "scalevec.generate", "sample text from a run directory or an exported Hugging Face directory"),

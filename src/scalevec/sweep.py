@@ -1,0 +1,432 @@
+"""``scalevec sweep``: a grid of runs from one YAML file, resumable, N at a time (DESIGN.md §9).
+
+A sweep file has a ``base`` (config fields shared by every run) and a ``grid`` (axes whose values are
+crossed); every combination becomes an ordinary run directory ``OUT/runs/NAME/`` trained by a
+subprocess ``python -m scalevec train --config OUT/runs/NAME.yaml --out OUT/runs/NAME``::
+
+    name: smoke
+    base:                        # any RunConfig fields, nested or dotted
+      train: {batch_size: 8, seq_len: 64, eval_every: 10}
+    grid:                        # axes, crossed in this order; the run name follows the same order
+      preset: [tiny]
+      strategy: [baseline, none, unified]
+      lr: [1.0e-3, 3.0e-3]       # aliases: lr optimizer schedule seed steps tokens tpp
+      tokens_per_param: [20]     # token budget = 20 × the baseline's total parameters of the preset
+      seed: [0, 1]
+    tune: [optim.lr]             # axes picked per strategy by the report (default: lr if it varies)
+    baseline: baseline           # the strategy others are compared with (default: baseline or the first)
+    command: [torchrun, --nproc_per_node=8, -m, scalevec, train]   # optional (default: python -m scalevec train)
+
+An axis value can also be a mapping of several fields (one "bundle", e.g. a size with its own batch
+size), named by its ``name`` key. Choices made here (ours): names are built from the run's values on
+the grid axes only, so they are stable across reruns and base edits are caught instead (a finished
+run whose stored config differs from the sweep's is an error naming the fix); a run directory with
+``DONE`` is skipped, one with a checkpoint is resumed, one without is restarted (nanochat's sweeps
+skip finished runs the same way); the token budget of ``tokens_per_param`` uses the ``baseline``
+strategy's parameter count so that every strategy of a cell trains on the same tokens; ``wsd``
+decays to 0 unless ``schedule.min_lr_ratio`` is given (as ``scalevec train --schedule wsd``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import RunConfig, ScaleConfig, apply_overrides, from_dict, load_yaml, to_dict
+from .presets import get_preset
+
+ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
+           "steps": "train.steps", "tokens": "train.tokens", "tpp": "tokens_per_param"}
+SPECIAL = ("preset", "strategy", "tokens_per_param")  # keys that are not plain RunConfig fields
+SECTIONS = ("model", "scale", "optim", "schedule", "data", "train")
+NAME_PREFIX = {"optim.lr": "lr", "optim.muon_lr": "mlr", "train.seed": "s", "tokens_per_param": "tpp",
+               "train.tokens": "tok", "train.steps": "steps", "optim.weight_decay": "wd"}
+NAME_PLAIN = ("preset", "strategy", "optim.name", "schedule.name", "data.source", "model.layout")
+SPEC_KEYS = ("name", "base", "grid", "tune", "baseline", "command")
+DEFAULT_TRAIN_CMD = (sys.executable, "-m", "scalevec", "train")
+
+
+@dataclass
+class SweepSpec:
+    """A parsed sweep file: flat ``base`` assignments, ordered ``axes``, tuned keys, baseline strategy."""
+
+    name: str
+    base: dict[str, Any]
+    axes: list[tuple[str, list]]
+    tune: list[str]
+    baseline: str
+    command: tuple[str, ...] | None = None  # the trainer command line (default: python -m scalevec train)
+
+    def to_dict(self) -> dict:
+        """The spec as a YAML-safe mapping (what ``OUT/sweep.yaml`` stores)."""
+        out = {"name": self.name, "base": dict(self.base), "grid": {k: list(v) for k, v in self.axes},
+               "tune": list(self.tune), "baseline": self.baseline}
+        return {**out, "command": list(self.command)} if self.command else out
+
+
+@dataclass
+class Run:
+    """One point of the grid: its stable ``name``, resolved config and the axis values that made it."""
+
+    name: str
+    cfg: RunConfig
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------- parsing
+
+
+def canonical_key(key: str) -> str:
+    """``lr`` -> ``optim.lr`` etc.; ``moe.x`` -> ``model.moe.x``; other keys unchanged."""
+    key = ALIASES.get(key, key)
+    return "model." + key if key == "moe" or key.startswith("moe.") else key
+
+
+def _number(v: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` as a string; turn numeric strings into numbers, leave the rest."""
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return int(f) if f.is_integer() and re.fullmatch(r"[-+]?\d+", v.strip()) else f
+    return v
+
+
+def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
+    """Nested sections and dotted keys -> ``{canonical dotted key: value}``. ``ValueError`` on a bad key.
+
+    Aliases (``lr``, ``seed``, ...) apply to top-level keys only; ``{train: {steps: 10}}`` is ``train.steps``.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping of config fields (e.g. train: {{steps: 100}})")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = prefix + str(key)
+        if not prefix and not (full in SECTIONS and isinstance(value, dict)):  # `schedule: wsd` vs `schedule: {...}`
+            full = canonical_key(full)
+        if (full in SECTIONS or full == "model.moe") and isinstance(value, dict):
+            out.update(flatten(value, f"{where}.{full}", full + "."))
+        else:
+            out[full] = _number(value)
+    return out
+
+
+def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
+    """Parse a sweep mapping (module docstring). Raises ``ValueError`` naming the bad key and the fix."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping with keys {', '.join(SPEC_KEYS)}")
+    unknown = set(data) - set(SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SPEC_KEYS)}")
+    base = flatten(data.get("base") or {}, f"{where}.base")
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ValueError(f"{where}.grid must map axis names to lists of values (e.g. strategy: [baseline, none])")
+    axes = []
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}.grid.{key} must be a non-empty list (write [value] for one value)")
+        if isinstance(values[0], dict):
+            if not all(isinstance(v, dict) for v in values):
+                raise ValueError(f"{where}.grid.{key} mixes mappings and plain values; use one kind")
+            values = [{**({"name": str(v["name"])} if "name" in v else {}),
+                       **flatten({k: x for k, x in v.items() if k != "name"}, f"{where}.grid.{key}")} for v in values]
+            axes.append((str(key), values))
+        else:
+            axes.append((canonical_key(str(key)), [_number(v) for v in values]))
+    keys = [k for k, _ in axes]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{where}.grid names an axis twice (after aliases: {keys}); merge them into one list")
+    strategies = _axis_values(axes, base, "strategy", "baseline")
+    varying = {k for k, v in axes if len(v) > 1}
+    tune = [canonical_key(t) for t in (data.get("tune") if data.get("tune") is not None else
+                                         (["optim.lr"] if "optim.lr" in varying else []))]
+    if len(tune) > 1:
+        raise ValueError(f"{where}.tune lists {tune}; tune one numeric axis at a time (usually optim.lr)")
+    for t in tune:
+        if t not in keys:
+            raise ValueError(f"{where}.tune names {t!r}, which is not a grid axis; add it to grid or drop it from tune")
+    baseline = str(data.get("baseline") or ("baseline" if "baseline" in strategies else strategies[0]))
+    if baseline not in strategies:
+        raise ValueError(f"{where}.baseline={baseline!r} is not among the strategies {strategies}; pick one of them")
+    command = data.get("command")
+    if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
+        raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, scalevec, train]")
+    return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None)
+
+
+def _axis_values(axes: list[tuple[str, list]], base: dict, key: str, default: Any) -> list:
+    """Every value ``key`` takes in the grid (plain axis or inside bundles), else its base/default value."""
+    for k, values in axes:
+        if k == key:
+            return list(values)
+        if values and isinstance(values[0], dict) and any(key in v for v in values):
+            return [v.get(key, base.get(key, default)) for v in values]
+    return [base.get(key, default)]
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and parse a sweep YAML file (``ValueError`` if missing or malformed)."""
+    return spec_from_dict(load_yaml(path), where=str(path))
+
+
+# ----------------------------------------------------------------------------------------- expansion
+
+
+@lru_cache(maxsize=None)
+def _count_params(model_yaml: str, scale_yaml: str) -> int:
+    """Total parameters of a model and scale config (given as YAML, for caching), built on the meta device."""
+    from .config import ModelConfig
+    from .info import count_params
+    from .model import build_model
+
+    model = from_dict(ModelConfig, yaml.safe_load(model_yaml))
+    scale = from_dict(ScaleConfig, yaml.safe_load(scale_yaml))
+    return count_params(build_model(model, scale, device="meta"))["params"]
+
+
+def run_params(cfg: RunConfig, strategy: str | None = None) -> int:
+    """Total parameters of ``cfg.model`` with ``cfg.scale`` (or the named ``strategy``)."""
+    scale = ScaleConfig.preset(strategy) if strategy else cfg.scale
+    return _count_params(yaml.safe_dump(to_dict(cfg.model)), yaml.safe_dump(to_dict(scale)))
+
+
+def baseline_params(cfg: RunConfig) -> int:
+    """Total parameters of ``cfg.model`` with the baseline strategy (the token budget's reference)."""
+    return run_params(cfg, "baseline")
+
+
+def resolve_config(assign: dict[str, Any]) -> RunConfig:
+    """A RunConfig from flat assignments: preset and strategy defaults, then fields, then the token budget.
+
+    Raises ``ValueError`` for unknown presets, strategies or fields and invalid values.
+    """
+    a = dict(assign)
+    preset, strategy = str(a.pop("preset", "small")), str(a.pop("strategy", "baseline"))
+    tpp = a.pop("tokens_per_param", None)
+    if a.get("schedule.name") == "wsd" and "schedule.min_lr_ratio" not in a:
+        a["schedule.min_lr_ratio"] = 0.0  # DESIGN.md §7: WSD decays to 0 (as `scalevec train --schedule wsd`)
+    cfg = RunConfig(preset=preset, strategy=strategy, model=get_preset(preset), scale=ScaleConfig.preset(strategy))
+    cfg = apply_overrides(cfg, [f"{k}={json.dumps(v)}" for k, v in a.items()])
+    if tpp is not None:
+        if not float(tpp) > 0:
+            raise ValueError(f"tokens_per_param={tpp} must be > 0 (e.g. 20)")
+        cfg = apply_overrides(cfg, [f"train.tokens={round(float(tpp) * baseline_params(cfg))}"])
+    cfg.validate()
+    return cfg
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def name_part(key: str, value: Any) -> str:
+    """The piece of a run name for one axis value: ``lr0.003``, ``s1``, ``baseline``, ``d_model256``."""
+    if isinstance(value, dict):
+        part = value.get("name") or "-".join(name_part(k, v) for k, v in value.items())
+    elif key in NAME_PLAIN:
+        part = _fmt(value)
+    else:
+        part = NAME_PREFIX.get(key, key.split(".")[-1]) + _fmt(value)
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", part).strip("-")
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """Every run of the grid, in axis order (the last axis varies fastest). Raises ``ValueError`` for an
+    invalid config or two runs with the same name."""
+    runs, seen = [], {}
+    for combo in itertools.product(*[values for _, values in spec.axes]):
+        assign, values = dict(spec.base), {}
+        for (key, _), value in zip(spec.axes, combo):
+            if isinstance(value, dict):
+                assign.update({k: v for k, v in value.items() if k != "name"})
+            else:
+                assign[key] = value
+            values[key] = value
+        name = "_".join(name_part(k, v) for k, v in values.items()) or "run"
+        if name in seen:
+            raise ValueError(f"two runs of the grid are both named {name!r}; give bundle values distinct 'name' keys")
+        try:
+            cfg = resolve_config(assign)
+        except ValueError as e:
+            raise ValueError(f"run {name}: {e}") from None
+        seen[name] = True
+        runs.append(Run(name, cfg, values))
+    return runs
+
+
+def run_tokens(cfg: RunConfig) -> int:
+    """Training tokens of a run: ``train.tokens`` rounded up to whole steps, else steps × batch × seq_len."""
+    per_step = cfg.train.batch_size * cfg.train.seq_len
+    steps = math.ceil(cfg.train.tokens / per_step) if cfg.train.tokens > 0 else cfg.train.steps
+    return steps * per_step
+
+
+# ----------------------------------------------------------------------------------------- state on disk
+
+
+def run_status(run: Run, runs_dir: Path) -> str:
+    """``done`` (DONE present), ``resume`` (a checkpoint), ``restart`` (a partial run without one) or ``new``.
+
+    Raises ``ValueError`` when an existing run directory was made with a different config.
+    """
+    d = runs_dir / run.name
+    if not d.exists():
+        return "new"
+    stored_path = d / "config.yaml"
+    if stored_path.is_file():
+        stored = to_dict(from_dict(RunConfig, load_yaml(stored_path)))
+        expected = to_dict(run.cfg)
+        if stored != expected:
+            diff = sorted(_diff_keys(stored, expected))
+            raise ValueError(f"{d} was trained with a different config ({', '.join(diff)}); use a new --out, "
+                             f"or delete that run directory to retrain it")
+    if (d / "DONE").exists():
+        return "done"
+    return "resume" if (d / "checkpoints" / "latest").is_file() else "restart"
+
+
+def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff_keys(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...], threads: int) -> int:
+    """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code."""
+    cfg_path = runs_dir / f"{run.name}.yaml"
+    write_atomic(cfg_path, yaml.safe_dump(to_dict(run.cfg), sort_keys=False))
+    cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name), "--quiet"]
+    cmd += {"resume": ["--resume"], "restart": ["--overwrite"]}.get(status, [])
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    with open(runs_dir / f"{run.name}.log", "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def _final_loss(run_dir: Path) -> str:
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+        return f"val_loss {s['final_val_loss']:.4f}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no summary"
+
+
+# ----------------------------------------------------------------------------------------- the sweep
+
+
+def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
+    """The run list with status, steps, tokens and parameters, and the total token budget."""
+    lines = [f"{'run':<48} {'status':<8} {'steps':>7} {'tokens':>12} {'params':>12}"]
+    total = todo = flops = 0
+    for run, status in zip(runs, statuses):
+        tokens, params = run_tokens(run.cfg), run_params(run.cfg)
+        steps = tokens // (run.cfg.train.batch_size * run.cfg.train.seq_len)
+        total += tokens
+        if status != "done":
+            todo += tokens
+            flops += 6 * params * tokens
+        lines.append(f"{run.name:<48} {status:<8} {steps:>7,} {tokens:>12,} {params:>12,}")
+    n_todo = sum(s != "done" for s in statuses)
+    lines.append(f"{len(runs)} runs ({n_todo} to train); total token budget {total:,} tokens "
+                 f"({todo:,} still to train, about {flops:.2e} FLOP at 6·N·D)")
+    return "\n".join(lines)
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = False,
+              train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False) -> int:
+    """Expand ``spec``, skip finished runs, train the rest ``jobs`` at a time, then write the report.
+
+    Everything is validated before anything is written. Returns 0 when every run finished, 1 when a run
+    failed (the others still run; rerun the same command to retry). Raises ``ValueError`` for an invalid
+    spec, a config mismatch with an existing run, or ``jobs < 1``. ``train_cmd`` (default: the spec's
+    ``command``, else ``python -m scalevec train``) gets ``--config FILE --out DIR --quiet`` appended.
+    """
+    train_cmd = tuple(train_cmd or spec.command or DEFAULT_TRAIN_CMD)
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs} must be >= 1")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
+    runs = expand(spec)
+    runs_dir = out / "runs"
+    statuses = [run_status(r, runs_dir) for r in runs]
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if dry_run:
+        print(dry_run_text(runs, statuses))
+        return 0
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "sweep.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    todo = [(r, s) for r, s in zip(runs, statuses) if s != "done"]
+    say(f"sweep {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to train "
+        f"({jobs} at a time) in {runs_dir}")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    failed: list[str] = []
+
+    def one(item: tuple[int, tuple[Run, str]]) -> None:
+        i, (run, status) = item
+        t0 = time.perf_counter()
+        rc = train_one(run, runs_dir, status, tuple(train_cmd), threads)
+        if rc == 0 and (runs_dir / run.name / "DONE").exists():
+            say(f"[{i + 1}/{len(todo)}] {run.name}: {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
+        else:
+            failed.append(run.name)
+            say(f"[{i + 1}/{len(todo)}] {run.name}: FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, enumerate(todo)))
+    if report:
+        from .report import write_report
+
+        write_report(out, quiet=quiet)
+    if failed:
+        say(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them")
+        return 1
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="sweep YAML file (see sweeps/smoke.yaml)")
+    p.add_argument("--out", help="output folder (default runs/<sweep name>); rerun the command to resume")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and the total token budget, train nothing")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (threads split between them)")
+    p.add_argument("--no-report", action="store_true", help="skip `scalevec report` at the end")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    out = args.out or f"runs/{spec.name}"
+    return run_sweep(spec, out, jobs=args.jobs, dry_run=args.dry_run, report=not args.no_report)
+
+
+__all__ = ["SweepSpec", "Run", "spec_from_dict", "load_spec", "resolve_config", "expand", "run_status",
+           "run_tokens", "baseline_params", "run_sweep", "dry_run_text", "name_part", "canonical_key"]

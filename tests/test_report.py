@@ -1,0 +1,145 @@
+"""Tests for scalevec.report: run folders -> tables, lr picks, paired deltas, token efficiency, scaling fits."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import fakerun
+from scalevec.cli import main
+from scalevec.config import to_dict
+from scalevec.report import analyze, load_runs, write_report
+from scalevec.sweep import expand, run_sweep, spec_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"train": {"batch_size": 4, "seq_len": 32, "steps": 100}}
+SIZES = [{"name": "d64", "preset": "tiny"},
+         {"name": "d96", "preset": "tiny", "model": {"d_model": 96, "n_heads": 3, "n_kv_heads": 3, "d_ff": 256}},
+         {"name": "d128", "preset": "small"},
+         {"name": "d192", "preset": "small", "model": {"d_model": 192, "n_heads": 6, "n_kv_heads": 6, "d_ff": 512}}]
+
+
+def fabricate(root: Path, spec: dict, curves: dict[str, list[float]] | None = None) -> list:
+    """Write the synthetic run directories of ``spec`` (fakerun's loss model) and ``sweep.yaml`` under ``root``."""
+    parsed = spec_from_dict(spec)
+    runs = expand(parsed)
+    for r in runs:
+        fakerun.write_run(root / "runs" / r.name, to_dict(r.cfg), curve=(curves or {}).get(r.cfg.strategy))
+    (root / "sweep.yaml").write_text(yaml.safe_dump(parsed.to_dict()))
+    return runs
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_tables_match_run_summaries(tmp_path):
+    """results.csv holds the seed mean, the paired delta and the step-time ratio computed from summary.json."""
+    fabricate(tmp_path, {"base": {**BASE, "preset": "tiny"},
+                         "grid": {"strategy": ["baseline", "none", "unified"], "seed": [0, 1, 2]}})
+    write_report(tmp_path, quiet=True)
+    runs = {r.name: r.summary for r in load_runs(tmp_path)}
+    rows = {r["strategy"]: r for r in read_csv(tmp_path / "results.csv")}
+    base = [runs[f"baseline_s{s}"]["final_val_loss"] for s in range(3)]
+    uni = [runs[f"unified_s{s}"]["final_val_loss"] for s in range(3)]
+    assert float(rows["unified"]["val_loss_mean"]) == pytest.approx(np.mean(uni), abs=1e-12)
+    assert float(rows["unified"]["val_loss_std"]) == pytest.approx(np.std(uni, ddof=1), abs=1e-12)
+    assert float(rows["unified"]["delta"]) == pytest.approx(np.mean(uni) - np.mean(base), abs=1e-12)
+    assert float(rows["unified"]["step_time_ratio"]) == pytest.approx(fakerun.STEP_TIME["unified"] / 0.10)
+    assert rows["baseline"]["delta"] == ""
+    assert len(read_csv(tmp_path / "runs.csv")) == 9
+    text = (tmp_path / "report.md").read_text()
+    assert "| unified |" in text and "![loss_curves.png](loss_curves.png)" in text
+    assert (tmp_path / "loss_curves.png").stat().st_size > 1000
+
+
+def test_report_flags_planted_effect_not_seed_noise(tmp_path):
+    """unified (k=2) is significantly better; none (k=0.8, a +0.018 shift vs 0.01 seed noise) is flagged worse."""
+    fabricate(tmp_path, {"base": {**BASE, "preset": "tiny"},
+                         "grid": {"strategy": ["baseline", "none", "unified"], "seed": [0, 1, 2]}})
+    a = analyze(load_runs(tmp_path), yaml.safe_load((tmp_path / "sweep.yaml").read_text()))
+    res = {r.strategy: r for r in a.cells[0].results}
+    assert res["unified"].delta.significant and res["unified"].delta.hi < 0
+    assert res["none"].delta.significant and res["none"].delta.lo > 0
+
+
+def test_lr_is_tuned_per_strategy_with_edge_warning(tmp_path):
+    """Each strategy is compared at its own best lr (3e-3, interior); a grid ending at the optimum warns."""
+    spec = {"base": {**BASE, "preset": "tiny"},
+            "grid": {"strategy": ["baseline", "unified"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0, 1]}}
+    fabricate(tmp_path / "a", spec)
+    a = write_report(tmp_path / "a", quiet=True)
+    assert [r.pick.lr for r in a.cells[0].results] == [3e-3, 3e-3]
+    assert not any("widen" in w for w in a.warnings)
+    assert all(r.runs[0].cfg.optim.lr == 3e-3 for r in a.cells[0].results)
+    assert (tmp_path / "a" / "lr_sweep.png").is_file()
+    fabricate(tmp_path / "b", {**spec, "grid": {**spec["grid"], "lr": [3e-4, 1e-3, 3e-3]}})
+    b = write_report(tmp_path / "b", quiet=True)
+    assert sum("largest value of the grid" in w for w in b.warnings) == 2
+    assert "| 0.003 † |" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_unfinished_run_is_left_out_and_blocks_its_lr(tmp_path):
+    """A run without DONE is reported as unfinished, and its lr cannot win (it may have diverged)."""
+    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3], "seed": [0]}}
+    fabricate(tmp_path, spec)
+    (tmp_path / "runs" / "baseline_lr0.003_s0" / "DONE").unlink()
+    a = write_report(tmp_path, quiet=True)
+    assert a.cells[0].results[0].pick.lr == 1e-3
+    assert any("not finished" in w and "baseline_lr0.003_s0" in w for w in a.warnings)
+    rows = {r["run"]: r["status"] for r in read_csv(tmp_path / "runs.csv")}
+    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "unfinished"}
+
+
+def test_token_efficiency_interpolates_to_baseline_loss(tmp_path):
+    """Baseline ends at 2.0 after 2 evals; a strategy at 2.5 then 1.5 gets there at 3/4 of the tokens: 1.33×."""
+    fabricate(tmp_path, {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline", "unified", "none"]}},
+              curves={"baseline": [3.0, 2.0], "unified": [2.5, 1.5], "none": [3.5, 2.5]})
+    a = write_report(tmp_path, quiet=True)
+    res = {r.strategy: r for r in a.cells[0].results}
+    assert res["unified"].token_efficiency == pytest.approx(4 / 3)
+    assert math.isnan(res["none"].token_efficiency)
+    assert "not reached" in (tmp_path / "report.md").read_text()
+
+
+def test_scaling_fit_recovers_compute_multiplier(tmp_path):
+    """Four sizes × 3 seeds: the shared fit finds unified's k²=4 and none's 0.64 (fakerun's planted factors)."""
+    fabricate(tmp_path, {"base": BASE, "grid": {"size": SIZES, "strategy": ["baseline", "none", "unified"],
+                                                "seed": [0, 1, 2]}})
+    a = write_report(tmp_path, quiet=True)
+    assert len(a.scaling) == 1 and len(a.scaling[0].sizes) == 4
+    s = a.scaling[0]
+    assert s.shared["unified"].multiplier == pytest.approx(4.0, rel=0.1)
+    assert s.shared["none"].multiplier == pytest.approx(0.64, rel=0.1)
+    assert s.fits["baseline"].alpha == pytest.approx(fakerun.ALPHA, abs=4 * s.fits["baseline"].alpha_err)
+    assert (tmp_path / "scaling.png").is_file() and "## Scaling" in (tmp_path / "report.md").read_text()
+
+
+def test_report_cli_on_empty_folder_fails_cleanly(tmp_path, capsys):
+    """`scalevec report` on a folder without runs exits 2 with a one-line fix and writes nothing."""
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no run directories" in err and "scalevec sweep" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end_and_report(tmp_path, capsys):
+    """sweeps/smoke.yaml trains for real (2 jobs), and `scalevec report` renders every file from the folder."""
+    from scalevec.sweep import load_spec
+
+    out = tmp_path / "smoke"
+    assert run_sweep(load_spec(ROOT / "sweeps" / "smoke.yaml"), out, jobs=2, report=False, quiet=True) == 0
+    assert main(["report", str(out), "--print"]) == 0
+    printed = capsys.readouterr().out
+    assert "baseline" in printed and "unified" in printed
+    for name in ("report.md", "results.csv", "runs.csv", "loss_curves.png", "lr_sweep.png"):
+        assert (out / name).is_file(), name
+    rows = read_csv(out / "runs.csv")
+    assert len(rows) == 8 and all(r["status"] == "done" and math.isfinite(float(r["final_val_loss"])) for r in rows)

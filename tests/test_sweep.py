@@ -1,0 +1,145 @@
+"""Tests for scalevec.sweep: grid expansion, stable names, token budgets, skip/resume, dry run (fake trainer)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalevec.config import ScaleConfig, to_dict
+from scalevec.info import count_params
+from scalevec.model import build_model
+from scalevec.presets import get_preset
+from scalevec.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
+
+FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEC = {
+    "name": "t",
+    "base": {"train": {"batch_size": 4, "seq_len": 32}, "optim.weight_decay": 0.05},
+    "grid": {"preset": ["tiny"], "strategy": ["baseline", "unified"], "lr": ["1e-3", 3.0e-3], "seed": [0, 1]},
+}
+
+
+def test_expand_crosses_axes_with_stable_names():
+    """2 strategies × 2 lr × 2 seeds = 8 runs, named from their axis values, with those values in the config."""
+    runs = expand(spec_from_dict(SPEC))
+    assert len(runs) == 8
+    assert runs[0].name == "tiny_baseline_lr0.001_s0" and runs[-1].name == "tiny_unified_lr0.003_s1"
+    assert [r.name for r in runs] == [r.name for r in expand(spec_from_dict(SPEC))]
+    r = next(r for r in runs if r.name == "tiny_unified_lr0.001_s1")
+    assert r.cfg.optim.lr == 1e-3 and r.cfg.train.seed == 1 and r.cfg.strategy == "unified"
+    assert r.cfg.scale == ScaleConfig.preset("unified") and r.cfg.model == get_preset("tiny")
+    assert r.cfg.optim.weight_decay == 0.05 and r.cfg.train.batch_size == 4
+
+
+def test_tokens_per_param_uses_baseline_params():
+    """tokens_per_param sets train.tokens = r × the baseline's total parameters, equal for every strategy."""
+    spec = spec_from_dict({"grid": {"preset": ["tiny"], "strategy": ["baseline", "unified"], "tpp": [20]}})
+    runs = expand(spec)
+    n = count_params(build_model(get_preset("tiny"), ScaleConfig.preset("baseline"), device="meta"))["params"]
+    assert [r.cfg.train.tokens for r in runs] == [20 * n, 20 * n]
+    assert runs[0].name == "tiny_baseline_tpp20"
+
+
+def test_bundle_axis_and_wsd_floor():
+    """A mapping value sets several fields under its name; wsd decays to 0 unless min_lr_ratio is given."""
+    spec = spec_from_dict({"grid": {"size": [{"name": "wide", "preset": "tiny", "model.d_ff": 256}],
+                                    "schedule": ["cosine", "wsd"]}})
+    cos, wsd = expand(spec)
+    assert cos.name == "wide_cosine" and cos.cfg.model.d_ff == 256
+    assert cos.cfg.schedule.min_lr_ratio == 0.1 and wsd.cfg.schedule.min_lr_ratio == 0.0
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"grid": {"strategy": ["nope"]}}, "unknown strategy"),
+    ({"grid": {"lr": 3e-3}}, "non-empty list"),
+    ({"grid": {"lr": [1, 2]}, "tune": ["seed"]}, "not a grid axis"),
+    ({"grd": {}}, "unknown key"),
+    ({"grid": {"model.d_modle": [64]}}, "unknown config key"),
+])
+def test_bad_specs_raise_value_error(bad, match):
+    """Malformed sweep files fail with a ValueError naming the problem."""
+    with pytest.raises(ValueError, match=match):
+        expand(spec_from_dict(bad))
+
+
+def test_shipped_sweep_files_parse():
+    """Every file in sweeps/ expands into valid, uniquely named configs."""
+    files = sorted((ROOT / "sweeps").glob("*.yaml"))
+    assert {f.name for f in files} >= {"smoke.yaml", "paper-cpu.yaml", "paper-gpu.yaml"}
+    for f in files:
+        runs = expand(load_spec(f))
+        assert len({r.name for r in runs}) == len(runs) > 0
+
+
+def test_dry_run_prints_budget_and_writes_nothing(tmp_path, capsys):
+    """--dry-run lists every run and the total token budget, and creates nothing."""
+    spec = spec_from_dict({**SPEC, "base": {**SPEC["base"], "train.steps": 10}})
+    assert run_sweep(spec, tmp_path / "out", dry_run=True, train_cmd=FAKE) == 0
+    text = capsys.readouterr().out
+    assert "tiny_unified_lr0.003_s1" in text and "8 runs (8 to train)" in text
+    assert f"total token budget {8 * 10 * 4 * 32:,} tokens" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_runs_all_then_skips_done(tmp_path, monkeypatch):
+    """A sweep trains every run once; running it again trains nothing (DONE runs are skipped)."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    spec = spec_from_dict(SPEC)
+    assert run_sweep(spec, tmp_path / "out", jobs=2, train_cmd=FAKE, quiet=True) == 0
+    assert sorted(log.read_text().split()) == sorted(r.name for r in expand(spec))
+    assert (tmp_path / "out" / "report.md").is_file() and (tmp_path / "out" / "sweep.yaml").is_file()
+    assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, quiet=True) == 0
+    assert len(log.read_text().split()) == 8
+
+
+def test_changed_config_of_finished_run_is_an_error(tmp_path):
+    """Rerunning into a folder whose finished run has another config fails before writing anything."""
+    spec = spec_from_dict(SPEC)
+    run_sweep(spec, tmp_path / "out", train_cmd=FAKE, quiet=True, report=False)
+    changed = spec_from_dict({**SPEC, "base": {**SPEC["base"], "optim.weight_decay": 0.2}})
+    before = sorted(p.name for p in (tmp_path / "out" / "runs").iterdir())
+    with pytest.raises(ValueError, match="different config.*weight_decay"):
+        run_sweep(changed, tmp_path / "out", train_cmd=FAKE, quiet=True)
+    assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == before
+    assert yaml.safe_load((tmp_path / "out" / "sweep.yaml").read_text())["base"]["optim.weight_decay"] == 0.05
+
+
+def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
+    """Kill a sweep after its first run finished: the rerun trains only the others, never the first again."""
+    out, log = tmp_path / "out", tmp_path / "calls.log"
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({**SPEC, "grid": {**SPEC["grid"], "lr": [3e-3]}}, sort_keys=False))
+    runs = expand(load_spec(spec_file))
+    code = ("import sys; from scalevec.sweep import load_spec, run_sweep; "
+            f"sys.exit(run_sweep(load_spec({str(spec_file)!r}), {str(out)!r}, train_cmd={FAKE!r}, report=False))")
+    env = {**os.environ, "FAKE_LOG": str(log), "FAKE_SLEEP": "60"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first, second = out / "runs" / runs[0].name, out / "runs" / runs[1].name
+    try:
+        deadline = time.monotonic() + 60
+        while not (first / "DONE").exists() or len(log.read_text().split()) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the sweep never finished its first run"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its trainer child, as a Ctrl-C / preemption would
+        proc.wait()
+    assert not (second / "DONE").exists()
+    assert run_status(runs[1], out / "runs") == "restart"
+    done_mtime = (first / "summary.json").stat().st_mtime_ns
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    assert run_sweep(load_spec(spec_file), out, train_cmd=FAKE, quiet=True, report=False) == 0
+    calls = log.read_text().split()
+    assert calls.count(first.name) == 1 and calls.count(second.name) == 2
+    assert (first / "summary.json").stat().st_mtime_ns == done_mtime
+    assert all((out / "runs" / r.name / "DONE").exists() for r in runs)
