@@ -143,3 +143,23 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
     assert calls.count(first.name) == 1 and calls.count(second.name) == 2
     assert (first / "summary.json").stat().st_mtime_ns == done_mtime
     assert all((out / "runs" / r.name / "DONE").exists() for r in runs)
+
+
+def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path):
+    """A run stopped mid-way with a checkpoint gets --resume (not a restart) and ends with each step logged once."""
+    from scalevec.train import train
+
+    spec = spec_from_dict({"base": {"preset": "tiny", "data.val_tokens": 2048,
+                                    "train": {"steps": 6, "batch_size": 4, "seq_len": 32, "eval_every": 3,
+                                              "ckpt_every": 3, "log_every": 1}},
+                           "grid": {"strategy": ["baseline"]}})
+    run = expand(spec)[0]
+    runs_dir = tmp_path / "out" / "runs"
+    train(run.cfg, runs_dir / run.name, stop_at=3, quiet=True)
+    assert run_status(run, runs_dir) == "resume"
+    assert run_sweep(spec, tmp_path / "out", quiet=True, report=False) == 0
+    assert "--resume" in (runs_dir / f"{run.name}.log").read_text()
+    rows = [yaml.safe_load(x) for x in (runs_dir / run.name / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(6))
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [3, 6]
+    assert run_status(run, runs_dir) == "done"

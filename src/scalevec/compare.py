@@ -16,6 +16,7 @@ how well they tolerate a large learning rate, so the default lr is the high end 
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -108,9 +109,8 @@ def run(args: argparse.Namespace) -> int:
         return rc
     analysis = write_report(args.out, quiet=True)
     for cell in analysis.cells:
-        print(f"\n{cell.label}" if len(analysis.cells) > 1 else "")
-        print(text_table(*cell_rows(cell)))
-    print(f"\n{LEGEND}")
+        print(f"\n{cell.label}\n{text_table(*cell_rows(cell))}")
+    print("\n" + textwrap.fill(LEGEND, 110))
     for w in analysis.warnings:
         print(f"warning: {w}")
     out = Path(args.out)

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy import optimize, stats
+
+# scipy is imported inside the functions that use it: `scalevec` imports this module for every command
+# (through report/compare), and scipy's import costs more than a second on a small CPU.
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -68,6 +70,8 @@ def paired_delta(a: Sequence[float], b: Sequence[float], confidence: float = 0.9
     zero spread in the differences the interval collapses to the point. Raises ``ValueError`` when
     the lengths differ or are 0.
     """
+    from scipy import stats
+
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.shape != y.shape or x.ndim != 1 or x.size == 0:
         raise ValueError(f"paired_delta needs two equal-length non-empty samples, got {x.shape} and {y.shape}")
@@ -120,6 +124,8 @@ def fit_power_law(n: Sequence[float], loss: Sequence[float]) -> PowerLawFit:
     Bounds: E >= 0, 0 <= α <= 5. Raises ``ValueError`` with fewer than 3 points, fewer than 2
     distinct sizes, or non-finite / non-positive input.
     """
+    from scipy import optimize
+
     x, y = np.asarray(n, dtype=float), np.asarray(loss, dtype=float)
     if x.shape != y.shape or x.size < 3:
         raise ValueError(f"a power-law fit needs >= 3 (size, loss) points of equal length, got {x.size} and {y.size}")
@@ -202,6 +208,8 @@ def fit_shared_power_law(n_base: Sequence[float], loss_base: Sequence[float],
     fits shows whether the shared-exponent assumption holds. Inputs as in ``fit_power_law``; raises
     ``ValueError`` with fewer than 4 points in all or invalid values.
     """
+    from scipy import optimize
+
     xb, yb = np.asarray(n_base, dtype=float), np.asarray(loss_base, dtype=float)
     xs, ys = np.asarray(n, dtype=float), np.asarray(loss, dtype=float)
     base = fit_power_law(xb, yb)

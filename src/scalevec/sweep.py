@@ -243,7 +243,7 @@ def name_part(key: str, value: Any) -> str:
         part = _fmt(value)
     else:
         part = NAME_PREFIX.get(key, key.split(".")[-1]) + _fmt(value)
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", part).strip("-")
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", part).strip("-")
 
 
 def expand(spec: SweepSpec) -> list[Run]:

@@ -1,0 +1,101 @@
+"""Tests for scalevec.compare: the command line -> a strategy × seed sweep -> the paired table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalevec import compare, sweep
+from scalevec.cli import main
+from scalevec.config import to_dict
+from scalevec.sweep import expand, spec_from_dict
+
+FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    compare.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_no_arguments_is_the_main_job():
+    """`scalevec compare` alone trains DEFAULTS: baseline, none, unified × 2 seeds on `small`, paired per seed."""
+    runs = expand(spec_from_dict(compare.build_spec(parse())))
+    d = compare.DEFAULTS
+    assert [r.name for r in runs] == [f"{s}_s{i}" for s in d["strategies"].split(",") for i in range(d["seeds"])]
+    for r in runs:
+        assert (r.cfg.preset, r.cfg.train.steps, r.cfg.optim.lr) == (d["preset"], d["steps"], float(d["lr"]))
+        assert r.cfg.data.source == "shakespeare" and r.cfg.data.tokenizer == "bytes"
+    # same seed => identical configs apart from the strategy (so the trainer gives the same data and matrices)
+    strip = [dict(to_dict(r.cfg), strategy=None, scale=None) for r in runs]
+    assert strip[0] == strip[2] == strip[4] and strip[0] != strip[1]
+
+
+def test_lr_list_tunes_per_strategy_and_overrides_apply():
+    """--lr a,b becomes a tuned lr axis; key=value overrides reach every run's config."""
+    spec = spec_from_dict(compare.build_spec(parse("--strategies", "none,baseline", "--seeds", "1",
+                                                   "--lr", "3e-3,1e-2", "model.qk_norm=true")))
+    runs = expand(spec)
+    assert spec.tune == ["optim.lr"] and spec.baseline == "none"
+    assert [r.name for r in runs] == ["none_lr0.003_s0", "none_lr0.01_s0", "baseline_lr0.003_s0", "baseline_lr0.01_s0"]
+    assert all(r.cfg.model.qk_norm for r in runs)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategies", "baseline,bogus"], "unknown strategy 'bogus'"),
+    (["--strategies", "baseline,baseline"], "twice"),
+    (["--seeds", "0"], "--seeds 0"),
+    (["--lr", "fast"], "--lr 'fast'"),
+    (["--steps", "0"], "train.steps=0"),
+    (["model.d_modle=8"], "unknown config key"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
+    """Bad strategies, seeds, lr, steps or keys: exit code 2, a one-line message, no output folder."""
+    out = tmp_path / "cmp"
+    assert main(["compare", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypatch):
+    """With the synthetic trainer: unified's planted gain is flagged, and report.md/results.csv/loss_curves.png exist."""
+    monkeypatch.setattr(sweep, "DEFAULT_TRAIN_CMD", FAKE)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in text.splitlines() if line.split()[:1] in (["baseline"], ["none"], ["unified"])}
+    assert set(rows) == {"baseline", "none", "unified"}
+    assert rows["unified"].count("*") == 1 and " — " in rows["baseline"]
+    for name in ("report.md", "results.csv", "loss_curves.png", "runs.csv"):
+        assert (out / name).is_file()
+    # rerunning the same command trains nothing new and prints the same table
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--out", str(out)]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")} == before
+
+
+def test_compare_end_to_end_same_start_per_seed(tmp_path, capsys):
+    """Real training on `tiny`: strategies equal at init see the same first batch and matrices per seed."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--strategies", "baseline,unified_foldable", "--seeds", "2", "--preset", "tiny", "--steps", "6",
+            "--batch-size", "4", "--seq-len", "32", "--jobs", "2", "--out", str(out), "data.val_tokens=2048",
+            "train.log_every=1"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "unified_foldable" in text and "val loss" in text
+
+    def first_loss(name: str) -> float:
+        rows = [json.loads(x) for x in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        return next(r["loss"] for r in rows if r["kind"] == "train" and r["step"] == 0)
+
+    for seed in (0, 1):  # γ = 1 and s = 1 at init: unified_foldable computes the baseline's function
+        assert first_loss(f"unified_foldable_s{seed}") == pytest.approx(first_loss(f"baseline_s{seed}"), abs=1e-5)
+    assert abs(first_loss("baseline_s0") - first_loss("baseline_s1")) > 1e-4
+    for name in ("report.md", "results.csv", "loss_curves.png"):
+        assert (out / name).is_file()
