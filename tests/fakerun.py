@@ -9,7 +9,8 @@ summary.json and DONE in a fraction of a second (no torch import). Its losses fo
 so a strategy with k = 2 behaves exactly like a baseline with twice the parameters (compute multiplier
 k² = 4 at fixed tokens per parameter) and the best lr is ``LR_STAR``. ``FAKE_SLEEP`` (seconds) delays
 every run after the first one of a sweep (for the interrupted-sweep test); ``FAKE_LOG`` names a file
-that gets one line per invocation.
+that gets one line per invocation; runs with lr >= ``FAKE_DIVERGE_LR`` stop like a diverged trainer
+(a message with "non-finite" and exit code 3).
 """
 
 from __future__ import annotations
@@ -101,12 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("FAKE_LOG"):
         with open(os.environ["FAKE_LOG"], "a") as f:
             f.write(out.name + "\n")
+    cfg = yaml.safe_load(Path(args.config).read_text())
+    if float(cfg["optim"]["lr"]) >= float(os.environ.get("FAKE_DIVERGE_LR", "inf")):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(Path(args.config).read_text())
+        print("non-finite loss or gradient norm at step 3", file=sys.stderr)
+        return 3
     sleep = float(os.environ.get("FAKE_SLEEP", "0"))
     if sleep and any(d.is_dir() and (d / "DONE").exists() for d in out.parent.iterdir()):
         out.mkdir(parents=True, exist_ok=True)  # a partial run directory, as a killed trainer leaves it
         (out / "config.yaml").write_text(Path(args.config).read_text())
         time.sleep(sleep)
-    write_run(out, yaml.safe_load(Path(args.config).read_text()))
+    write_run(out, cfg)
     return 0
 
 

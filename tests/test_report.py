@@ -85,16 +85,20 @@ def test_lr_is_tuned_per_strategy_with_edge_warning(tmp_path):
     assert "| 0.003 † |" in (tmp_path / "b" / "report.md").read_text()
 
 
-def test_unfinished_run_is_left_out_and_blocks_its_lr(tmp_path):
-    """A run without DONE is reported as unfinished, and its lr cannot win (it may have diverged)."""
-    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3], "seed": [0]}}
+def test_unfinished_or_diverged_run_is_left_out_and_blocks_its_lr(tmp_path):
+    """Runs without DONE are reported (diverged when their log says so) and their lr cannot win."""
+    spec = {"base": {**BASE, "preset": "tiny"},
+            "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}}
     fabricate(tmp_path, spec)
     (tmp_path / "runs" / "baseline_lr0.003_s0" / "DONE").unlink()
+    (tmp_path / "runs" / "baseline_lr0.01_s0" / "DONE").unlink()
+    (tmp_path / "runs" / "baseline_lr0.01_s0.log").write_text("$ train\nnon-finite loss at step 3\n[exit 3]\n")
     a = write_report(tmp_path, quiet=True)
-    assert a.cells[0].results[0].pick.lr == 1e-3
+    assert a.cells[0].results[0].pick.lr == 1e-3 and a.cells[0].results[0].pick.at_edge
     assert any("not finished" in w and "baseline_lr0.003_s0" in w for w in a.warnings)
+    assert any("diverged" in w and "baseline_lr0.01_s0" in w for w in a.warnings)
     rows = {r["run"]: r["status"] for r in read_csv(tmp_path / "runs.csv")}
-    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "unfinished"}
+    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "unfinished", "baseline_lr0.01_s0": "diverged"}
 
 
 def test_token_efficiency_interpolates_to_baseline_loss(tmp_path):

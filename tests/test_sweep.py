@@ -102,6 +102,19 @@ def test_sweep_runs_all_then_skips_done(tmp_path, monkeypatch):
     assert len(log.read_text().split()) == 8
 
 
+def test_diverged_run_is_not_retried(tmp_path, monkeypatch, capsys):
+    """A run that diverged is a result: the sweep exits 0, and a rerun does not train it again."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_DIVERGE_LR", "0.01")
+    spec = spec_from_dict({**SPEC, "grid": {"preset": ["tiny"], "strategy": ["baseline"], "lr": [3e-3, 1e-2]}})
+    assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, report=False) == 0
+    assert "tiny_baseline_lr0.01: diverged" in capsys.readouterr().out
+    assert run_status(expand(spec)[1], tmp_path / "out" / "runs") == "diverged"
+    assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, report=False) == 0
+    assert log.read_text().split() == ["tiny_baseline_lr0.003", "tiny_baseline_lr0.01"]
+
+
 def test_changed_config_of_finished_run_is_an_error(tmp_path):
     """Rerunning into a folder whose finished run has another config fails before writing anything."""
     spec = spec_from_dict(SPEC)

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import stats
 from .config import RunConfig, from_dict, load_yaml, to_dict
+from .sweep import diverged
 
 SIZE_PREFIXES = ("preset", "model.", "train.")  # varying keys that define a model size / token budget
 PRIMARY_KEYS = ("preset", "optim.name", "schedule.name", "train.tokens", "data.source", "data.tokenizer")
@@ -98,9 +99,7 @@ def read_run(path: Path) -> RunRecord:
                 row = json.loads(line)
                 if row.get("kind") == "eval":
                     evals.append(row)
-    log = path.with_name(path.name + ".log")
-    status = "done" if summary else (
-        "diverged" if log.is_file() and "non-finite" in log.read_text(errors="replace") else "unfinished")
+    status = "done" if summary else ("diverged" if diverged(path.with_name(path.name + ".log")) else "unfinished")
     return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status)
 
 
@@ -364,9 +363,11 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
         _compare_to_baseline(results, label, warnings)
         cells.append(Cell(key, label, results, tune_key, labeler.size(example)))
     cells.sort(key=lambda c: (c.results[0].non_embedding_params, c.label))
-    unfinished = [r.name for r in runs if not r.done]
-    if unfinished:
-        warnings.append(f"{len(unfinished)} run(s) not finished (left out): {', '.join(unfinished)}")
+    for status in ("diverged", "unfinished"):
+        names = [r.name for r in runs if r.status == status]
+        if names:
+            warnings.append(f"{len(names)} run(s) {'diverged' if status == 'diverged' else 'not finished'} "
+                            f"(left out; their lr counts as failed): {', '.join(names)}")
     scaling = _scaling(cells, setting_keys, labeler, baseline, warnings)
     return Analysis(str(spec.get("name") or ""), baseline, cells, scaling, runs, warnings)
 

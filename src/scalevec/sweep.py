@@ -280,8 +280,20 @@ def run_tokens(cfg: RunConfig) -> int:
 # ----------------------------------------------------------------------------------------- state on disk
 
 
+DIVERGED_EXIT = 3  # `scalevec train` exit code for a non-finite loss or gradient norm
+
+
+def diverged(log: Path) -> bool:
+    """True when the last attempt recorded in a run's log (``runs_dir/NAME.log``) ended in divergence."""
+    if not log.is_file():
+        return False
+    last = log.read_text(errors="replace").rsplit("\n$ ", 1)[-1]
+    return "non-finite" in last or f"[exit {DIVERGED_EXIT}]" in last
+
+
 def run_status(run: Run, runs_dir: Path) -> str:
-    """``done`` (DONE present), ``resume`` (a checkpoint), ``restart`` (a partial run without one) or ``new``.
+    """``done`` (DONE present), ``diverged`` (its last attempt diverged: not retried, delete its log to
+    retry), ``resume`` (a checkpoint), ``restart`` (a partial run without one) or ``new``.
 
     Raises ``ValueError`` when an existing run directory was made with a different config.
     """
@@ -298,6 +310,8 @@ def run_status(run: Run, runs_dir: Path) -> str:
                              f"or delete that run directory to retrain it")
     if (d / "DONE").exists():
         return "done"
+    if diverged(runs_dir / f"{run.name}.log"):
+        return "diverged"
     return "resume" if (d / "checkpoints" / "latest").is_file() else "restart"
 
 
@@ -328,9 +342,11 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     with open(runs_dir / f"{run.name}.log", "a") as log:
-        log.write(f"$ {' '.join(cmd)}\n")
+        log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        log.write(f"[exit {rc}]\n")
+        return rc
 
 
 def _final_loss(run_dir: Path) -> str:
@@ -386,9 +402,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         return 0
     runs_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "sweep.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    todo = [(r, s) for r, s in zip(runs, statuses) if s != "done"]
-    say(f"sweep {spec.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to train "
-        f"({jobs} at a time) in {runs_dir}")
+    todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged")]
+    n_div = statuses.count("diverged")
+    say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
+        f"{f'{n_div} diverged before (not retried; delete their .log to retry), ' if n_div else ''}"
+        f"{len(todo)} to train ({jobs} at a time) in {runs_dir}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     failed: list[str] = []
 
@@ -396,18 +414,30 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         i, (run, status) = item
         t0 = time.perf_counter()
         rc = train_one(run, runs_dir, status, tuple(train_cmd), threads)
+        head = f"[{i + 1}/{len(todo)}] {run.name}:"
         if rc == 0 and (runs_dir / run.name / "DONE").exists():
-            say(f"[{i + 1}/{len(todo)}] {run.name}: {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
+            say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
+        elif rc == DIVERGED_EXIT:  # a result (this lr is too high), not a failure
+            say(f"{head} diverged (non-finite loss); the report counts it as a failed lr")
         else:
             failed.append(run.name)
-            say(f"[{i + 1}/{len(todo)}] {run.name}: FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
+            say(f"{head} FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, enumerate(todo)))
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for future in [pool.submit(one, item) for item in enumerate(todo)]:
+            future.result()
+    except KeyboardInterrupt:  # Ctrl-C reaches the trainers too; start no new run
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
     if report:
         from .report import write_report
 
-        write_report(out, quiet=quiet)
+        try:
+            write_report(out, quiet=quiet)
+        except (ValueError, FileNotFoundError) as e:
+            say(f"no report: {e}")
     if failed:
         say(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them")
         return 1
