@@ -6,11 +6,11 @@ import csv
 import math
 from pathlib import Path
 
+import fakerun
 import numpy as np
 import pytest
 import yaml
 
-import fakerun
 from scalevec.cli import main
 from scalevec.config import to_dict
 from scalevec.report import analyze, load_runs, write_report

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from scalevec.stats import (compute_multiplier, fit_power_law, fit_shared_power_law, mean_std, paired_delta,
-                            pick_lr, tokens_to_reach)
+from scalevec.stats import (
+    compute_multiplier,
+    fit_power_law,
+    fit_shared_power_law,
+    mean_std,
+    paired_delta,
+    pick_lr,
+    tokens_to_reach,
+)
 
 E, A, ALPHA = 1.8, 40.0, 0.3  # a Chinchilla-like curve: 0.63 nats above E at 1M parameters
 SIZES = np.repeat(np.geomspace(1e5, 1e8, 6), 3)  # 6 sizes × 3 seeds

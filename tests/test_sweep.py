@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalevec.config import ScaleConfig, to_dict
+from scalevec.config import ScaleConfig
 from scalevec.info import count_params
 from scalevec.model import build_model
 from scalevec.presets import get_preset

@@ -118,4 +118,4 @@ def run(args: argparse.Namespace) -> int:
     return rc
 
 
-__all__ = ["DEFAULTS", "build_spec", "add_arguments", "run"]
+__all__ = ["DEFAULTS", "add_arguments", "build_spec", "run"]

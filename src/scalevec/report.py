@@ -333,7 +333,7 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
     spec = spec or {}
     warnings: list[str] = []
     strategies = {r.cfg.strategy for r in runs}
-    baseline = str(spec.get("baseline") or ("baseline" if "baseline" in strategies else sorted(strategies)[0]))
+    baseline = str(spec.get("baseline") or ("baseline" if "baseline" in strategies else min(strategies)))
     order = _strategy_order(runs, spec, baseline)
     if baseline not in strategies:
         warnings.append(f"no run of the baseline strategy {baseline!r}; comparing against {order[0]!r}")
@@ -497,6 +497,15 @@ LEGEND = ("Final validation loss in nats/token on the same validation tokens for
           "'not reached' when never). Step time is the median seconds "
           "per optimizer step relative to the baseline (runs trained in parallel share the CPU: compare "
           "with care). † marks a tuned value at the edge of its grid.")
+
+
+SCALING_LEGEND = (
+    "Fit of `L(N) = E + A·N^(-α)` to every run's final loss against non-embedding parameters N (scipy "
+    "`curve_fit`, ± one sigma). Compute multiplier = (N the baseline needs for the same loss ÷ N)², i.e. the "
+    "compute ratio at a fixed number of tokens per parameter (C ∝ N²); > 1 means the strategy is better. "
+    "*Shared fit*: one curve for both with the strategy acting as m× the parameters (multiplier m², constant "
+    "over size); *at size*: the strategy's measured mean loss against the baseline's fit; *at "
+    f"{EXTRAPOLATE:g}× the largest size*: the two independent fits extrapolated.")
 
 
 def scaling_rows(s: ScalingResult, baseline: str) -> tuple[list[str], list[list[str]]]:
@@ -684,24 +693,19 @@ def plot_scaling(a: Analysis, path: Path) -> None:
 def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:
     """The text of ``report.md``."""
     n_done = sum(r.done for r in a.runs)
-    out = [f"# scalevec report{': ' + a.name if a.name else ''}", "",
-           f"Rebuilt from {len(a.runs)} run directories in `{root}` ({n_done} finished) by `scalevec report {root}`. "
-           f"Baseline: `{a.baseline}`.", "", "## Final validation loss", "", LEGEND, ""]
+    intro = (f"Rebuilt from {len(a.runs)} run directories in `{root}` ({n_done} finished) by "
+             f"`scalevec report {root}`. Baseline: `{a.baseline}`.")
+    out = [f"# scalevec report{': ' + a.name if a.name else ''}", "", intro, "", "## Final validation loss", "",
+           LEGEND, ""]
     for cell in a.cells:
         out += [f"### {cell.label}", "", md_table(*cell_rows(cell)), ""]
     if a.scaling:
-        out += ["## Scaling", "",
-                "Fit of `L(N) = E + A·N^(-α)` to every run's final loss against non-embedding parameters N "
-                "(scipy `curve_fit`, ± one sigma). Compute multiplier = (N the baseline needs for the same loss "
-                "÷ N)², i.e. the compute ratio at a fixed number of tokens per parameter (C ∝ N²); > 1 means the "
-                "strategy is better. *Shared fit*: one curve for both with the strategy acting as m× the "
-                "parameters (multiplier m², constant over size); *at size*: the strategy's measured mean loss "
-                f"against the baseline's fit; *at {EXTRAPOLATE:g}× the largest size*: the two independent fits "
-                "extrapolated.", ""]
+        out += ["## Scaling", "", SCALING_LEGEND, ""]
         for s in a.scaling:
             out += [f"### {s.label}", "", md_table(*scaling_rows(s, a.baseline)), ""]
-    out += ["## Overhead", "", "Extra parameters against the baseline, and step time (geometric mean over the "
-            "cells of that size) relative to it.", "", md_table(*overhead_rows(a)), ""]
+    overhead = ("Extra parameters against the baseline, and step time (geometric mean over the cells of that "
+                "size) relative to it.")
+    out += ["## Overhead", "", overhead, "", md_table(*overhead_rows(a)), ""]
     if figures:
         out += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
     if a.warnings:
@@ -752,6 +756,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["RunRecord", "load_runs", "read_run", "analyze", "Analysis", "Cell", "StrategyResult", "ScalingResult",
-           "write_report", "cell_rows", "text_table", "md_table", "format_delta", "runs_frame", "results_frame",
-           "mean_curve"]
+__all__ = [
+    "Analysis",
+    "Cell",
+    "RunRecord",
+    "ScalingResult",
+    "StrategyResult",
+    "analyze",
+    "cell_rows",
+    "format_delta",
+    "load_runs",
+    "md_table",
+    "mean_curve",
+    "read_run",
+    "results_frame",
+    "runs_frame",
+    "text_table",
+    "write_report",
+]

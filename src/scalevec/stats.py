@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -293,6 +293,16 @@ def pick_lr(results: dict[float, Sequence[float]]) -> LrPick:
     return LrPick(best, mean_loss[best], mean_loss, at_edge, warning)
 
 
-__all__ = ["mean_std", "PairedDelta", "paired_delta", "PowerLawFit", "fit_power_law", "compute_multiplier",
-           "SharedFit", "fit_shared_power_law",
-           "tokens_to_reach", "LrPick", "pick_lr"]
+__all__ = [
+    "LrPick",
+    "PairedDelta",
+    "PowerLawFit",
+    "SharedFit",
+    "compute_multiplier",
+    "fit_power_law",
+    "fit_shared_power_law",
+    "mean_std",
+    "paired_delta",
+    "pick_lr",
+    "tokens_to_reach",
+]

@@ -40,18 +40,24 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .config import RunConfig, ScaleConfig, apply_overrides, from_dict, load_yaml, to_dict
+from .config import (
+    RunConfig,
+    ScaleConfig,
+    apply_overrides,
+    from_dict,
+    load_yaml,
+    to_dict,
+)
 from .presets import get_preset
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
            "steps": "train.steps", "tokens": "train.tokens", "tpp": "tokens_per_param"}
-SPECIAL = ("preset", "strategy", "tokens_per_param")  # keys that are not plain RunConfig fields
 SECTIONS = ("model", "scale", "optim", "schedule", "data", "train")
 NAME_PREFIX = {"optim.lr": "lr", "optim.muon_lr": "mlr", "train.seed": "s", "tokens_per_param": "tpp",
                "train.tokens": "tok", "train.steps": "steps", "optim.weight_decay": "wd"}
@@ -154,8 +160,8 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
         raise ValueError(f"{where}.grid names an axis twice (after aliases: {keys}); merge them into one list")
     strategies = _axis_values(axes, base, "strategy", "baseline")
     varying = {k for k, v in axes if len(v) > 1}
-    tune = [canonical_key(t) for t in (data.get("tune") if data.get("tune") is not None else
-                                         (["optim.lr"] if "optim.lr" in varying else []))]
+    tune = data.get("tune") if data.get("tune") is not None else (["optim.lr"] if "optim.lr" in varying else [])
+    tune = [canonical_key(str(t)) for t in ([tune] if isinstance(tune, str) else tune)]
     if len(tune) > 1:
         raise ValueError(f"{where}.tune lists {tune}; tune one numeric axis at a time (usually optim.lr)")
     for t in tune:
@@ -188,7 +194,7 @@ def load_spec(path: str | Path) -> SweepSpec:
 # ----------------------------------------------------------------------------------------- expansion
 
 
-@lru_cache(maxsize=None)
+@cache
 def _count_params(model_yaml: str, scale_yaml: str) -> int:
     """Total parameters of a model and scale config (given as YAML, for caching), built on the meta device."""
     from .config import ModelConfig
@@ -344,7 +350,7 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     with open(runs_dir / f"{run.name}.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
         log.write(f"[exit {rc}]\n")
         return rc
 
@@ -458,5 +464,18 @@ def run(args: argparse.Namespace) -> int:
     return run_sweep(spec, out, jobs=args.jobs, dry_run=args.dry_run, report=not args.no_report)
 
 
-__all__ = ["SweepSpec", "Run", "spec_from_dict", "load_spec", "resolve_config", "expand", "run_status",
-           "run_tokens", "baseline_params", "run_sweep", "dry_run_text", "name_part", "canonical_key"]
+__all__ = [
+    "Run",
+    "SweepSpec",
+    "baseline_params",
+    "canonical_key",
+    "dry_run_text",
+    "expand",
+    "load_spec",
+    "name_part",
+    "resolve_config",
+    "run_status",
+    "run_sweep",
+    "run_tokens",
+    "spec_from_dict",
+]
