@@ -209,8 +209,10 @@ class Trainer:
         self.steps = total_steps(cfg)
         check_out_dir(self.out, resume, overwrite)
 
-        if cfg.train.sharpness_every and cfg.train.dist == "fsdp2":
-            raise ValueError("--sharpness-every needs the whole model on one process; use --dist ddp or drop it")
+        if (cfg.train.sharpness_every or cfg.train.probe_every) and cfg.train.dist == "fsdp2":
+            # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
+            raise ValueError("--probe-every and --sharpness-every need the whole model on one process; "
+                             "use --dist ddp or drop them")
         self.dist = distributed.setup(cfg.train)
         self.device = self.dist.device
         self.rank, self.world = self.dist.rank, self.dist.world_size
@@ -222,7 +224,12 @@ class Trainer:
                              f"micro-batches of {self.micro}; choose a batch size divisible by both")
 
         # Data and model: everything that can fail on user input happens before the run dir exists.
-        self.data = prepare_data(cfg.data)
+        # Each machine's first process fills the token cache (and trains a BPE) first; the others then read it.
+        if self.dist.local_rank == 0:
+            self.data = prepare_data(cfg.data)
+        distributed.barrier()
+        if self.dist.local_rank != 0:
+            self.data = prepare_data(cfg.data)
         if self.data.tokenizer.vocab_size > cfg.model.vocab_size:
             # A preset's vocabulary is a default, not a constraint: grow it to fit the tokenizer. The stored
             # config.yaml holds the resolved value.
