@@ -177,3 +177,27 @@ def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
     plain = tmp_path / "plain"
     train(tiny_run(tmp_path, "hg", steps=2), plain, quiet=True)
     assert read_metrics(plain, "probe") == []
+
+
+def test_config_diff_ignores_execution_fields(tmp_path):
+    """Resuming may change how a run executes (dist, device, compile) but not what it computes."""
+    from scalevec.config import apply_overrides
+    from scalevec.train import config_diff
+
+    cfg = tiny_run(tmp_path)
+    moved = apply_overrides(cfg, ["train.dist=ddp", "train.device=cpu", "train.compile=true"])
+    assert config_diff(cfg, moved) == []
+    assert config_diff(cfg, apply_overrides(cfg, ["optim.lr=0.5", "model.d_model=32"])) == ["model.d_model", "optim.lr"]
+
+
+def test_cli_resume_uses_stored_config(tmp_path, capsys, monkeypatch):
+    """`scalevec train --resume --out RUN` continues with the stored config; changing a field is refused."""
+    monkeypatch.setenv("SCALEVEC_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    common = ["--preset", "tiny", "--steps", "4", "--batch-size", "4", "--seq-len", "32", "--quiet",
+              "data.val_tokens=1024", "train.eval_every=2"]
+    assert main(["train", "--out", str(run), *common]) == 0
+    (run / "DONE").unlink()  # pretend it stopped early: resume re-runs nothing but must accept the config
+    assert main(["train", "--out", str(run), "--resume", "--device", "cpu", "--quiet"]) == 0
+    assert main(["train", "--out", str(run), "--resume", "--lr", "0.1"]) == 2
+    assert "--resume continues the stored config" in capsys.readouterr().err

@@ -33,7 +33,7 @@ from safetensors.torch import load_model
 
 from . import __version__, distributed
 from .checkpoint import CKPT_DIR, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import RunConfig, ScaleConfig, from_dict, load_yaml, save_yaml, to_dict
+from .config import RunConfig, ScaleConfig, apply_overrides, from_dict, load_yaml, save_yaml, to_dict
 from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
 from .model import Transformer, build_model
 from .optim import build_optimizers, group_table, param_groups, set_lr
@@ -51,8 +51,6 @@ def make_config(preset: str = "small", strategy: str = "baseline", overrides: li
 
     Raises ``ValueError`` for unknown presets, strategies or keys, and invalid values.
     """
-    from .config import apply_overrides
-
     file_data = dict(file_data or {})
     preset = file_data.pop("preset", preset)
     strategy = file_data.pop("strategy", strategy)
@@ -69,6 +67,23 @@ def make_config(preset: str = "small", strategy: str = "baseline", overrides: li
     cfg = apply_overrides(from_dict(RunConfig, data), overrides or [])
     cfg.validate()
     return cfg
+
+
+# How a run executes, not what it computes: these may change when a run is resumed (DESIGN.md §8: the
+# same global batch gives the same losses on 1 or N processes, with or without compile).
+EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile")
+
+
+def config_diff(a: RunConfig, b: RunConfig) -> list[str]:
+    """Dotted names of the fields that differ between two configs, execution fields excepted."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    fa, fb = flat(to_dict(a)), flat(to_dict(b))
+    return [k for k in sorted(fa.keys() | fb.keys()) if k not in EXECUTION_FIELDS and fa.get(k) != fb.get(k)]
 
 
 def total_steps(cfg: RunConfig) -> int:
@@ -236,8 +251,8 @@ class Trainer:
             cfg.model.vocab_size = self.data.tokenizer.vocab_size
         if resume:
             stored = load_run_config(self.out)
-            if to_dict(stored) != to_dict(cfg):
-                diff = [k for k, v in to_dict(cfg).items() if to_dict(stored).get(k) != v]
+            diff = config_diff(stored, cfg)
+            if diff:
                 raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {', '.join(diff)}; "
                                  f"resume with the stored config (scalevec train --resume --out {self.out})")
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
@@ -251,6 +266,7 @@ class Trainer:
                          else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
         self.step = 0
         self.best_val = math.inf
+        self.elapsed = 0.0  # seconds of training before this session (restored on resume)
         self.write = self.rank == 0
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -273,6 +289,7 @@ class Trainer:
         state = load_checkpoint(ckpt, self.model, self.optimizers, self.device)
         self.step = state["step"]
         self.best_val = state["extra"].get("best_val", math.inf)
+        self.elapsed = state["extra"].get("elapsed_s", 0.0)
         if self.write:  # metrics past the checkpoint belong to a lost future: drop them
             self.truncate_metrics(self.step)
 
@@ -342,6 +359,9 @@ class Trainer:
 
     def fit(self, stop_at: int | None = None) -> dict:
         """Train to the end (or until ``stop_at`` steps are done, for tests and preemption); return the summary."""
+        if self.resume and (self.out / "DONE").is_file():
+            self.say(f"{self.out} is already finished; nothing to resume")
+            return json.loads((self.out / "summary.json").read_text())
         self.setup_run_dir()
         t = self.cfg.train
         tokens_per_step = t.batch_size * t.seq_len
@@ -355,15 +375,13 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=end, initial=self.step, unit="step", dynamic_ncols=True)
-        step_times: list[float] = []
-        t_start = time.perf_counter()
+        t_start = time.perf_counter() - self.elapsed
         self.wrapped.train()
         while self.step < end:
             step = self.step
             t0 = time.perf_counter()
             loss, aux, grad_norm = self.train_step(step)
             dt = time.perf_counter() - t0
-            step_times.append(dt)
             self.step = step + 1
             if step % t.log_every == 0 or self.step == self.steps:
                 row = {"kind": "train", "step": step, "tokens": self.step * tokens_per_step,
@@ -389,13 +407,13 @@ class Trainer:
                     self.say(f"step {self.step:>6} val_loss {val_loss:.4f} val_bpb {val_bpb:.4f}")
             self.probe()
             if (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (end, self.steps):
+                self.elapsed = time.perf_counter() - t_start
                 self.checkpoint()
         if bar is not None:
             bar.close()
-        wall = time.perf_counter() - t_start
         if self.step < self.steps:
             return {"stopped_at": self.step}
-        summary = self.summary(wall, step_times)
+        summary = self.summary(time.perf_counter() - t_start)
         if self.write:
             write_json(self.out / "summary.json", summary)
             (self.out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
@@ -426,23 +444,27 @@ class Trainer:
 
     def checkpoint(self) -> None:
         # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py)
-        save_checkpoint(self.out, self.step, self.model, self.optimizers, {"best_val": self.best_val})
+        save_checkpoint(self.out, self.step, self.model, self.optimizers,
+                        {"best_val": self.best_val, "elapsed_s": self.elapsed})
 
-    def summary(self, wall: float, step_times: list[float]) -> dict:
-        evals = [json.loads(ln) for ln in (self.out / "metrics.jsonl").read_text().splitlines()
-                 if ln.strip() and json.loads(ln)["kind"] == "eval"] if self.write else []
+    def summary(self, wall: float) -> dict:
+        """Final figures; read back from metrics.jsonl so that a resumed run reports the whole run.
+        ``step_time_s`` is the median time of the logged training steps after the first 5 (warm-up)."""
+        rows = [json.loads(ln) for ln in (self.out / "metrics.jsonl").read_text().splitlines()
+                if ln.strip()] if self.write else []
+        evals = [r for r in rows if r["kind"] == "eval"]
+        times = [r["step_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5]
         final = evals[-1] if evals else {"val_loss": math.nan, "val_bpb": math.nan}
         from .info import count_params
 
         counts = count_params(self.model)
-        warm = step_times[min(len(step_times) - 1, 5):] or step_times or [math.nan]
         return {
             "preset": self.cfg.preset, "strategy": self.cfg.strategy, "optimizer": self.cfg.optim.name,
             "schedule": self.cfg.schedule.name, "lr": self.cfg.optim.lr, "seed": self.cfg.train.seed,
             "final_val_loss": final["val_loss"], "final_val_bpb": final["val_bpb"],
             "best_val_loss": min((e["val_loss"] for e in evals), default=math.nan),
             "steps": self.steps, "tokens": self.steps * self.cfg.train.batch_size * self.cfg.train.seq_len,
-            "wall_time_s": wall, "step_time_s": statistics.median(warm),
+            "wall_time_s": wall, "step_time_s": statistics.median(times) if times else math.nan,
             "params": counts["params"], "non_embedding_params": counts["non_embedding_params"],
             "active_params": counts["active_params"], "scale_params": counts["scale_params"],
             "world_size": self.world,
@@ -525,8 +547,12 @@ def config_from_args(args) -> RunConfig:
 def run(args) -> int:
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
         cfg = load_run_config(args.out)
-        if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS):
-            raise ValueError("--resume continues the stored config; drop the other options (or start a new --out)")
+        execution = {"dist": "train.dist", "device": "train.device"}
+        if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
+            raise ValueError("--resume continues the stored config; drop the other options except --dist, --device "
+                             "and --compile (or start a new --out)")
+        cfg = apply_overrides(cfg, [f"{key}={getattr(args, n)}" for n, key in execution.items()
+                                    if getattr(args, n, None) is not None] + (["train.compile=true"] if args.compile else []))
     else:
         cfg = config_from_args(args)
     out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
