@@ -9,6 +9,7 @@ This module builds nothing: models, optimizers and data read these objects.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -75,8 +76,9 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE; change model.d_model or model.n_heads")
         if self.layout not in ("pre", "peri"):
             raise ValueError(f"model.layout={self.layout!r} is unknown; use 'pre' or 'peri'")
-        if self.rope_theta <= 0 or self.norm_eps <= 0 or self.init_std <= 0:
-            raise ValueError("model.rope_theta, model.norm_eps and model.init_std must be > 0")
+        if not (0 < self.rope_theta < math.inf and 0 < self.norm_eps < math.inf and 0 < self.init_std < math.inf):
+            raise ValueError(f"model.rope_theta={self.rope_theta}, model.norm_eps={self.norm_eps} and "
+                             f"model.init_std={self.init_std} must be finite and > 0 (defaults 10000, 1e-6, 0.02)")
         if self.moe is not None:
             self.moe.validate()
             if self.moe.first_dense > self.n_layers:
@@ -193,12 +195,18 @@ class OptimConfig:
     def validate(self) -> None:
         if self.name not in ("adamw", "muon"):
             raise ValueError(f"optim.name={self.name!r} is unknown; use 'adamw' or 'muon'")
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr={self.lr} must be > 0 (try 3e-3)")
-        if self.muon_lr is not None and not self.muon_lr > 0:
-            raise ValueError(f"optim.muon_lr={self.muon_lr} must be > 0")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("optim.weight_decay and optim.grad_clip must be >= 0")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"optim.lr={self.lr} must be finite and > 0 (try 3e-3)")
+        if self.muon_lr is not None and not 0 < self.muon_lr < math.inf:
+            raise ValueError(f"optim.muon_lr={self.muon_lr} must be finite and > 0")
+        if not (0 <= self.weight_decay < math.inf and 0 <= self.grad_clip < math.inf):
+            raise ValueError("optim.weight_decay and optim.grad_clip must be finite and >= 0")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.95]")
+        if not 0 < self.eps < math.inf:
+            raise ValueError(f"optim.eps={self.eps} must be finite and > 0 (default 1e-8)")
+        if not 0 <= self.muon_momentum < 1:
+            raise ValueError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1) (default 0.95)")
 
 
 @dataclass
@@ -237,6 +245,9 @@ class DataConfig:
             raise ValueError(f"data.val_frac={self.val_frac} must be in (0, 1)")
         if self.val_tokens <= 0:
             raise ValueError(f"data.val_tokens={self.val_tokens} must be > 0")
+        for name in ("source", "tokenizer"):
+            if not str(getattr(self, name)).strip():
+                raise ValueError(f"data.{name} is empty; give e.g. --data shakespeare / --tokenizer bytes")
 
 
 @dataclass
@@ -264,6 +275,9 @@ class TrainConfig:
         _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
         if self.tokens < 0 or self.micro_batch_size < 0 or self.ckpt_every < 0:
             raise ValueError("train.tokens, train.micro_batch_size and train.ckpt_every must be >= 0")
+        if self.seed < 0 or self.probe_every < 0 or self.sharpness_every < 0:
+            raise ValueError(f"train.seed={self.seed}, train.probe_every={self.probe_every} and "
+                             f"train.sharpness_every={self.sharpness_every} must be >= 0")
         mb = self.micro_batch_size or self.batch_size
         if self.batch_size % mb:
             raise ValueError(f"train.batch_size={self.batch_size} is not a multiple of train.micro_batch_size={mb}")
@@ -317,7 +331,7 @@ def to_dict(cfg: Any) -> dict:
 def from_dict(cls: type, data: dict, where: str = "") -> Any:
     """Build dataclass ``cls`` from a dict, checking keys and types. Raises ``ValueError`` naming the key."""
     if not isinstance(data, dict):
-        raise ValueError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+        raise ValueError(f"{where.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
@@ -339,6 +353,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.replace(" ", "").split(",") if v] if value else []
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key}={value!r} is not a list; write it as [a,b] or a,b")
         args = typing.get_args(tp)
         item = args[0]
         return tuple(_coerce(item, v, key) for v in value)
@@ -352,7 +368,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 raise ValueError
             return bool(value)
         if tp is int:
-            if isinstance(value, float) and not value.is_integer():
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(float(value)) if isinstance(value, str) else int(value)
         if tp is float:
@@ -387,19 +403,31 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             node = node[part]
         if path[-1] not in node:
             raise ValueError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node))}")
-        node[path[-1]] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            parsed = value  # not YAML: the type check below names the key
+        # a string field keeps the text as given unless it is a YAML string ('"x"'): paths like 'a: b', '#x', 'hf:', 'yes'
+        node[path[-1]] = value if isinstance(node[path[-1]], str) and not isinstance(parsed, str) else parsed
     return from_dict(RunConfig, data)
 
 
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML mapping; ``ValueError`` with the path if it is missing or malformed."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"config file {p} is a directory; pass a YAML file")
     if not p.is_file():
         raise ValueError(f"config file {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {p} is not UTF-8 text; save it as UTF-8 YAML") from None
     except yaml.YAMLError as e:
-        raise ValueError(f"config file {p} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"config file {p} is not valid YAML{where} ({problem}); fix the syntax there") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {p} must hold a mapping")
     return data

@@ -35,9 +35,9 @@ class TextModel:
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
-    """Raise ``ValueError`` for ``max_new_tokens < 0``, ``temperature < 0`` (or NaN) or ``top_k < 1``."""
-    if max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens={max_new_tokens} must be >= 0")
+    """Raise ``ValueError`` for ``max_new_tokens < 1``, ``temperature < 0`` (or NaN) or ``top_k < 1``."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens={max_new_tokens} must be >= 1 (default 200)")
     if not temperature >= 0:
         raise ValueError(f"--temperature={temperature} must be >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
@@ -146,7 +146,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
+def check_device(device: str) -> None:
+    """Raise ``ValueError`` unless ``device`` is ``cpu``, or ``cuda``/``cuda:N`` on a machine that has it."""
+    if device != "cpu" and device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"--device {device!r} is unknown; use cpu or cuda (cuda:N)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine (or this torch build) has no CUDA; use --device cpu")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_device(args.device)
     text = generate_text(args.path, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          args.device)
     print(args.prompt + text)

@@ -140,9 +140,11 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     if unknown:
         raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SPEC_KEYS)}")
     base = flatten(data.get("base") or {}, f"{where}.base")
-    grid = data.get("grid") or {}
+    grid = data.get("grid")
     if not isinstance(grid, dict):
         raise ValueError(f"{where}.grid must map axis names to lists of values (e.g. strategy: [baseline, none])")
+    if not grid:
+        raise ValueError(f"{where}.grid is empty; give at least one axis (e.g. strategy: [baseline, none])")
     axes = []
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
@@ -154,7 +156,11 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
                        **flatten({k: x for k, x in v.items() if k != "name"}, f"{where}.grid.{key}")} for v in values]
             axes.append((str(key), values))
         else:
-            axes.append((canonical_key(str(key)), [_number(v) for v in values]))
+            values = [_number(v) for v in values]
+            dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if dup is not None:
+                raise ValueError(f"{where}.grid.{key} lists {dup!r} twice; give each value once")
+            axes.append((canonical_key(str(key)), values))
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{where}.grid names an axis twice (after aliases: {keys}); merge them into one list")
@@ -399,6 +405,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
+    if (out / "config.yaml").is_file():
+        raise FileExistsError(f"{out} is a single training run (config.yaml), not a sweep folder; choose another --out")
     runs = expand(spec)
     runs_dir = out / "runs"
     statuses = [run_status(r, runs_dir) for r in runs]

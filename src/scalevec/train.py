@@ -20,12 +20,14 @@ import math
 import os
 import platform
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -43,6 +45,28 @@ from .schedule import lr_at
 
 class TrainingDiverged(RuntimeError):
     """The loss or gradient norm became non-finite; the run directory keeps the last good checkpoint."""
+
+
+@contextmanager
+def deferred_sigint(enabled: bool = True):
+    """Within the block, a first Ctrl-C only sets ``flag["set"]`` (checked between steps, so a step is
+    never cut in half); a second one interrupts at once. Off outside the main thread or when disabled."""
+    flag = {"set": False}
+    if not enabled or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag["set"]:
+            signal.default_int_handler(signum, frame)
+        flag["set"] = True
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_config(preset: str = "small", strategy: str = "baseline", overrides: list[str] | None = None,
@@ -102,10 +126,17 @@ def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
         raise ValueError("--resume and --overwrite exclude each other; pick one")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
+    parent = next((p for p in out.absolute().parents if p.exists()), None)
+    if not out.exists() and parent is not None and not parent.is_dir():
+        raise NotADirectoryError(f"{parent} is a file, so --out {out} cannot be created; choose another --out")
     existing = out.is_dir() and any(out.iterdir())
     if resume:
         if not (out / CKPT_DIR / "latest").is_file():
             raise FileNotFoundError(f"{out} has no checkpoint to resume from; drop --resume to start a new run")
+    elif existing and not (out / "config.yaml").is_file():
+        # --overwrite removes the directory: never do that to one that is not a scalevec run
+        raise FileExistsError(f"{out} is not empty and is not a scalevec run directory (no config.yaml); "
+                              f"choose a new or empty --out")
     elif existing and not overwrite:
         raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
 
@@ -377,7 +408,36 @@ class Trainer:
             bar = tqdm(total=end, initial=self.step, unit="step", dynamic_ncols=True)
         t_start = time.perf_counter() - self.elapsed
         self.wrapped.train()
+        with deferred_sigint(self.world == 1) as interrupt:
+            self._fit_loop(end, t_start, bar, interrupt)
+        if bar is not None:
+            bar.close()
+        if self.step < self.steps:
+            return {"stopped_at": self.step}
+        summary = self.summary(time.perf_counter() - t_start)
+        if self.write:
+            write_json(self.out / "summary.json", summary)
+            (self.out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+            self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} bits/byte")
+        distributed.barrier()
+        return summary
+
+    def _fit_loop(self, end: int, t_start: float, bar, interrupt: dict) -> None:
+        """The steps of ``fit``. On Ctrl-C (``interrupt["set"]``) it checkpoints the completed steps and
+        raises ``KeyboardInterrupt``, so that ``--resume`` continues from there."""
+        t = self.cfg.train
+        tokens_per_step = t.batch_size * t.seq_len
+        saved = self.step
         while self.step < end:
+            if interrupt["set"]:
+                if self.step > saved:
+                    self.elapsed = time.perf_counter() - t_start
+                    self.checkpoint()
+                if self.write:
+                    print(f"interrupted after step {self.step}; continue with: scalevec train --resume --out {self.out}"
+                          if self.step > 0 else f"interrupted before the first step; start again with --overwrite --out {self.out}",
+                          file=sys.stderr, flush=True)
+                raise KeyboardInterrupt
             step = self.step
             t0 = time.perf_counter()
             loss, aux, grad_norm = self.train_step(step)
@@ -409,17 +469,7 @@ class Trainer:
             if (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (end, self.steps):
                 self.elapsed = time.perf_counter() - t_start
                 self.checkpoint()
-        if bar is not None:
-            bar.close()
-        if self.step < self.steps:
-            return {"stopped_at": self.step}
-        summary = self.summary(time.perf_counter() - t_start)
-        if self.write:
-            write_json(self.out / "summary.json", summary)
-            (self.out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
-            self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} bits/byte")
-        distributed.barrier()
-        return summary
+                saved = self.step
 
     def probe(self) -> None:
         """Theory probes (DESIGN.md §4), off by default: every ``probe_every`` steps the preconditioner

@@ -1,0 +1,130 @@
+"""Bad command lines: a one-line error naming problem and fix, exit code 2, nothing written or lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from scalevec.cli import main
+
+TINY_RUN = ["--preset", "tiny", "--steps", "3", "--batch-size", "4", "--seq-len", "32"]
+TINY_OVR = ["data.val_tokens=1024", "train.eval_every=2"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALEVEC_CACHE", str(tmp_path / "cache"))
+
+
+def fails(capsys, argv: list[str], *words: str) -> str:
+    """Run the CLI; assert exit 2, one stderr line containing ``words``, no traceback. Returns the line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def train_argv(out, *extra: str) -> list[str]:
+    return ["train", *TINY_RUN, "--out", str(out), "--quiet", *extra, *TINY_OVR]
+
+
+@pytest.mark.parametrize("override, words", [
+    ("optim.betas=0.9", ("optim.betas", "[a,b]")),
+    ("optim.betas=[0.9]", ("optim.betas", "[0, 1)")),
+    ("optim.betas=[0.9,0.95,0.99]", ("optim.betas", "[0, 1)")),
+    ("optim.eps=-1", ("optim.eps", "> 0")),
+    ("optim.muon_momentum=5", ("optim.muon_momentum", "[0, 1)")),
+    ("optim.lr=inf", ("optim.lr", "finite")),
+    ("model.norm_eps=nan", ("model.norm_eps", "finite")),
+    ("train.seed=-1", ("train.seed", ">= 0")),
+    ("model.d_model=true", ("model.d_model", "not a valid int")),
+    ("model.moe=3", ("model.moe must be a mapping",)),
+    ("data.source=", ("data.source is empty",)),
+    ("model.d_model=[x", ("model.d_model", "not a valid int")),
+])
+def test_bad_config_values_exit_2_and_write_nothing(tmp_path, capsys, override, words):
+    """Malformed or out-of-range config values (betas, eps, momentum, inf/nan, seed, bool-as-int) exit 2 before writing."""
+    out = tmp_path / "run"
+    fails(capsys, train_argv(out, override), *words)
+    assert not out.exists()
+
+
+def test_string_fields_take_the_text_not_yaml(tmp_path, capsys):
+    """--data values YAML would misread ('hf:' as a mapping, '[x' as an error) reach the data loader as text."""
+    out = tmp_path / "run"
+    fails(capsys, train_argv(out, "--data=hf:"), "'hf:' names no dataset")
+    fails(capsys, train_argv(out, f"--data={tmp_path}/[x].txt"), "[x].txt", "does not exist")
+    assert not out.exists()
+
+
+def test_overwrite_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    """--overwrite never deletes a non-empty directory without config.yaml (e.g. a typo'd --out of $HOME)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    fails(capsys, train_argv(out, "--overwrite"), "not a scalevec run directory", "--out")
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+def test_out_below_a_file_names_the_file(tmp_path, capsys):
+    """--out under an existing file fails up front with the file's name, not an errno from mkdir."""
+    (tmp_path / "f").write_text("x")
+    fails(capsys, train_argv(tmp_path / "f" / "run"), "is a file", "choose another --out")
+
+
+def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, capsys, monkeypatch):
+    """Ctrl-C mid-run saves the completed steps (exit 130); --resume then finishes the run."""
+    from scalevec import train as train_mod
+
+    out = tmp_path / "run"
+    real_step = train_mod.Trainer.train_step
+
+    def step_then_ctrl_c(self, step):
+        result = real_step(self, step)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(train_mod.Trainer, "train_step", step_then_ctrl_c)
+    argv = ["train", "--preset", "tiny", "--steps", "5", "--batch-size", "4", "--seq-len", "32", "--out", str(out),
+            "--quiet", *TINY_OVR]
+    assert main(argv) == 130
+    assert "--resume" in capsys.readouterr().err
+    assert (out / "checkpoints" / "latest").read_text().strip().endswith("step_0000002")
+    monkeypatch.setattr(train_mod.Trainer, "train_step", real_step)
+    assert main(["train", "--resume", "--out", str(out), "--quiet"]) == 0
+    assert (out / "DONE").is_file()
+
+
+def test_sweep_empty_grid_duplicates_bad_yaml_and_directory(tmp_path, capsys):
+    """sweep: an empty grid, a value listed twice, malformed YAML and a directory as the spec exit 2 on one line."""
+    cases = {"empty.yaml": ("name: x\ngrid: {}\n", "grid is empty"),
+             "dup.yaml": ("name: x\ngrid:\n  strategy: [baseline, baseline]\n", "'baseline' twice"),
+             "bad.yaml": ("name: x\ngrid: [\n", "not valid YAML at line")}
+    for name, (text, words) in cases.items():
+        (tmp_path / name).write_text(text)
+        fails(capsys, ["sweep", str(tmp_path / name), "--out", str(tmp_path / "out")], words)
+    fails(capsys, ["sweep", str(tmp_path), "--dry-run"], "is a directory")
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_into_a_training_run_is_refused(tmp_path, capsys):
+    """compare/sweep --out at a single training run (config.yaml) exits 2 and adds nothing to it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("preset: tiny\n")
+    fails(capsys, ["compare", *TINY_RUN, "--seeds", "1", "--out", str(run)], "single training run")
+    assert [p.name for p in run.iterdir()] == ["config.yaml"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--max-new-tokens", "0"], ("--max-new-tokens=0", ">= 1")),
+    (["--device", "tpu"], ("--device 'tpu'", "use cpu")),
+])
+def test_generate_bad_arguments(tmp_path, capsys, extra, words):
+    """generate: zero new tokens or an unknown device exit 2 (checked before any model is loaded)."""
+    fails(capsys, ["generate", str(tmp_path), "--prompt", "hi", *extra], *words)
