@@ -359,8 +359,11 @@ class Trainer:
             grad_norm = grad_norm.full_tensor()
         stats = torch.stack([loss, aux, grad_norm.float().to(loss.device)]).tolist()
         if not all(math.isfinite(v) for v in stats):
+            kept = ("the last good checkpoint is kept for inspection"
+                    if (self.out / CKPT_DIR / "latest").is_file() else
+                    "no checkpoint was written yet (rerun with --overwrite)")
             raise TrainingDiverged(f"non-finite loss or gradient norm at step {step} (loss {stats[0]}, grad norm "
-                                   f"{stats[2]}); the last good checkpoint is kept — lower the lr or raise warmup")
+                                   f"{stats[2]}): lower the lr or raise the warmup; {kept}")
         for opt in self.optimizers:
             opt.step()
         for opt in self.optimizers:
