@@ -69,8 +69,7 @@ class MLP(nn.Module):
         self.down = Linear(cfg.d_ff, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        gate, up = self.proj(x)
-        return self.down(F.silu(gate) * up), x.new_zeros(())
+        return self.down(self.proj.swiglu(x)), x.new_zeros(())  # silu(W_gate u) * (W_up u)
 
 
 class Block(nn.Module):
