@@ -21,6 +21,7 @@ SUBCOMMANDS = [
     ("theory", "scalevec.theory.lab", "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
     ("export", "scalevec.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
     ("generate", "scalevec.generate", "sample text from a run directory or an exported Hugging Face directory"),
+    ("bench", "scalevec.bench", "time a training step, peak memory and folded inference per strategy, vs HF Llama"),
 ]
 
 

@@ -1,0 +1,550 @@
+"""``scalevec bench``: what each scale-vector strategy costs, and our speed against Hugging Face Llama (issue 9).
+
+For one preset and batch shape it builds every candidate side by side in one process and measures
+
+- **the training step**: forward, backward, gradient clipping at 1.0 and the AdamW step over our role
+  param groups (DESIGN.md §5), as ``scalevec train`` takes it. After ``warmup`` steps each, the
+  candidates run interleaved (A B C, B C A, ...) so that load from other processes falls on all of
+  them alike; each candidate's ratio to the first is taken round by round, then the median is
+  reported with its interquartile range.
+- **peak memory** of one step: the candidate's persistent tensors (parameters, buffers, optimizer
+  state) plus the highest level of what the step allocates on top. On CUDA the step's part is
+  ``max_memory_allocated`` minus the level before it; on CPU it is the running sum of the allocation
+  events of ``torch.profiler(profile_memory=True)``, which sees every tensor that torch's CPU
+  allocator hands out, to the byte (not memory that libraries such as oneDNN allocate by themselves).
+  Both are deterministic, unlike the process's resident set, which the other candidates share.
+- **inference**: forward-only tokens/s of each foldable strategy's model before and after
+  ``fold_scales`` (DESIGN.md §4, §10), against the first candidate's unfolded forward, and the
+  folded parameter count against a plain Llama's.
+
+Candidates: strategy names (DESIGN.md §3), ``NAME:activation`` / ``NAME:weight`` to force the way a
+strategy applies its scales, and ``hf-llama``: ``transformers.LlamaForCausalLM`` from the same shape
+(SDPA attention) holding the baseline's initial weights, trained with the same loss, clipping and a
+torch AdamW with the same settings (decay on matrices and LM head, none on embedding and norm gains).
+Every candidate starts from the same matrices, so their initial losses agree (a check on equal work).
+Speed is a measured figure, never asserted by a test. This module trains nothing and writes no run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import __version__
+from .config import PRESET_NAMES, ModelConfig, OptimConfig, ScaleConfig
+from .distributed import resolve_device
+from .fold import fold_scales
+from .model import Transformer, build_model
+from .optim import build_optimizers, param_groups
+from .presets import PRESETS, get_preset
+
+HF = "hf-llama"
+FOLDABLE_STEP_TARGET, UNFOLDABLE_STEP_TARGET, MEMORY_TARGET, HF_TARGET, FOLDED_FORWARD_TARGET = 1.02, 1.05, 1.01, 1.0, 1.01
+DEFAULT_STRATEGIES = "baseline,hg,dp,or,er,iwd,unified_foldable,unified,hf-llama"
+GPU_STRATEGIES = "baseline,unified,unified_foldable,hf-llama"  # the issue's GPU set: few compilations
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0}  # dense bf16 spec figures
+
+
+# ----------------------------------------------------------------------------------------- candidates
+
+
+@dataclass
+class Candidate:
+    """One model + optimizer under test. ``step()`` takes one training step and returns the loss."""
+
+    name: str
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer]
+    step: Callable[[], Tensor]
+    forward: Callable[[], Tensor]  # inference: logits of the batch under inference_mode
+    params: int
+    times: list[float] = field(default_factory=list)
+    loss_init: float = math.nan
+    peak_bytes: int = 0
+    state_bytes: int = 0
+
+
+def parse_candidates(spec: str) -> list[str]:
+    """Split ``a,b,...`` and check every name; ``ValueError`` names the unknown one and the choices."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--strategies is empty; give a comma-separated list, e.g. --strategies baseline,unified")
+    for n in names:
+        base, _, apply = n.partition(":")
+        if n != HF and (base not in PRESET_NAMES or apply not in ("", "weight", "activation")):
+            raise ValueError(f"unknown candidate {n!r} in --strategies; use {HF}, a strategy ({', '.join(PRESET_NAMES)}) "
+                             f"or STRATEGY:activation / STRATEGY:weight")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--strategies lists a candidate twice: {spec}; list each once")
+    return names
+
+
+def strategy_config(name: str) -> ScaleConfig:
+    base, _, apply = name.partition(":")
+    scfg = ScaleConfig.preset(base)
+    return dataclasses.replace(scfg, apply=apply) if apply else scfg
+
+
+def hf_llama(cfg: ModelConfig, init_from: Transformer | None):
+    """``LlamaForCausalLM`` of shape ``cfg`` with SDPA attention; weights copied from a baseline model if given."""
+    if cfg.moe is not None or cfg.qk_norm or cfg.layout != "pre" or cfg.tie_embeddings:
+        raise ValueError(f"{HF} holds only a dense pre-norm model without QK-norm or tied embeddings; "
+                         f"drop {HF} from --strategies for this preset")
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(f"{HF} needs transformers; pip install 'scalevec[hf]' or drop {HF} from --strategies") from None
+    hcfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps, initializer_range=cfg.init_std,
+        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)}, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, use_cache=False, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(hcfg)
+    if init_from is not None:
+        model.load_state_dict(hf_state(init_from), strict=True)
+    return model
+
+
+def hf_state(model: Transformer) -> dict[str, Tensor]:
+    """A baseline (shared γ, direct) model's weights under Hugging Face Llama names."""
+    src = model.state_dict()
+    out = {"model.embed_tokens.weight": src["embed.weight"], "lm_head.weight": src["head.branches.lm_head.weight"],
+           "model.norm.weight": src["head.scale.weight"]}
+    for i in range(model.cfg.n_layers):
+        p, h = f"layers.{i}.", f"model.layers.{i}."
+        for ours, theirs in (("attn.proj.branches.q", "self_attn.q_proj"), ("attn.proj.branches.k", "self_attn.k_proj"),
+                             ("attn.proj.branches.v", "self_attn.v_proj"), ("attn.o", "self_attn.o_proj"),
+                             ("mlp.proj.branches.gate", "mlp.gate_proj"), ("mlp.proj.branches.up", "mlp.up_proj"),
+                             ("mlp.down", "mlp.down_proj")):
+            out[f"{h}{theirs}.weight"] = src[f"{p}{ours}.weight"]
+        out[f"{h}input_layernorm.weight"] = src[f"{p}attn.proj.scale.weight"]
+        out[f"{h}post_attention_layernorm.weight"] = src[f"{p}mlp.proj.scale.weight"]
+    return out
+
+
+def hf_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.Optimizer:
+    """torch AdamW with our settings: wd on 2-D weights except the embedding (as our roles), none on norm gains."""
+    decay, plain = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim == 2 and "embed_tokens" not in name else plain).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": ocfg.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+                             lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps, foreach=True)
+
+
+def make_candidate(name: str, cfg: ModelConfig, x: Tensor, y: Tensor, device: torch.device, autocast, compile: bool,
+                   seed: int, ocfg: OptimConfig) -> Candidate:
+    """Build candidate ``name`` on ``device`` with its optimizers and its step / forward closures."""
+    if name == HF:
+        model = hf_llama(cfg, build_model(cfg, ScaleConfig.preset("baseline"), seed=seed)).to(device)
+        optimizers = [hf_optimizer(model, ocfg)]
+        layers = model.model.layers
+
+        def logits() -> Tensor:
+            return model(input_ids=x, use_cache=False).logits
+
+    else:
+        model = build_model(cfg, strategy_config(name), seed=seed, device=device)
+        optimizers = build_optimizers(param_groups(model, ocfg, model.scfg), ocfg)
+        layers = model.layers
+
+        def logits() -> Tensor:
+            return model(x)
+
+    if compile:
+        for layer in layers:  # per block, as the trainer compiles (distributed.wrap)
+            layer.compile()
+    params = list(model.parameters())
+
+    def step() -> Tensor:
+        with autocast:
+            if name == HF:
+                ce, aux = F.cross_entropy(logits().float().flatten(0, 1), y.flatten(), reduction="sum"), 0.0
+            else:
+                ce, _, aux = model(x, y)  # aux: the MoE auxiliary loss (0 for a dense model)
+        loss = ce / y.numel() + aux
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, ocfg.grad_clip)
+        for opt in optimizers:
+            opt.step()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def forward() -> Tensor:
+        with torch.inference_mode(), autocast:
+            return logits()
+
+    return Candidate(name, model, optimizers, step, forward, sum(p.numel() for p in params))
+
+
+# ----------------------------------------------------------------------------------------- measuring
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def state_bytes(c: Candidate) -> int:
+    """Bytes of the candidate's persistent tensors: parameters, buffers and optimizer state (each storage once)."""
+    seen: dict[int, int] = {}
+    tensors = [*c.model.parameters(), *c.model.buffers()]
+    for opt in c.optimizers:
+        for st in opt.state.values():
+            tensors += [t for t in st.values() if isinstance(t, Tensor)]
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def step_peak_bytes(c: Candidate, device: torch.device) -> int:
+    """Peak bytes allocated on top of the persistent state during one training step (see the module docstring)."""
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        c.step()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        c.step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    level = peak = 0
+    for _, n in events:
+        level += n
+        peak = max(peak, level)
+    return peak
+
+
+def quantiles(xs: list[float]) -> tuple[float, float, float]:
+    """(q25, median, q75) of ``xs``."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
+
+def interleave(cands: list[Candidate], fn: Callable[[Candidate], Callable[[], object]], rounds: int,
+               device: torch.device) -> dict[str, list[float]]:
+    """Time ``fn(c)`` for every candidate, ``rounds`` times, rotating the order each round (A B C, B C A, ...)."""
+    times: dict[str, list[float]] = {c.name: [] for c in cands}
+    for r in range(rounds):
+        k = r % len(cands)
+        for c in cands[k:] + cands[:k]:
+            times[c.name].append(timed(fn(c), device))
+    return times
+
+
+def summarize(times: dict[str, list[float]], ref: str, tokens: int) -> dict[str, dict]:
+    """Median and IQR of each candidate's times, and its paired (round-by-round) ratio to ``ref``."""
+    out = {}
+    for name, ts in times.items():
+        q25, med, q75 = quantiles(ts)
+        ratios = [t / r for t, r in zip(ts, times[ref])]
+        r25, rmed, r75 = quantiles(ratios)
+        out[name] = {"median_s": med, "q25_s": q25, "q75_s": q75, "min_s": min(ts), "tokens_per_s": tokens / med,
+                     "ratio": rmed, "ratio_q25": r25, "ratio_q75": r75, "times_s": ts}
+    return out
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM's estimate: 6·(matmul parameters) + 12·n_layers·seq_len·d_model (dense)."""
+    kv = cfg.n_kv_heads * cfg.head_dim
+    ff = cfg.d_ff if cfg.moe is None else cfg.moe.top_k * cfg.moe.d_expert
+    per_layer = cfg.d_model * (cfg.d_model + 2 * kv) + cfg.d_model ** 2 + 3 * cfg.d_model * ff
+    return 6 * (cfg.n_layers * per_layer + cfg.d_model * cfg.vocab_size) + 12 * cfg.n_layers * seq_len * cfg.d_model
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (Linux), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def peak_tflops(device: torch.device, given: float | None) -> float | None:
+    if given:
+        return given
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- the benchmark
+
+
+def bench(preset: str = "small", strategies: str | None = None, batch_size: int | None = None,
+          seq_len: int | None = None, steps: int = 20, warmup: int = 3, compile: bool = False, dtype: str = "float32",
+          device: str = "cpu", inference: bool = True, memory: bool = True, seed: int = 0,
+          peak: float | None = None, threads: int | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Run the benchmark and return its results as a JSON-ready dict (see the module docstring).
+
+    ``strategies`` defaults to ``DEFAULT_STRATEGIES`` on CPU and ``GPU_STRATEGIES`` on CUDA;
+    ``batch_size`` / ``seq_len`` to 16 × 128 on CPU and 16 × the preset's context on CUDA.
+    Raises ``ValueError`` for an unknown preset / candidate, a bad size, or CUDA asked for but absent.
+    """
+    say = log or (lambda _msg: None)
+    cfg = get_preset(preset)
+    dev = resolve_device(device)
+    names = parse_candidates(strategies or (GPU_STRATEGIES if dev.type == "cuda" else DEFAULT_STRATEGIES))
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype {dtype} is unknown; use float32 or bfloat16")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"--steps {steps} / --warmup {warmup}: use steps >= 1 and warmup >= 0")
+    batch_size = batch_size or 16
+    seq_len = seq_len or (cfg.max_seq_len if dev.type == "cuda" else 128)
+    if batch_size < 1 or not 1 <= seq_len <= cfg.max_seq_len:
+        raise ValueError(f"--batch-size {batch_size} / --seq-len {seq_len}: use a batch >= 1 and a sequence length "
+                         f"in 1..{cfg.max_seq_len} (preset {preset}'s context)")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads {threads}: use 1 or more CPU threads")
+        torch.set_num_threads(threads)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
+    ocfg = OptimConfig()
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, cfg.vocab_size, (batch_size, seq_len + 1), generator=g).to(dev)
+    x, y = data[:, :-1], data[:, 1:]
+    tokens = batch_size * seq_len
+    load_start = os.getloadavg()
+
+    say(f"building {len(names)} candidates: {', '.join(names)}")
+    cands = [make_candidate(n, cfg, x, y, dev, autocast, compile, seed, ocfg) for n in names]
+    for c in cands:  # warm-up (and compilation); the first loss is the equal-work check
+        t0 = time.perf_counter()
+        c.loss_init = float(c.step())
+        for _ in range(warmup - 1):
+            c.step()
+        sync(dev)
+        say(f"  warm-up {c.name}: loss at init {c.loss_init:.5f}, {time.perf_counter() - t0:.1f}s")
+    say(f"timing {steps} interleaved rounds of training steps")
+    train = summarize(interleave(cands, lambda c: c.step, steps, dev), names[0], tokens)
+
+    mem = {}
+    if memory:
+        for c in cands:
+            c.state_bytes = state_bytes(c)
+            c.peak_bytes = c.state_bytes + step_peak_bytes(c, dev)
+        ref = cands[0].peak_bytes
+        mem = {c.name: {"peak_bytes": c.peak_bytes, "state_bytes": c.state_bytes, "step_bytes": c.peak_bytes - c.state_bytes,
+                        "ratio": c.peak_bytes / ref} for c in cands}
+
+    infer: dict = {}
+    if inference:
+        say("timing forward-only passes before and after fold_scales")
+        infer = bench_inference(cands, cfg, x, dev, autocast, compile, steps, warmup, tokens)
+
+    fpt = flops_per_token(cfg, seq_len)
+    pk = peak_tflops(dev, peak)
+    results = []
+    base = next((c for c in cands if c.name.partition(":")[0] == "baseline"), None)
+    for c in cands:
+        t = train[c.name]
+        row = {"name": c.name, "params": c.params, "loss_init": c.loss_init, **{k: v for k, v in t.items()}}
+        row["tflops"] = fpt * t["tokens_per_s"] / 1e12
+        row["mfu"] = row["tflops"] / pk if pk else None
+        if memory:
+            row.update({f"mem_{k}": v for k, v in mem[c.name].items()})
+        row["targets"] = targets(c.name, names[0], train, mem, base.name if base else None)
+        results.append(row)
+    return {
+        "scalevec": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "preset": preset, "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": tokens,
+        "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name(),
+        "threads": torch.get_num_threads(), "dtype": dtype, "compile": compile, "steps": steps, "warmup": warmup,
+        "seed": seed, "reference": names[0], "flops_per_token": fpt, "peak_tflops": pk,
+        "memory_method": ("torch.cuda.max_memory_allocated" if dev.type == "cuda" else "torch.profiler profile_memory")
+        if memory else None,
+        "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
+        "train": results, "inference": infer,
+    }
+
+
+def targets(name: str, ref: str, train: dict, mem: dict, base: str | None) -> dict:
+    """The issue's targets that apply to candidate ``name`` (ratios against ``ref``, the first candidate)."""
+    out = {}
+    strategy = name.partition(":")[0]
+    if name != ref and strategy in PRESET_NAMES and ref.partition(":")[0] == "baseline":
+        limit = FOLDABLE_STEP_TARGET if ScaleConfig.preset(strategy).foldable else UNFOLDABLE_STEP_TARGET
+        out["step"] = {"limit": limit, "ratio": train[name]["ratio"], "met": train[name]["ratio"] <= limit}
+        if mem:
+            out["memory"] = {"limit": MEMORY_TARGET, "ratio": mem[name]["ratio"], "met": mem[name]["ratio"] <= MEMORY_TARGET}
+    if name == HF and base is not None:  # baseline step time / hf-llama's, paired round by round
+        ratios = [b / h for b, h in zip(train[base]["times_s"], train[HF]["times_s"])]
+        r = quantiles(ratios)[1]
+        out["baseline_vs_hf"] = {"limit": HF_TARGET, "ratio": r, "met": r <= HF_TARGET}
+    return out
+
+
+def bench_inference(cands: list[Candidate], cfg: ModelConfig, x: Tensor, dev: torch.device, autocast, compile: bool,
+                    steps: int, warmup: int, tokens: int) -> dict:
+    """Forward-only timing of every candidate, and of the folded model of every foldable strategy, interleaved."""
+    runs: list[Candidate] = list(cands)
+    folded_params = {}
+    for c in cands:
+        if c.name == HF or not c.model.scfg.foldable or c.model.cfg.layout != "pre":
+            continue
+        folded = fold_scales(c.model).eval()
+        if compile:
+            for layer in folded.layers:
+                layer.compile()
+
+        def fwd(m=folded) -> Tensor:
+            with torch.inference_mode(), autocast:
+                return m(x)
+
+        runs.append(Candidate(f"{c.name}+folded", folded, [], fwd, fwd, folded.num_params()))
+        folded_params[c.name] = folded.num_params()
+    for r in runs:
+        r.model.eval()
+        for _ in range(max(warmup, 1)):
+            r.forward()
+    summary = summarize(interleave(runs, lambda r: r.forward, steps, dev), runs[0].name, tokens)
+    for c in cands:
+        c.model.train()
+    plain = build_model(cfg, ScaleConfig.preset("none"), device="meta").num_params()
+    norm_slots = (2 * cfg.n_layers + 1) * cfg.d_model  # HF Llama's RMSNorm weights (exported as ones, §10)
+    rows = []
+    for r in runs:
+        s = summary[r.name]
+        row = {"name": r.name, "params": r.params, "median_s": s["median_s"], "q25_s": s["q25_s"], "q75_s": s["q75_s"],
+               "tokens_per_s": s["tokens_per_s"], "ratio": s["ratio"], "ratio_q25": s["ratio_q25"],
+               "ratio_q75": s["ratio_q75"], "times_s": s["times_s"]}
+        if r.name.endswith("+folded"):
+            row["targets"] = {
+                "forward": {"limit": FOLDED_FORWARD_TARGET, "ratio": s["ratio"], "met": s["ratio"] <= FOLDED_FORWARD_TARGET},
+                "params": {"plain_llama": plain, "hf_llama": plain + norm_slots, "met": r.params == plain},
+            }
+        rows.append(row)
+    return {"reference": runs[0].name, "plain_llama_params": plain, "hf_llama_params": plain + norm_slots,
+            "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------- report
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def mark(t: dict | None) -> str:
+    return "" if not t else ("ok" if t["met"] else "MISSED") + f" (<= {t['limit']:.2f}x)"
+
+
+def format_report(r: dict) -> str:
+    """The human-readable tables of a ``bench`` result (the README's Performance tables)."""
+    ref = r["reference"]
+    lines = [
+        f"scalevec bench · preset {r['preset']} · batch {r['batch_size']} x seq {r['seq_len']} "
+        f"({r['tokens_per_step']} tokens/step) · {r['device']} ({r['device_name']}, {r['threads']} threads) · "
+        f"{r['dtype']}{' · compile' if r['compile'] else ''} · {r['steps']} interleaved rounds after {r['warmup']} warm-up "
+        f"· torch {r['torch']}",
+        f"load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in r['loadavg_start'])}, "
+        f"at end {'/'.join(f'{v:.2f}' for v in r['loadavg_end'])}",
+        "",
+        "Training step (forward + backward + clip + AdamW). Ratio: paired, round by round, vs the first candidate; "
+        "median [IQR].",
+        "",
+        "| candidate | params | loss at init | step ms, median [IQR] | tokens/s | "
+        + ("MFU | " if r["peak_tflops"] else "TFLOP/s | ") + f"step vs {ref} | peak MiB | memory vs {ref} | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for t in r["train"]:
+        flops = f"{t['mfu']:.1%}" if t["mfu"] is not None else f"{t['tflops']:.3f}"
+        ts = t.get("targets", {})
+        notes = "; ".join(f"{k} {mark(v)}" + (f" {v['ratio']:.3f}x" if k == "baseline_vs_hf" else "")
+                          for k, v in ts.items() if "limit" in v)
+        lines.append(
+            f"| {t['name']} | {t['params']:,} | {t['loss_init']:.5f} | {1e3 * t['median_s']:.1f} "
+            f"[{1e3 * t['q25_s']:.1f}, {1e3 * t['q75_s']:.1f}] | {t['tokens_per_s']:,.0f} | {flops} | "
+            f"{t['ratio']:.3f} [{t['ratio_q25']:.3f}, {t['ratio_q75']:.3f}] | "
+            + (f"{mib(t['mem_peak_bytes'])} | {t['mem_ratio']:.4f} | " if "mem_peak_bytes" in t else "- | - | ")
+            + f"{notes} |")
+    if r["memory_method"]:
+        lines += ["", f"Peak memory = parameters + buffers + optimizer state + the step's peak allocation "
+                      f"({r['memory_method']})."]
+    inf = r.get("inference")
+    if inf:
+        lines += ["", f"Inference (forward only, no grad). Ratio: paired vs {inf['reference']}; median [IQR]. "
+                      f"A plain Llama (no scale vectors) has {inf['plain_llama_params']:,} parameters; "
+                      f"transformers counts {inf['hf_llama_params']:,} with its RMSNorm weights (exported as ones).", "",
+                  f"| model | params | forward ms, median [IQR] | tokens/s | vs {inf['reference']} | target |",
+                  "|---|---:|---:|---:|---:|---|"]
+        for row in inf["rows"]:
+            ts = row.get("targets", {})
+            notes = ""
+            if ts:
+                notes = f"forward {mark(ts['forward'])}; params {'= plain model' if ts['params']['met'] else 'MISSED'}"
+            lines.append(f"| {row['name']} | {row['params']:,} | {1e3 * row['median_s']:.1f} [{1e3 * row['q25_s']:.1f}, "
+                         f"{1e3 * row['q75_s']:.1f}] | {row['tokens_per_s']:,.0f} | {row['ratio']:.3f} "
+                         f"[{row['ratio_q25']:.3f}, {row['ratio_q75']:.3f}] | {notes} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="small", help=f"one of: {', '.join(PRESETS)}")
+    p.add_argument("--strategies",
+                   help=f"comma-separated candidates, the first is the reference: a strategy, STRATEGY:activation / "
+                        f"STRATEGY:weight, or {HF} (default {DEFAULT_STRATEGIES}; on CUDA {GPU_STRATEGIES})")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default 128 on CPU, the preset's context on CUDA)")
+    p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per candidate first (default 3)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block, as the trainer does")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="float32, or bfloat16 autocast as the trainer uses on CUDA (default float32)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
+    p.add_argument("--no-inference", action="store_true", help="skip the forward-only / folded-model timing")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU (known GPUs are detected)")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default torch's); 1 is steadier on a shared machine")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    p.add_argument("--save", help="also write the JSON results to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    log = (lambda m: print(m, file=sys.stderr, flush=True))
+    r = bench(args.preset, args.strategies, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile,
+              args.dtype, args.device, inference=not args.no_inference, memory=not args.no_memory, seed=args.seed,
+              peak=args.peak_tflops, threads=args.threads, log=log)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(r, f, indent=1)
+    print(json.dumps(r, indent=1) if args.json else format_report(r))
+    return 0
