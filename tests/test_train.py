@@ -40,8 +40,12 @@ def test_loss_normalized_over_global_batch(make_cfg):
     assert n == 8
     torch.testing.assert_close(loss_split, loss_whole, rtol=1e-6, atol=0)
     torch.testing.assert_close(loss_whole, ce / 8, rtol=1e-6, atol=0)
+    # Same terms summed in another order: fp32 rounding only. Per-element tolerances fail on gradients that
+    # are exactly zero in theory (unified's scale directions), so compare each tensor against the size of
+    # the whole gradient; a wrong normalization would be off by 25-75 %.
+    scale = torch.cat([p.grad.flatten() for p in whole.parameters()]).norm()
     for (name, a), (_, b) in zip(split.named_parameters(), whole.named_parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-8, msg=name)
+        assert (a.grad - b.grad).norm() <= 1e-5 * scale, name
 
 
 def test_resume_is_bitwise_exact(tmp_path):
