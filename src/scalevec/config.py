@@ -110,8 +110,9 @@ class ScaleConfig:
     - ``wd``: which scales get weight decay: ``none``, ``all``, ``input`` (IWD), ``output``.
     - ``per_expert``: under ``branch``, every MoE expert gets its own gate/up scale vectors.
     - ``dual_sites`` / ``norm_sites``: the projections that get an output-side scale / normalization.
-    - ``apply``: ``weight`` folds the scales into the weights on the fly (``W' = diag(s) W diag(γ)``),
-      ``activation`` multiplies activations; same function and gradients (DESIGN.md §3 note).
+    - ``apply``: ``weight`` applies the shared γ inside the norm's own pass and folds each branch's γ and
+      s into its weight on the fly (``W' = diag(s) W diag(γ)``); ``activation`` multiplies activations
+      (the reference form); same function and gradients (DESIGN.md §3 note).
     - ``folded``: the result of ``fold_scales``: no Input-Norm scales, QK-norm scale vectors kept as
       plain vectors (Qwen3's q_norm/k_norm). Not a research strategy; set by ``fold_scales``.
     """
