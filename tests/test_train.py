@@ -205,3 +205,11 @@ def test_cli_resume_uses_stored_config(tmp_path, capsys, monkeypatch):
     assert main(["train", "--out", str(run), "--resume", "--device", "cpu", "--quiet"]) == 0
     assert main(["train", "--out", str(run), "--resume", "--lr", "0.1"]) == 2
     assert "--resume continues the stored config" in capsys.readouterr().err
+
+
+def test_overrides_between_flags_are_applied(tmp_path, capsys):
+    """`train a=1 --steps 3 b=2`: key=value items after a flag are overrides too, not an argparse error."""
+    out = tmp_path / "run"
+    rc = main(["train", "--preset", "tiny", "train.seq_len=32", "--steps", "2", "model.d_modle=64", "--out", str(out)])
+    assert rc == 2 and "unknown config key 'model.d_modle'" in capsys.readouterr().err
+    assert not out.exists()
