@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck, gradgradcheck
 
 from scalevec import ScaleConfig, build_model
-from scalevec.scales import NormLinear, _DNPSwiGLU, _FoldedLinear, _MagDir, init_params, rms_norm
+from scalevec.kernels import _DNPSwiGLU, _FoldedLinear, _MagDir
+from scalevec.scales import NormLinear, init_params, rms_norm
 
 EPS = 1e-6
 
