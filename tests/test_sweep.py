@@ -141,7 +141,8 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
     first, second = out / "runs" / runs[0].name, out / "runs" / runs[1].name
     try:
         deadline = time.monotonic() + 180  # generous: two trainer start-ups on a loaded 2-core machine
-        while not (first / "DONE").exists() or len(log.read_text().split()) < 2:
+        # wait until the second run has left its partial directory (the fake trainer logs before it makes it)
+        while not (first / "DONE").exists() or not (second / "config.yaml").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the sweep never finished its first run"
             time.sleep(0.1)
     finally:
