@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-# (name, module, help). Modules are imported only when their subcommand runs, so `info` stays instant.
+# (name, module, help). Each module registers its own arguments; its work runs only for its subcommand.
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
     ("train", "scalevec.train", "train one run into a run directory"),
