@@ -131,5 +131,5 @@ def group_table(groups: list[Group]) -> str:
     lines = [f"{'role':<16}{'optimizer':<10}{'lr':>10}{'wd':>8}{'tensors':>9}{'params':>14}"]
     for g in groups:
         lines.append(f"{g.role:<16}{g.optimizer:<10}{g.lr:>10.2e}{g.weight_decay:>8.3g}{len(g.params):>9}{g.numel:>14,}")
-    lines.append(f"{'total':<52}{sum(len(g.params) for g in groups):>9}{sum(g.numel for g in groups):>14,}")
+    lines.append(f"{'total':<44}{sum(len(g.params) for g in groups):>9}{sum(g.numel for g in groups):>14,}")
     return "\n".join(lines)
