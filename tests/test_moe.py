@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset
+from scalevec import optim
+from scalevec.config import OptimConfig
 from scalevec.moe import MoE, load_balancing_loss, route, router_z_loss
 from scalevec.scales import init_params, param_roles
 
@@ -386,16 +388,13 @@ def test_parity_with_qwen3_moe_qk_norm_and_dense_first_layer():
 
 def test_muon_updates_each_expert_of_a_bank_on_its_own():
     """Muon over the MoE model's matrix group steps each expert slice like torch.optim.Muon on that 2-D matrix."""
-    optim = pytest.importorskip("scalevec.optim")
-    from scalevec.config import OptimConfig
-
     model = build_model(_cfg(), _scfg("unified"), seed=0)
     ocfg = OptimConfig(name="muon", lr=0.02)
     groups = optim.param_groups(model, ocfg, model.scfg)
     muon_group = next(g for g in groups if g.optimizer == "muon")
     bank = model.layers[0].mlp.experts.up.weight
     assert any(p is bank for p in muon_group.params) and bank.dim() == 3
-    muon = next(o for o in optim.build_optimizers(groups, ocfg) if isinstance(o, torch.optim.Muon))
+    muon = next(o for o in optim.build_optimizers(groups, ocfg) if isinstance(o, optim.Muon))
     mats = [torch.nn.Parameter(bank.detach()[e].clone()) for e in range(bank.shape[0])]
     assert muon_group.weight_decay == ocfg.weight_decay > 0
     ref = torch.optim.Muon(mats, lr=0.02, momentum=ocfg.muon_momentum, weight_decay=ocfg.weight_decay,
@@ -415,12 +414,16 @@ def test_muon_updates_each_expert_of_a_bank_on_its_own():
 
 
 def test_moe_tiny_unified_training_lowers_loss():
-    """30 AdamW steps of moe-tiny with `unified` on Shakespeare bytes cut the loss by over 1 nat from ~ln 256."""
+    """30 AdamW steps of moe-tiny with `unified` on Shakespeare bytes, through the project's own role groups
+    (router, expert banks, scale vectors each in their group), cut the loss by over 1 nat from ~ln 256."""
     text = resources.files("scalevec").joinpath("data/shakespeare.txt.gz").read_bytes()
     data = torch.frombuffer(bytearray(gzip.decompress(text)[:200_000]), dtype=torch.uint8).long()
     cfg = get_preset("moe-tiny")
     model = build_model(cfg, _scfg("unified"), seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    ocfg = OptimConfig(lr=1e-2)
+    groups = optim.param_groups(model, ocfg, model.scfg)
+    assert {g.role for g in groups} >= {"matrix", "router", "input_scale", "scale_direction"}
+    (opt,) = optim.build_optimizers(groups, ocfg)
     g = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(30):

@@ -9,6 +9,7 @@ role: ``matrix`` and ``lm_head`` get ``weight_decay``; ``embedding`` and ``route
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,37 +48,121 @@ class Group:
         return sum(p.numel() for p in self.params)
 
 
-class Muon(torch.optim.Muon):
-    """``torch.optim.Muon`` that also takes 3-D expert banks ``(E, d_out, d_in)`` and orthogonalizes each
-    expert's matrix on its own (DESIGN.md §5, §6): a bank is handed to torch's update as E 2-D views."""
+# ----------------------------------------------------------------------------------------------- Muon
+# Our own ~60 lines instead of subclassing torch.optim.Muon (whose per-group hook is private): the same
+# arithmetic as torch 2.9-2.13's ``_single_tensor_muon``, operation for operation, so results are
+# bitwise those of torch.optim.Muon on 2-D weights (tests/test_optim.py), and expert banks are one
+# Newton–Schulz problem per expert. Keller Jordan's Muon (kellerjordan.github.io/posts/muon), as in
+# nanochat and torchtitan; the lr adjustment is Moonshot's (arXiv:2502.16982).
 
-    def __init__(self, params, **kwargs):
-        groups = list(params)
-        super().__init__([nn.Parameter(torch.zeros(1, 1))], **kwargs)  # torch's check rejects 3-D; we add below
-        self.param_groups.clear()
-        for g in groups:
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # quintic Newton–Schulz (a, b, c): Keller Jordan's, torch's defaults
+NS_STEPS = 5
+NS_EPS = 1e-7
+
+
+def zeropower_via_newtonschulz(g: torch.Tensor, coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+                               steps: int = NS_STEPS, eps: float = NS_EPS) -> torch.Tensor:
+    """Approximate orthogonalization ``U S' Vᵀ`` (S' ≈ 1, within about 0.5-1.5) of a 2-D ``g = U S Vᵀ``.
+
+    ``g``: ``(d_out, d_in)``; returns a bfloat16 tensor of the same shape. Scaled to Frobenius norm ≤ 1
+    (so the spectral norm is too), then ``steps`` quintic iterations ``X ← aX + (bA + cA²)X`` with
+    ``A = XXᵀ`` on the wide orientation (the smaller Gram matrix). ``ValueError`` unless ``g`` is 2-D.
+    """
+    if g.ndim != 2:
+        raise ValueError(f"Newton–Schulz takes a 2-D matrix, got shape {tuple(g.shape)}")
+    a, b, c = coefficients
+    x = g.to(torch.bfloat16, copy=True)  # a fresh tensor: the in-place scaling below never touches g
+    if g.size(0) > g.size(1):
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b·A + c·A²
+        x = torch.addmm(x, poly, x, beta=a)  # a·X + (b·A + c·A²)·X
+    return x.T if g.size(0) > g.size(1) else x
+
+
+def muon_lr(lr: float, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> float:
+    """The lr applied to one orthogonalized ``(A, B)`` update (the last two dims of ``shape``).
+
+    ``match_rms_adamw``: ``0.2·√max(A, B)·lr`` (update RMS ≈ AdamW's, so AdamW-tuned lr and wd carry
+    over); ``original`` or ``None``: ``√max(1, A/B)·lr`` (Keller Jordan's).
+    """
+    A, B = shape[-2:]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        ratio = math.sqrt(max(1, A / B))
+    elif adjust_lr_fn == "match_rms_adamw":
+        ratio = 0.2 * math.sqrt(max(A, B))
+    else:
+        raise ValueError(f"Muon adjust_lr_fn={adjust_lr_fn!r} is unknown; use 'original' or 'match_rms_adamw'")
+    return lr * ratio
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (momentum, then Newton–Schulz orthogonalization) for 2-D matrices and 3-D expert banks
+    ``(E, d_out, d_in)``, each expert's matrix orthogonalized on its own (DESIGN.md §5, §6).
+
+    Per matrix ``W`` with gradient ``G`` and momentum buffer ``M`` (zeros at the first step)::
+
+        M ← lerp(M, G, 1 - μ)                          # = μM + (1 - μ)G
+        U ← lerp(G, M, μ) if nesterov else M
+        O ← NS(U)                                      # zeropower_via_newtonschulz, bfloat16
+        W ← (1 - lr·wd)·W - muon_lr(lr, adjust_lr_fn, W.shape)·O
+
+    Hyperparameters and their defaults are ``torch.optim.Muon``'s, and so is the state (one
+    ``momentum_buffer`` per parameter): its state dicts load here. ``ValueError`` for a parameter
+    that is neither 2-D nor 3-D, or a bad hyperparameter.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
+                 nesterov: bool = True, ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
+                 eps: float = NS_EPS, ns_steps: int = NS_STEPS, adjust_lr_fn: str | None = None):
+        if not (0 <= lr and 0 <= weight_decay and 0 <= momentum):
+            raise ValueError(f"Muon needs lr, weight_decay and momentum >= 0, got {lr}, {weight_decay}, {momentum}")
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ValueError(f"Muon adjust_lr_fn={adjust_lr_fn!r} is unknown; use 'original' or 'match_rms_adamw'")
+        if len(ns_coefficients) != 3 or not 0 < ns_steps < 100:
+            raise ValueError("Muon needs 3 Newton–Schulz coefficients and 1-99 steps")
+        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
+                    "ns_coefficients": ns_coefficients, "eps": eps, "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn}
+        super().__init__(params, defaults)
+        for g in self.param_groups:
             for p in g["params"]:
                 if p.ndim not in (2, 3):
                     raise ValueError(f"Muon takes 2-D matrices or 3-D expert banks, got shape {tuple(p.shape)}")
-            self.add_param_group(g)
 
-    def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs):
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-            buf = state["momentum_buffer"]
-            if p.ndim == 3:  # one 2-D problem per expert; views write through to the bank
-                params_with_grad.extend(p.unbind(0))
-                grads.extend(p.grad.unbind(0))
-                muon_momentum_bufs.extend(buf.unbind(0))
-            else:
-                params_with_grad.append(p)
-                grads.append(p.grad)
-                muon_momentum_bufs.append(buf)
-        return False
+    def matrices(self, p: torch.Tensor, buf: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(weight, grad, momentum)`` per 2-D problem: the matrix itself, or one view per expert of a bank
+        (views write through to the bank)."""
+        if p.ndim == 3:
+            return list(zip(p.unbind(0), p.grad.unbind(0), buf.unbind(0)))
+        return [(p, p.grad, buf)]
+
+    def orthogonalize(self, update: torch.Tensor, group: dict) -> torch.Tensor:
+        """Newton–Schulz of one update as ``matrices`` yields it (a 2-D matrix here)."""
+        return zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                for w, grad, buf in self.matrices(p, state["momentum_buffer"]):
+                    buf.lerp_(grad, 1 - momentum)
+                    update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                    update = self.orthogonalize(update, group)
+                    w.mul_(1 - lr * wd)
+                    w.add_(update, alpha=-muon_lr(lr, group["adjust_lr_fn"], w.shape))
+        return loss
 
 
 def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig, roles: dict[str, str] | None = None) -> list[Group]:
