@@ -14,6 +14,7 @@ import sys
 # (name, module, help). Each module registers its own arguments; its work runs only for its subcommand.
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
+    ("prepare-data", "scalevec.prepared", "tokenize a corpus into memory-mapped shards and a manifest (--workers N, --verify)"),
     ("train", "scalevec.train", "train one run into a run directory"),
     ("compare", "scalevec.compare", "train strategies × seeds on one config and print the paired comparison"),
     ("sweep", "scalevec.sweep", "run a grid of runs from a YAML file (resumable, --jobs N, --dry-run)"),

@@ -6,6 +6,7 @@ Data flows one way:
     split_documents(docs, val_frac)   -> train docs, val docs, a note   (the last documents are held out)
     load_tokenizer(spec, train_docs)  -> Tokenizer   bytes | bpe:N (trained on the train split) | tokenizer.json
     prepare_data(DataConfig)          -> TokenData   train / val token streams as memmaps, cached on disk
+                                                     (or a `prepare-data` folder's shards: prepared.py)
     val_batches(data, seq_len, n, B)  -> the fixed validation set and the UTF-8 bytes its targets stand for
     TrainSampler(tokens, T, B, seed).batch(step, rank, world_size)   stateless, so resume needs only the step
 
@@ -28,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -413,20 +414,27 @@ def _read_tokenizer_config(directory: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
+def train_bpe(vocab_size: int, docs: Iterable[str], length: int | None = None) -> HFTokenizer:
+    """A byte-level BPE of ``vocab_size`` tokens (``<|bos|>`` = 0, ``<|eos|>`` = 1) trained on ``docs``,
+    which may be a generator (HF ``tokenizers`` keeps word counts, not the documents; DESIGN.md §8)."""
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # no invented leading space: exact bytes
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator(docs, trainer, length=length)
+    # transformers users get BOS first, as every training document had it
+    hf.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, hf.token_to_id(BOS))])
+    return hf
+
+
 def _bpe_tokenizer(vocab_size: int, train_docs: list[str], cache: Path) -> Tokenizer:
     """Train (or load from the cache) a byte-level BPE on ``train_docs``; written atomically."""
     key = _sha256(FORMAT_VERSION, vocab_size, _docs_hash(train_docs))[:16]
     path = cache / "tokenizers" / f"bpe{vocab_size}-{key}.json"
     if path.is_file():
         return Tokenizer(HFTokenizer.from_file(str(path)), f"bpe:{vocab_size}", BOS, EOS)
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # no invented leading space: exact bytes
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    hf.train_from_iterator(train_docs, trainer, length=len(train_docs))
-    # transformers users get BOS first, as every training document had it
-    hf.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, hf.token_to_id(BOS))])
+    hf = train_bpe(vocab_size, train_docs, length=len(train_docs))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -486,11 +494,17 @@ def prepare_data(cfg: DataConfig) -> TokenData:
     The cache entry ``<cache>/tokens/<key>/`` (``train.bin``, ``val.bin``, ``meta.json``) is keyed by a
     hash of (document contents, tokenizer identity, val_frac, FORMAT_VERSION) and written into a
     temporary folder that is renamed into place, so a killed run never leaves a partial entry.
-    Documents are still read and hashed on every call (the content is the key). Raises what
+    Documents are still read and hashed on every call (the content is the key); for a large corpus use
+    ``scalevec prepare-data`` instead: a ``source`` folder holding its ``manifest.json`` is opened by
+    memory map (``prepared.load_prepared``), its tokenizer and split fixed by the manifest. Raises what
     ``load_documents``, ``split_documents`` and ``load_tokenizer`` raise; nothing is written before
     the corpus and tokenizer spec have been validated.
     """
     cfg.validate()
+    from .prepared import is_prepared, load_prepared
+
+    if is_prepared(cfg.source):  # a `scalevec prepare-data` folder: memory-mapped shards, nothing re-read
+        return load_prepared(cfg.source, cfg.tokenizer)
     cache = cache_root(cfg.cache_dir)
     docs = load_documents(cfg.source)
     train_docs, val_docs, split = split_documents(docs, cfg.val_frac)

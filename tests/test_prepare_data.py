@@ -1,0 +1,252 @@
+"""Prepared data (issue 14): streamed sources, shards, manifest, workers, memory-mapped sampling, resume."""
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from scalevec import data as D
+from scalevec import prepared as P
+from scalevec.cli import main
+from scalevec.train import make_config, train
+
+DOCS = [f"Document {i}: the quick brown fox {'jumps ' * (i % 5)}over the lazy dog.\nLine two of {i}, héllo 🙂."
+        for i in range(23)]
+
+
+def write_jsonl(path, docs=DOCS):
+    path.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    return path
+
+
+def split_docs(docs, val_frac):
+    """The split rule of the module docstring, written out directly."""
+    val = [d for i, d in enumerate(docs) if int((i + 1) * val_frac) > int(i * val_frac)]
+    return [d for d in docs if d not in val], val
+
+
+def concat(tokens: P.ShardedTokens) -> np.ndarray:
+    return np.concatenate([np.asarray(s) for s in tokens.shards])
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+def test_streamed_sources_equal_load_documents(tmp_path, monkeypatch):
+    """.txt (read in 7-character pieces, so separators straddle reads), folder, jsonl, parquet: the same
+    documents, in the same order, as the in-memory loader."""
+    monkeypatch.setattr(P, "READ_CHARS", 7)
+    txt = tmp_path / "c.txt"
+    txt.write_text("\n\n" + D.DOC_SEP.join(DOCS[:6]) + "\n\n\n\n\nlast\r\nline\n", encoding="utf-8")
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    for i, d in enumerate(DOCS[:4]):
+        (folder / ("sub" if i % 2 else "") / f"{i}.txt").write_text(d, encoding="utf-8")
+    sources = [txt, folder, write_jsonl(tmp_path / "c.jsonl")]
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": [DOCS[0], None, DOCS[1], "  "]}), tmp_path / "c.parquet")
+    sources.append(tmp_path / "c.parquet")
+    for s in sources:
+        assert list(P.iter_documents(str(s))) == D.load_documents(str(s)), s
+    assert list(P.iter_documents("shakespeare")) == D.load_documents("shakespeare")
+
+
+def test_hf_source_streams(monkeypatch):
+    """hf:NAME:CONFIG calls datasets.load_dataset(NAME, CONFIG, split="train", streaming=True) and reads rows
+    lazily: the first document comes out before the stream is exhausted."""
+    calls, pulled = [], []
+
+    def rows():
+        for i in range(1000):
+            pulled.append(i)
+            yield {"text": f"doc {i}", "label": 0}
+
+    def load_dataset(name, config, split, streaming):
+        calls.append((name, config, split, streaming))
+        return rows()
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    docs = P.iter_documents("hf:someone/corpus:small")
+    assert next(docs) == "doc 0" and len(pulled) <= 2
+    assert calls == [("someone/corpus", "small", "train", True)]
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a, **k: iter([{"body": "x"}])))
+    with pytest.raises(ValueError, match="no 'text' column"):
+        next(P.iter_documents("hf:someone/corpus"))
+
+
+# --------------------------------------------------------------------------------------------- shards and manifest
+
+
+def test_shards_hold_the_stream_of_data_prepare_data(tmp_path):
+    """Train/val shards, concatenated, are byte for byte what data.py writes for the same documents (bytes
+    tokenizer: documents joined by DOC_SEP), split every 4th document at val_frac 0.25."""
+    m = P.prepare_shards(str(write_jsonl(tmp_path / "c.jsonl")), "bytes", tmp_path / "p", val_frac=0.25, shard_tokens=500)
+    train_docs, val_docs = split_docs(DOCS, 0.25)
+    assert (m["train"]["docs"], m["val"]["docs"], m["documents"]) == (len(train_docs), len(val_docs), len(DOCS))
+    data = P.load_prepared(tmp_path / "p")
+    assert len(data.train.shards) > 2  # several shards: the test covers the cut between them
+    assert bytes(concat(data.train).astype(np.uint8)) == D.DOC_SEP.join(train_docs).encode()
+    assert bytes(concat(data.val).astype(np.uint8)) == D.DOC_SEP.join(val_docs).encode()
+    assert data.train.dtype == np.uint16 and all(isinstance(s, np.memmap) for s in data.train.shards)
+    assert m["tokenizer"] == "bytes" and m["dtype"] == "uint16" and m["vocab_size"] == 256
+    assert (tmp_path / "p" / "tokenizer" / "tokenizer.json").is_file()
+    assert sum(s["tokens"] for s in m["train"]["shards"]) == m["train"]["tokens"] == len(data.train)
+
+
+def test_document_offsets_mark_every_document(tmp_path):
+    """With bpe (BOS/EOS) each document k of a shard is offsets[k]:offsets[k+1] = [BOS] + encode(doc) + [EOS]."""
+    P.prepare_shards(str(write_jsonl(tmp_path / "c.jsonl")), "bpe:300", tmp_path / "p", val_frac=0.25, shard_tokens=300)
+    data = P.load_prepared(tmp_path / "p", "bpe:300")
+    tok = data.tokenizer
+    m = P.read_manifest(tmp_path / "p")
+    for split, docs in zip(("train", "val"), split_docs(DOCS, 0.25)):
+        got = []
+        for k, shard in enumerate(m[split]["shards"]):
+            off = P.document_offsets(tmp_path / "p", split, k)
+            assert off[-1] == shard["tokens"] and len(off) == shard["docs"] + 1
+            arr = np.asarray((data.train if split == "train" else data.val).shards[k])
+            got += [arr[a:b].tolist() for a, b in zip(off[:-1], off[1:])]
+        assert got == [[tok.bos_id, *tok.encode(d), tok.eos_id] for d in docs]
+
+
+def test_uint32_shards_above_65536_tokens(tmp_path):
+    """A 70k-word tokenizer gives uint32 shards holding ids above 65535."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(70000)}
+    vocab["[UNK]"] = 70000
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.save(str(tmp_path / "big.json"))
+    write_jsonl(tmp_path / "c.jsonl", ["w1 w69999", "w3 w4", "w5"])
+    m = P.prepare_shards(str(tmp_path / "c.jsonl"), str(tmp_path / "big.json"), tmp_path / "p", val_frac=0.4)
+    data = P.load_prepared(tmp_path / "p", str(tmp_path / "big.json"))
+    assert m["dtype"] == "uint32" and data.train.dtype == np.uint32 and data.train[:2].tolist() == [1, 69999]
+
+
+def test_workers_write_the_same_bytes_as_one_process(tmp_path, monkeypatch):
+    """2 worker processes (many small chunks) give identical shards, offsets and manifest to 1 process."""
+    monkeypatch.setattr(P, "CHUNK_DOCS", 3)
+    src = str(write_jsonl(tmp_path / "c.jsonl"))
+    one = P.prepare_shards(src, "bpe:300", tmp_path / "one", workers=1, val_frac=0.2, shard_tokens=400)
+    two = P.prepare_shards(src, "bpe:300", tmp_path / "two", workers=2, val_frac=0.2, shard_tokens=400)
+    drop = lambda m: {k: v for k, v in m.items() if k not in ("created", "seconds")}
+    assert drop(one) == drop(two)
+    files = sorted(p.name for p in (tmp_path / "one").iterdir() if p.is_file())
+    assert len(files) > 5
+    for name in files:
+        if name != "manifest.json":
+            assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+
+
+def test_documents_stream_with_bounded_read_ahead(tmp_path, monkeypatch):
+    """Memory does not grow with the corpus: at most 2 × workers chunks are read ahead of the writer."""
+    monkeypatch.setattr(P, "CHUNK_DOCS", 5)
+    read = []
+
+    def endless(source):
+        for i in range(400):
+            read.append(i)
+            yield f"document number {i}"
+
+    written, ahead = [], []
+    real_add = P._ShardWriter.add
+
+    def add(self, ids):
+        written.append(1)
+        ahead.append(len(read) - len(written))
+        return real_add(self, ids)
+
+    monkeypatch.setattr(P, "iter_documents", endless)
+    monkeypatch.setattr(P._ShardWriter, "add", add)
+    P.prepare_shards("anything", "bytes", tmp_path / "p", workers=2)
+    assert len(written) == 400 and max(ahead) <= 2 * 2 * 5 + 5  # in-flight chunks + the one being filled
+
+
+def test_verify_and_lazy_load(tmp_path, monkeypatch):
+    """Loading hashes nothing (only sizes are checked); --verify finds a flipped byte; a truncated shard fails to load."""
+    P.prepare_shards("shakespeare", "bytes", tmp_path / "p")
+    assert P.verify(tmp_path / "p") == []
+    monkeypatch.setattr(P, "_file_sha256", lambda *a: pytest.fail("load_prepared must not hash the shards"))
+    data = D.prepare_data(D.DataConfig(source=str(tmp_path / "p")))  # the trainer's entry point
+    assert data.from_cache and data.meta["train_docs"] == 38 and data.meta["val_docs"] == 4
+    monkeypatch.undo()
+    shard = tmp_path / "p" / "train-00000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[1000] ^= 1
+    shard.write_bytes(bytes(raw))
+    assert P.verify(tmp_path / "p") == ["train-00000.bin: SHA-256 differs from the manifest"]
+    assert main(["prepare-data", "--verify", str(tmp_path / "p")]) == 1
+    shard.write_bytes(bytes(raw[:-2]))
+    with pytest.raises(ValueError, match="manifest says"):
+        P.load_prepared(tmp_path / "p")
+
+
+def test_errors_write_nothing(tmp_path, capsys):
+    """A bad source, an empty split, an existing --out or a conflicting tokenizer: one-line errors, exit 2, nothing left."""
+    assert main(["prepare-data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "p")]) == 2
+    write_jsonl(tmp_path / "two.jsonl", DOCS[:2])
+    assert main(["prepare-data", str(tmp_path / "two.jsonl"), "--out", str(tmp_path / "p"), "--val-frac", "0.1"]) == 2
+    assert "validation split would be empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["two.jsonl"]  # no output, no temporary folder
+    assert main(["prepare-data", "shakespeare", "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    assert main(["prepare-data", "shakespeare", "--out", str(tmp_path / "p")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="tokenized with 'bytes'"):
+        P.load_prepared(tmp_path / "p", "bpe:300")
+    with pytest.raises(ValueError, match="already prepared"):
+        P.prepare_shards(str(tmp_path / "p"), "bytes", tmp_path / "q")
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def test_sharded_tokens_index_like_one_array(tmp_path):
+    """Integers, slices (across shard cuts) and (B, T+1) index arrays equal indexing the concatenation."""
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 256, n).astype(np.uint16) for n in (5, 1, 17, 9)]
+    st, whole = P.ShardedTokens(parts), np.concatenate(parts)
+    assert len(st) == 32 and st[-1] == whole[-1] and st[5] == whole[5]
+    for a, b in ((0, 32), (3, 7), (5, 6), (4, 30), (10, 10), (-5, None)):
+        assert np.array_equal(st[a:b], whole[a:b])
+    idx = rng.integers(0, 32, (4, 9))
+    assert np.array_equal(st[idx], whole[idx])
+    with pytest.raises(IndexError):
+        st[np.array([32])]
+
+
+def test_memmap_sampler_equals_in_memory_sampler(tmp_path):
+    """TrainSampler over the memmapped shards gives the batches of TrainSampler over the same tokens in RAM,
+    across epochs and ranks, with windows that cross shard boundaries; val_batches too."""
+    P.prepare_shards("shakespeare", "bytes", tmp_path / "p", shard_tokens=100_003)
+    data = P.load_prepared(tmp_path / "p")
+    assert len(data.train.shards) > 20  # documents stay whole, so a shard holds at least one play
+    mem = D.TokenData(train=concat(data.train), val=concat(data.val), tokenizer=data.tokenizer,
+                      token_bytes=data.token_bytes, meta=data.meta)
+    a = D.TrainSampler(data.train, 256, 64, seed=3)
+    b = D.TrainSampler(mem.train, 256, 64, seed=3)
+    for step in (0, 1, 7, a.n_windows // 64 + 2):  # the last one is in the second epoch
+        for rank in (0, 1):
+            for x, y in zip(a.batch(step, rank, 2), b.batch(step, rank, 2)):
+                assert x.equal(y)
+    (va, na), (vb, nb) = D.val_batches(data, 64, 4096, 8), D.val_batches(mem, 64, 4096, 8)
+    assert na == nb and all(x.equal(y) for p, q in zip(va, vb) for x, y in zip(p, q))
+
+
+def test_train_on_prepared_dir_resumes_exactly(tmp_path):
+    """`train --data DIR`: 6 steps straight equal 3 steps + resume + 3 steps, bitwise, on memmapped shards."""
+    P.prepare_shards("shakespeare", "bytes", tmp_path / "p", shard_tokens=1_000_000)
+    items = {"train.steps": 6, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 3, "train.log_every": 1,
+             "train.eval_batch_size": 8, "data.val_tokens": 2048, "data.source": str(tmp_path / "p")}
+    cfg = make_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
+    train(cfg, tmp_path / "straight", quiet=True)
+    assert train(cfg, tmp_path / "split", stop_at=3, quiet=True) == {"stopped_at": 3}
+    train(cfg, tmp_path / "split", resume=True, quiet=True)
+
+    def losses(run):
+        rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["kind"], r["step"], r.get("loss", r.get("val_loss"))) for r in rows]
+
+    assert losses(tmp_path / "straight") == losses(tmp_path / "split") and len(losses(tmp_path / "split")) == 8
