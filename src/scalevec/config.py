@@ -44,17 +44,66 @@ class MoEConfig:
 
 
 @dataclass
+class RopeScalingConfig:
+    """Llama 3's RoPE frequency scaling (``rope_type: llama3`` in Hugging Face configs; Llama 3.1 paper).
+
+    With ``λ = 2π / inv_freq`` (wavelength) and ``L = original_max_position_embeddings``: wavelengths
+    shorter than ``L / high_freq_factor`` keep their frequency, longer than ``L / low_freq_factor`` are
+    divided by ``factor``, and those in between are interpolated with
+    ``smooth = (L / λ - low_freq_factor) / (high_freq_factor - low_freq_factor)``:
+    ``(1 - smooth) · inv_freq / factor + smooth · inv_freq`` (transformers' ``_compute_llama3_parameters``).
+    """
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def validate(self) -> None:
+        if not (0 < self.factor < math.inf and 0 < self.low_freq_factor < self.high_freq_factor < math.inf):
+            raise ValueError(f"model.rope_scaling: factor={self.factor} must be > 0 and 0 < low_freq_factor="
+                             f"{self.low_freq_factor} < high_freq_factor={self.high_freq_factor} (Llama 3.1: 8, 1, 4)")
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError("model.rope_scaling.original_max_position_embeddings must be > 0 (Llama 3.1: 8192)")
+
+
+class _DerivedHeadDim(int):
+    """A head_dim derived as ``d_model // n_heads`` (not set explicitly); ``to_dict`` writes it as None."""
+
+
+class _HeadDimField:
+    """``ModelConfig.head_dim``: the explicit value, or ``d_model // n_heads`` when it is None (the default).
+
+    The derived value is a ``_DerivedHeadDim``: assigning one back (``dataclasses.replace``, which copies
+    fields through their getters) keeps the field derived, so ``replace(cfg, d_model=...)`` re-derives it.
+    """
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return None  # the dataclass default
+        explicit = obj.__dict__.get("_head_dim")
+        return explicit if explicit is not None else _DerivedHeadDim(obj.d_model // obj.n_heads)
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__["_head_dim"] = None if isinstance(value, _DerivedHeadDim) else value
+
+
+@dataclass
 class ModelConfig:
-    """Llama-style decoder shape (DESIGN.md §2). ``head_dim = d_model // n_heads``."""
+    """Llama-style decoder shape (DESIGN.md §2). ``head_dim``: None means ``d_model // n_heads``; an explicit
+    value (Qwen3: 128 with d_model 1024 and 16 heads) makes the attention width ``n_heads · head_dim``.
+    ``rope_scaling``: Llama 3's frequency scaling, or None (plain RoPE)."""
 
     d_model: int = 128
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 4
+    head_dim: int | None = _HeadDimField()  # type: ignore[assignment]
     d_ff: int = 344
     vocab_size: int = 256
     max_seq_len: int = 256
     rope_theta: float = 10000.0
+    rope_scaling: RopeScalingConfig | None = None
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     layout: str = "pre"  # pre | peri
@@ -62,14 +111,12 @@ class ModelConfig:
     init_std: float = 0.02
     moe: MoEConfig | None = None
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
     def validate(self) -> None:
-        _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len",
+                  "head_dim")
+        if self.__dict__.get("_head_dim") is None and self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+                             f"change one or set model.head_dim explicitly")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads} (GQA)")
         if self.head_dim % 2:
@@ -79,6 +126,8 @@ class ModelConfig:
         if not (0 < self.rope_theta < math.inf and 0 < self.norm_eps < math.inf and 0 < self.init_std < math.inf):
             raise ValueError(f"model.rope_theta={self.rope_theta}, model.norm_eps={self.norm_eps} and "
                              f"model.init_std={self.init_std} must be finite and > 0 (defaults 10000, 1e-6, 0.02)")
+        if self.rope_scaling is not None:
+            self.rope_scaling.validate()
         if self.moe is not None:
             self.moe.validate()
             if self.moe.first_dense > self.n_layers:
@@ -320,6 +369,8 @@ def to_dict(cfg: Any) -> dict:
     """A dataclass as plain YAML-safe dicts, lists and scalars."""
 
     def plain(v: Any) -> Any:
+        if isinstance(v, _DerivedHeadDim):
+            return None  # derived, not chosen: stays derived when d_model or n_heads change
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
         if isinstance(v, tuple):
@@ -384,7 +435,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """Apply ``section.field=value`` overrides (e.g. ``model.d_model=256``, ``moe.n_experts=4``).
 
-    ``moe.*`` edits ``model.moe`` (creating it with defaults if absent). Raises ``ValueError`` for a
+    ``moe.*`` edits ``model.moe`` (creating it with defaults if absent); ``model.rope_scaling.*`` likewise. Raises ``ValueError`` for a
     malformed item or an unknown key.
     """
     data = to_dict(cfg)
@@ -399,6 +450,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         for part in path[:-1]:
             if part == "moe" and node.get("moe") is None:
                 node["moe"] = to_dict(MoEConfig())
+            if part == "rope_scaling" and node.get("rope_scaling", 0) is None:
+                node["rope_scaling"] = to_dict(RopeScalingConfig())
             if part not in node or not isinstance(node[part], dict):
                 raise ValueError(f"unknown config key {key!r}; sections: {', '.join(k for k, v in data.items() if isinstance(v, dict))}")
             node = node[part]
@@ -447,7 +500,7 @@ def _positive(obj: Any, *names: str) -> None:
 
 
 __all__ = [
-    "MoEConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
+    "MoEConfig", "RopeScalingConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
     "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
     "load_yaml", "save_yaml", "replace",
 ]

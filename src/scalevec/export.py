@@ -118,6 +118,17 @@ def choose_format(cfg: ModelConfig, fmt: str = "auto") -> str:
     return wanted
 
 
+def rope_parameters(cfg: ModelConfig) -> dict:
+    """``rope_parameters`` of a transformers config: ``default``, or ``llama3`` with ``cfg.rope_scaling``."""
+    params = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    if cfg.rope_scaling is not None:
+        r = cfg.rope_scaling
+        params.update(rope_type="llama3", factor=float(r.factor), low_freq_factor=float(r.low_freq_factor),
+                      high_freq_factor=float(r.high_freq_factor),
+                      original_max_position_embeddings=int(r.original_max_position_embeddings))
+    return params
+
+
 def hf_config(cfg: ModelConfig, fmt: str, dtype: str = "float32", bos_id: int | None = None,
               eos_id: int | None = None):
     """The transformers config of family ``fmt`` for model shape ``cfg`` (DESIGN.md §2, §6, §10).
@@ -130,9 +141,9 @@ def hf_config(cfg: ModelConfig, fmt: str, dtype: str = "float32", bos_id: int | 
 
     common = dict(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=int(cfg.head_dim),
         hidden_act="silu", max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        rope_parameters=rope_parameters(cfg),
         initializer_range=cfg.init_std, tie_word_embeddings=False, bos_token_id=bos_id, eos_token_id=eos_id,
         architectures=[FORMATS[fmt]], dtype=dtype,
     )

@@ -9,18 +9,38 @@ made (``scales.new_param``). MoE MLPs live in ``moe.py``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig, ScaleConfig
+from .config import ModelConfig, RopeScalingConfig, ScaleConfig
 from .scales import Linear, NormLinear, OutputNorm, init_params, new_param, normal_init, param_roles
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
+def llama3_inv_freq(inv_freq: Tensor, scaling: RopeScalingConfig) -> Tensor:
+    """Llama 3's frequency scaling of ``inv_freq: (head_dim/2,)`` (``config.RopeScalingConfig``): long
+    wavelengths divided by ``factor``, short ones kept, a linear blend in between (transformers'
+    ``_compute_llama3_parameters``, the same float32 operations)."""
+    L = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = L / scaling.low_freq_factor, L / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (L / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device,
+                 scaling: RopeScalingConfig | None = None) -> tuple[Tensor, Tensor]:
     """RoPE tables ``cos, sin: (seq_len, head_dim)`` in float32, Hugging Face Llama's layout:
-    ``inv_freq_i = theta^(-2i/head_dim)``, frequencies repeated as ``[f, f]`` (half rotation)."""
+    ``inv_freq_i = theta^(-2i/head_dim)`` (Llama 3-scaled when ``scaling`` is given), frequencies
+    repeated as ``[f, f]`` (half rotation)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -43,11 +63,11 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        kv = cfg.n_kv_heads * cfg.head_dim
-        self.proj = NormLinear(cfg.d_model, {"q": cfg.d_model, "k": kv, "v": kv}, scfg, cfg.norm_eps, std=cfg.init_std)
+        q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim  # q == d_model unless head_dim is set
+        self.proj = NormLinear(cfg.d_model, {"q": q, "k": kv, "v": kv}, scfg, cfg.norm_eps, std=cfg.init_std)
         self.q_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.k_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
-        self.o = Linear(cfg.d_model, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+        self.o = Linear(q, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -147,7 +167,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: Tensor, targets: Tensor | None = None):
         B, T = tokens.shape
         x = self.embed(tokens)  # (B, T, d)
-        cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device)
+        cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device, self.cfg.rope_scaling)
         aux = x.new_zeros((), dtype=torch.float32)
         for layer in self.layers:
             x, a = layer(x, cos, sin)
