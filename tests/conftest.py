@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from scalevec import ModelConfig
+from scalevec.params import SCALE_ROLES
 
 torch.set_num_threads(1)
 
-SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
 
 TINY = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab_size=64, max_seq_len=16)
 

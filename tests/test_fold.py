@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model, fold_scales
+from scalevec.params import SCALE_ROLES
 
 FOLDABLE = ("none", "baseline", "iwd", "hg", "dp", "or", "er", "unified_foldable")
-SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
 
 
 def _with_apply(strategy: str, apply: str) -> ScaleConfig:

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model
-from scalevec.scales import ROLES, ScaleVector, scale_vectors
+from scalevec.params import ROLES, SCALE_ROLES
+from scalevec.scales import ScaleVector, scale_vectors
 
 STRATEGIES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
 FOLDABLE = ("none", "baseline", "iwd", "hg", "dp", "or", "er", "unified_foldable")
-SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
 # (layout, qk_norm, tie_embeddings): the model variants every structural test runs on.
 VARIANTS = [("pre", False, False), ("pre", True, True), ("peri", True, False)]
 

@@ -15,9 +15,9 @@ from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scal
 from scalevec import optim
 from scalevec.config import OptimConfig
 from scalevec.moe import MoE, load_balancing_loss, route, router_z_loss
+from scalevec.params import SCALE_ROLES
 from scalevec.scales import init_params, param_roles
 
-SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
 EPS = 1e-6
 STRATEGIES = ["none", "baseline", "iwd", "hg", "hg+per_expert", "dp", "dnp", "or", "er", "unified",
               "unified+per_expert", "unified_foldable", "unified_foldable+per_expert"]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.info import count_params
+from scalevec.params import count_params
 from scalevec.model import build_model
 from scalevec.presets import get_preset
 from scalevec.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict

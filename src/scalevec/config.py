@@ -241,6 +241,7 @@ class OptimConfig:
     router_wd: bool = False
     muon_momentum: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
+    fused: str = "auto"  # AdamW kernel: auto (fused on CUDA, foreach on CPU) | true | false (foreach); optim.py
 
     def validate(self) -> None:
         if self.name not in ("adamw", "muon"):
@@ -257,6 +258,8 @@ class OptimConfig:
             raise ValueError(f"optim.eps={self.eps} must be finite and > 0 (default 1e-8)")
         if not 0 <= self.muon_momentum < 1:
             raise ValueError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1) (default 0.95)")
+        if str(self.fused).lower() not in ("auto", "true", "false"):
+            raise ValueError(f"optim.fused={self.fused!r} is unknown; use auto, true or false")
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 Reports total, embedding and non-embedding parameters, scale-vector parameters by role, and the
 overhead against ``baseline`` (DESIGN.md §3, §11). For MoE presets also the active (per-token) count.
+The counting itself lives in ``params.py`` (also used by the trainer and the sweep); this is the CLI.
 """
 
 from __future__ import annotations
@@ -10,32 +11,9 @@ import argparse
 import json
 
 from .config import PRESET_NAMES, ScaleConfig
-from .model import Transformer, build_model
+from .model import build_model
+from .params import count_params
 from .presets import PRESETS, get_preset
-
-SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
-
-
-def count_params(model: Transformer) -> dict:
-    """Parameter figures of ``model`` (works on the meta device): totals, by role, scale vectors, active."""
-    roles = model.param_roles()
-    by_role: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        by_role[roles[name]] = by_role.get(roles[name], 0) + p.numel()
-    total = sum(by_role.values())
-    embedding = by_role.get("embedding", 0) + by_role.get("lm_head", 0)
-    scale_by_role = {r: by_role.get(r, 0) for r in SCALE_ROLES}
-    out = {
-        "params": total,
-        "embedding_params": embedding,
-        "non_embedding_params": total - embedding,
-        "params_by_role": by_role,
-        "scale_params": sum(scale_by_role.values()),
-        "scale_params_by_role": scale_by_role,
-    }
-    active = getattr(model, "active_params", None)
-    out["active_params"] = active() if callable(active) else total
-    return out
 
 
 def info(preset: str, strategy: str) -> dict:

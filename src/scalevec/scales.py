@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from .config import ScaleConfig
 from .kernels import dnp_swiglu, folded_linear, magdir, rms_norm
-
-ROLES = ("matrix", "embedding", "lm_head", "router", "input_scale", "output_scale", "scale_direction")
+from .params import ROLES  # the one role list (params.py); re-exported here
 
 
 def new_param(module: nn.Module, name: str, shape: tuple[int, ...], role: str, init: Callable[[Tensor], None]) -> nn.Parameter:

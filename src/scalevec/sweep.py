@@ -204,8 +204,8 @@ def load_spec(path: str | Path) -> SweepSpec:
 def _count_params(model_yaml: str, scale_yaml: str) -> int:
     """Total parameters of a model and scale config (given as YAML, for caching), built on the meta device."""
     from .config import ModelConfig
-    from .info import count_params
     from .model import build_model
+    from .params import count_params
 
     model = from_dict(ModelConfig, yaml.safe_load(model_yaml))
     scale = from_dict(ScaleConfig, yaml.safe_load(scale_yaml))

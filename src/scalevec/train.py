@@ -508,7 +508,7 @@ class Trainer:
         evals = [r for r in rows if r["kind"] == "eval"]
         times = [r["step_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5]
         final = evals[-1] if evals else {"val_loss": math.nan, "val_bpb": math.nan}
-        from .info import count_params
+        from .params import count_params
 
         counts = count_params(self.model)
         return {

@@ -22,11 +22,11 @@ import torch
 from ..config import PRESET_NAMES, ModelConfig, ScaleConfig
 from ..fold import fold_scales
 from ..model import Transformer, build_model
+from ..params import SCALE_ROLES
 from .toys import figure, generator
 
 CFG = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab_size=64, max_seq_len=16)
 BATCH, SEQ, SPREAD, RESCALE = 2, 12, 0.5, 3.0
-SCALE_ROLES = ("input_scale", "output_scale", "scale_direction")
 
 
 def perturb_scales(model: Transformer, gen: torch.Generator) -> None:

@@ -1,0 +1,28 @@
+"""Parameter roles and counts have one home, params.py (DESIGN.md §5, §11)."""
+
+import pytest
+
+from scalevec import ScaleConfig, build_model, get_preset, info, optim, scales
+from scalevec.config import PRESET_NAMES, OptimConfig
+from scalevec.params import EMBEDDING_ROLES, ROLES, SCALE_ROLES, count_params
+
+
+def test_one_role_list():
+    """scales and optim use params.ROLES itself (not a copy); the scale and embedding roles are among them."""
+    assert scales.ROLES is ROLES and optim.ROLES is ROLES
+    assert set(SCALE_ROLES) <= set(ROLES) and set(EMBEDDING_ROLES) <= set(ROLES)
+    assert len(set(ROLES)) == len(ROLES)
+    assert info.count_params is count_params
+
+
+@pytest.mark.parametrize("strategy", PRESET_NAMES)
+def test_groups_follow_the_role_order_and_counts_add_up(strategy):
+    """Optimizer groups come in ROLES order; count_params' role totals equal the group sizes."""
+    model = build_model(get_preset("tiny"), ScaleConfig.preset(strategy), device="meta")
+    groups = optim.param_groups(model, OptimConfig(), model.scfg)
+    order = [g.role for g in groups]
+    assert order == [r for r in ROLES if r in order]
+    figures = count_params(model)
+    assert figures["params_by_role"] == {g.role: g.numel for g in groups}
+    assert figures["params"] == sum(p.numel() for p in model.parameters())
+    assert figures["scale_params"] == sum(g.numel for g in groups if g.role in SCALE_ROLES)
