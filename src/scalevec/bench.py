@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from . import __version__
 from .config import PRESET_NAMES, ModelConfig, OptimConfig, ScaleConfig
 from .distributed import resolve_device
+from .flops import cpu_name, flops_per_token, gpu_spec_peak, matmul_peak
 from .fold import fold_scales
 from .model import Transformer, build_model
 from .optim import build_optimizers, param_groups
@@ -56,7 +57,6 @@ HF = "hf-llama"
 FOLDABLE_STEP_TARGET, UNFOLDABLE_STEP_TARGET, MEMORY_TARGET, HF_TARGET, FOLDED_FORWARD_TARGET = 1.02, 1.05, 1.01, 1.0, 1.01
 DEFAULT_STRATEGIES = "baseline,hg,dp,or,er,iwd,unified_foldable,unified,hf-llama"
 GPU_STRATEGIES = "baseline,unified,unified_foldable,hf-llama"  # the issue's GPU set: few compilations
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0}  # dense bf16 spec figures
 
 
 # ----------------------------------------------------------------------------------------- candidates
@@ -232,7 +232,7 @@ def step_peak_bytes(c: Candidate, device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device) - before
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         c.step()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     level = peak = 0
@@ -273,33 +273,29 @@ def summarize(times: dict[str, list[float]], ref: str, tokens: int) -> dict[str,
     return out
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token, PaLM's estimate: 6·(matmul parameters) + 12·n_layers·seq_len·d_model (dense)."""
-    kv = cfg.n_kv_heads * cfg.head_dim
-    ff = cfg.d_ff if cfg.moe is None else cfg.moe.top_k * cfg.moe.d_expert
-    per_layer = cfg.d_model * (cfg.d_model + 2 * kv) + cfg.d_model ** 2 + 3 * cfg.d_model * ff
-    return 6 * (cfg.n_layers * per_layer + cfg.d_model * cfg.vocab_size) + 12 * cfg.n_layers * seq_len * cfg.d_model
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else the platform's processor string."""
+@contextmanager
+def quiet_stderr():
+    """Send file descriptor 2 to /dev/null for the block: the profiler's C++ side prints ``USDT ... profiler_start``
+    / ``profiler_stop`` lines there on every start and stop (kineto), which no Python setting turns off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
-def peak_tflops(device: torch.device, given: float | None) -> float | None:
+def peak_tflops(device: torch.device, given: float | None, dtype: str) -> tuple[float, str]:
+    """``(peak TFLOP/s, source)``: ``given`` (``--peak-tflops``), else measured now in this process with
+    ``flops.matmul_peak`` (fp32 on CPU; bf16 on CUDA, or fp32 when the benchmark runs fp32)."""
     if given:
-        return given
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
-    return None
+        return given, "--peak-tflops"
+    mm_dtype = torch.bfloat16 if dtype == "bfloat16" or device.type == "cuda" else torch.float32
+    return matmul_peak(device, mm_dtype) / 1e12, f"measured: best {str(mm_dtype).removeprefix('torch.')} matmul, this process"
 
 
 # ----------------------------------------------------------------------------------------- the benchmark
@@ -339,6 +335,9 @@ def bench(preset: str = "small", strategies: str | None = None, batch_size: int 
     x, y = data[:, :-1], data[:, 1:]
     tokens = batch_size * seq_len
     load_start = os.getloadavg()
+    pk, pk_source = peak_tflops(dev, peak, dtype)  # before the candidates: their memory does not disturb it
+    spec = gpu_spec_peak(dev)
+    say(f"matmul peak {pk:.3f} TFLOP/s ({pk_source})")
 
     say(f"building {len(names)} candidates: {', '.join(names)}")
     cands = [make_candidate(n, cfg, x, y, dev, autocast, compile, seed, ocfg) for n in names]
@@ -367,14 +366,14 @@ def bench(preset: str = "small", strategies: str | None = None, batch_size: int 
         infer = bench_inference(cands, cfg, x, dev, autocast, compile, steps, warmup, tokens)
 
     fpt = flops_per_token(cfg, seq_len)
-    pk = peak_tflops(dev, peak)
     results = []
     base = next((c for c in cands if c.name.partition(":")[0] == "baseline"), None)
     for c in cands:
         t = train[c.name]
         row = {"name": c.name, "params": c.params, "loss_init": c.loss_init, **{k: v for k, v in t.items()}}
         row["tflops"] = fpt * t["tokens_per_s"] / 1e12
-        row["mfu"] = row["tflops"] / pk if pk else None
+        row["mfu"] = row["tflops"] / pk
+        row["mfu_spec"] = row["tflops"] * 1e12 / spec if spec else None
         if memory:
             row.update({f"mem_{k}": v for k, v in mem[c.name].items()})
         row["targets"] = targets(c.name, names[0], train, mem, base.name if base else None)
@@ -385,6 +384,7 @@ def bench(preset: str = "small", strategies: str | None = None, batch_size: int 
         "device": str(dev), "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name(),
         "threads": torch.get_num_threads(), "dtype": dtype, "compile": compile, "steps": steps, "warmup": warmup,
         "seed": seed, "reference": names[0], "flops_per_token": fpt, "peak_tflops": pk,
+        "peak_source": pk_source, "spec_peak_tflops": spec / 1e12 if spec else None,
         "memory_method": ("torch.cuda.max_memory_allocated" if dev.type == "cuda" else "torch.profiler profile_memory")
         if memory else None,
         "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
@@ -473,16 +473,19 @@ def format_report(r: dict) -> str:
         f"· torch {r['torch']}",
         f"load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in r['loadavg_start'])}, "
         f"at end {'/'.join(f'{v:.2f}' for v in r['loadavg_end'])}",
+        f"FLOPs per token {r['flops_per_token']:,.0f} (scalevec.flops: 6 N_active + attention); MFU against a matmul "
+        f"peak of {r['peak_tflops']:.3f} TFLOP/s ({r['peak_source']})"
+        + (f", and against the GPU's dense bf16 spec {r['spec_peak_tflops']:.0f} TFLOP/s" if r.get("spec_peak_tflops") else ""),
         "",
         "Training step (forward + backward + clip + AdamW). Ratio: paired, round by round, vs the first candidate; "
         "median [IQR].",
         "",
         "| candidate | params | loss at init | step ms, median [IQR] | tokens/s | "
-        + ("MFU | " if r["peak_tflops"] else "TFLOP/s | ") + f"step vs {ref} | peak MiB | memory vs {ref} | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        + "TFLOP/s | MFU | " + f"step vs {ref} | peak MiB | memory vs {ref} | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for t in r["train"]:
-        flops = f"{t['mfu']:.1%}" if t["mfu"] is not None else f"{t['tflops']:.3f}"
+        flops = f"{t['tflops']:.3f} | {t['mfu']:.1%}" + (f" ({t['mfu_spec']:.1%} of spec)" if t.get("mfu_spec") else "")
         ts = t.get("targets", {})
         notes = "; ".join(f"{k} {mark(v)}" + (f" {v['ratio']:.3f}x" if k == "baseline_vs_hf" else "")
                           for k, v in ts.items() if "limit" in v)
@@ -531,7 +534,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
     p.add_argument("--no-inference", action="store_true", help="skip the forward-only / folded-model timing")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
-    p.add_argument("--peak-tflops", type=float, help="the device's peak TFLOP/s for MFU (known GPUs are detected)")
+    p.add_argument("--peak-tflops", type=float,
+                   help="the peak TFLOP/s for MFU (default: measured in this process, best square matmul)")
     p.add_argument("--threads", type=int, help="CPU threads for torch (default torch's); 1 is steadier on a shared machine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")

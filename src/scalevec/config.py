@@ -317,7 +317,8 @@ class TrainConfig:
     eval_batch_size: int = 32
     log_every: int = 10
     ckpt_every: int = 0  # 0 -> only at the end
-    compile: bool = False
+    compile: str = "auto"  # auto | true | false: torch.compile each block (autocompile.py decides for auto)
+    peak_flops: float = 0.0  # FLOP/s for the mfu metric; 0 -> a known GPU's spec, else a cached matmul measurement
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu) | float32 | bfloat16
     dist: str = "none"  # none | ddp | fsdp2
@@ -340,6 +341,11 @@ class TrainConfig:
             raise ValueError(f"train.dtype={self.dtype!r} is unknown; use auto, float32 or bfloat16")
         if self.dist not in ("none", "ddp", "fsdp2"):
             raise ValueError(f"train.dist={self.dist!r} is unknown; use none, ddp or fsdp2")
+        from .autocompile import normalize
+
+        self.compile = normalize(self.compile)  # older runs stored a YAML boolean
+        if self.peak_flops < 0:
+            raise ValueError(f"train.peak_flops={self.peak_flops} must be >= 0 (0: measured or the GPU's spec figure)")
 
 
 @dataclass

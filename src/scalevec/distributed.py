@@ -95,7 +95,11 @@ def wrap(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
     ``cast_forward_inputs=False`` keeps the fp32 RoPE tables that blocks receive in fp32.
     ``fully_shard`` replaces the parameters with new (DTensor) ones: build optimizers after this.
     """
-    if cfg.compile:
+    from .autocompile import planned_steps, resolve
+
+    compiled, _ = resolve(cfg.compile, d.device, planned_steps(cfg.steps, cfg.tokens, cfg.batch_size, cfg.seq_len),
+                          double_backward=cfg.sharpness_every > 0)
+    if compiled:  # train.compile: auto | true | false (autocompile.py)
         for block in model.layers:
             block.compile()
     if cfg.dist == "none" or not dist.is_initialized():

@@ -15,6 +15,7 @@ Run directory: ``config.yaml``, ``meta.json``, ``optim_groups.txt``, ``metrics.j
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -33,10 +34,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model
 
-from . import __version__, distributed
+from . import __version__, autocompile, distributed
 from .checkpoint import CKPT_DIR, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RunConfig, ScaleConfig, apply_overrides, from_dict, load_yaml, save_yaml, to_dict
 from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
+from .flops import flops_per_token, peak_flops
 from .model import Transformer, build_model
 from .optim import build_optimizers, group_table, param_groups, set_lr
 from .presets import get_preset
@@ -299,6 +301,13 @@ class Trainer:
         self.best_val = math.inf
         self.elapsed = 0.0  # seconds of training before this session (restored on resume)
         self.write = self.rank == 0
+        self.compiled, self.compile_why = autocompile.resolve(t.compile, self.device, self.steps, t.sharpness_every > 0)
+        # the mfu / flops_per_s metrics (issue 17): FLOPs per token from the config, a peak resolved once
+        self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
+        self.peak_flops = None
+        if self.write:
+            mm_dtype = torch.bfloat16 if self.device.type == "cuda" and t.dtype != "float32" else torch.float32
+            self.peak_flops, self.peak_source = peak_flops(self.device, mm_dtype, t.peak_flops)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -404,6 +413,7 @@ class Trainer:
             self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {self.model.num_params():,} params · "
                      f"{self.steps} steps × {tokens_per_step:,} tokens · {self.world} process(es) on {self.device}")
             self.say(group_table(self.groups))
+            self.say(f"compile: {'on' if self.compiled else 'off'} ({self.compile_why})")
         bar = None
         if self.write and not self.quiet and sys.stderr.isatty():
             from tqdm import tqdm
@@ -442,14 +452,17 @@ class Trainer:
                           file=sys.stderr, flush=True)
                 raise KeyboardInterrupt
             step = self.step
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             loss, aux, grad_norm = self.train_step(step)
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             self.step = step + 1
             if step % t.log_every == 0 or self.step == self.steps:
                 row = {"kind": "train", "step": step, "tokens": self.step * tokens_per_step,
                        "lr": lr_at(step, self.steps, self.cfg.optim.lr, self.cfg.schedule), "loss": loss,
                        "grad_norm": grad_norm, "tok_per_s": tokens_per_step / dt, "step_time": dt,
+                       # process CPU seconds of the step (all threads): comparable on a loaded machine
+                       "cpu_time": cpu, "flops_per_s": self.flops_per_token * tokens_per_step / dt,
+                       "mfu": self.flops_per_token * tokens_per_step / dt / self.peak_flops if self.peak_flops else None,
                        "scales": scale_stats(self.model)}
                 if self.cfg.model.moe is not None:
                     row["aux_loss"] = aux
@@ -507,6 +520,7 @@ class Trainer:
                 if ln.strip()] if self.write else []
         evals = [r for r in rows if r["kind"] == "eval"]
         times = [r["step_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5]
+        cpu_times = [r["cpu_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5 and "cpu_time" in r]
         final = evals[-1] if evals else {"val_loss": math.nan, "val_bpb": math.nan}
         from .params import count_params
 
@@ -518,6 +532,8 @@ class Trainer:
             "best_val_loss": min((e["val_loss"] for e in evals), default=math.nan),
             "steps": self.steps, "tokens": self.steps * self.cfg.train.batch_size * self.cfg.train.seq_len,
             "wall_time_s": wall, "step_time_s": statistics.median(times) if times else math.nan,
+            "cpu_time_s": statistics.median(cpu_times) if cpu_times else math.nan,
+            "compiled": self.compiled, "peak_flops": self.peak_flops,
             "params": counts["params"], "non_embedding_params": counts["non_embedding_params"],
             "active_params": counts["active_params"], "scale_params": counts["scale_params"],
             "world_size": self.world,
@@ -566,7 +582,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--dist", choices=["none", "ddp", "fsdp2"], help="data parallelism under torchrun")
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each block (--no-compile: eager); default train.compile=auto: compiled on "
+                        "CUDA for runs of 1000+ steps, eager on CPU (docs/performance.md)")
     p.add_argument("--out", help="run directory (default runs/<preset>-<strategy>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
@@ -589,8 +607,8 @@ def config_from_args(args) -> RunConfig:
             flags.append(f"{key}={value}")
     if getattr(args, "schedule", None) == "wsd" and not any(o.startswith("schedule.min_lr_ratio") for o in args.overrides):
         flags.append("schedule.min_lr_ratio=0.0")  # DESIGN.md §7: WSD decays to 0
-    if getattr(args, "compile", False):
-        flags.append("train.compile=true")
+    if getattr(args, "compile", None) is not None:
+        flags.append(f"train.compile={'true' if args.compile else 'false'}")
     for item in args.overrides:
         if "=" not in item:
             raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.d_model=256)")
@@ -605,7 +623,8 @@ def run(args) -> int:
             raise ValueError("--resume continues the stored config; drop the other options except --dist, --device "
                              "and --compile (or start a new --out)")
         cfg = apply_overrides(cfg, [f"{key}={getattr(args, n)}" for n, key in execution.items()
-                                    if getattr(args, n, None) is not None] + (["train.compile=true"] if args.compile else []))
+                                    if getattr(args, n, None) is not None]
+                            + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))
     else:
         cfg = config_from_args(args)
     out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"

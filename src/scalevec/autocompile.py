@@ -1,0 +1,66 @@
+"""``train.compile: auto | true | false``: when the trainer compiles its blocks with ``torch.compile`` (issue 17).
+
+``true`` compiles every block (``distributed.wrap``), ``false`` runs eager, ``auto`` (the default) decides
+from the device and the run length with the rule below, derived from measurements in docs/performance.md
+("Compile"):
+
+- **CPU: eager.** Measured on the 2-core EPYC (1 thread): compiling the blocks costs tens of seconds per
+  strategy while a compiled step saves a few percent, so the break-even lies beyond the length of every CPU
+  run the project trains; compiled kernels also round differently from eager ones, and the reproduction
+  study and tests/test_golden.py are eager CPU runs that must stay bitwise reproducible.
+- **CUDA: compiled when the run has at least ``CUDA_MIN_STEPS`` steps**, eager below (a short check run
+  would spend most of its time compiling). The threshold is the break-even ``compile seconds / (eager step
+  seconds · fractional gain)`` with the figures torchtitan-class setups report for a ~0.1B model (about a
+  minute of compilation and 20-30 % per step); it is not measured on a GPU here: ``scripts/gpu_check.sh``
+  prints the figures that would revise it.
+- **Never under double backward**: theory probes (``train.sharpness_every``) take Hessian-vector products,
+  which compiled graphs do not support, so ``auto`` runs eager when they are on.
+
+Resume is exact under compile (tests/test_compile.py): a run compiled from the start and one resumed under
+compile from its checkpoint compute the same losses.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+CHOICES = ("auto", "true", "false")
+CUDA_MIN_STEPS = 1000
+
+
+def normalize(value) -> str:
+    """``train.compile`` as one of ``auto | true | false`` (YAML booleans of older runs accepted).
+
+    Raises ``ValueError`` naming the choices for anything else."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    v = str(value).strip().lower()
+    v = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(v, v)
+    if v not in CHOICES:
+        raise ValueError(f"train.compile={value!r} is unknown; use auto, true or false")
+    return v
+
+
+def planned_steps(steps: int, tokens: int, batch_size: int, seq_len: int) -> int:
+    """Optimizer steps of a run: ``ceil(tokens / (batch_size · seq_len))`` if ``tokens`` > 0, else ``steps``."""
+    return math.ceil(tokens / (batch_size * seq_len)) if tokens > 0 else steps
+
+
+def resolve(value, device: torch.device | str, steps: int, double_backward: bool = False) -> tuple[bool, str]:
+    """``(compile?, why)`` for ``train.compile=value`` on ``device`` for a run of ``steps`` steps (rule: module docstring)."""
+    v = normalize(value)
+    if v != "auto":
+        return v == "true", f"train.compile={v}"
+    kind = torch.device(device).type
+    if double_backward:
+        return False, "auto: eager (theory probes take double backward, which compiled graphs do not support)"
+    if kind != "cuda":
+        return False, f"auto: eager on {kind} (compiling does not pay back on CPU runs, and eager keeps CPU runs bitwise reproducible)"
+    if steps < CUDA_MIN_STEPS:
+        return False, f"auto: eager ({steps} steps < {CUDA_MIN_STEPS}, too short to pay back compilation)"
+    return True, f"auto: compiled ({kind}, {steps} steps >= {CUDA_MIN_STEPS})"
+
+
+__all__ = ["CHOICES", "CUDA_MIN_STEPS", "normalize", "planned_steps", "resolve"]
