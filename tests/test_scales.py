@@ -9,6 +9,8 @@ from torch import nn
 from scalevec import ScaleConfig
 from scalevec.scales import (NormLinear, OutputNorm, ScaleVector, init_params, new_param, param_roles, rms_norm,
                              scale_vectors)
+from scalevec.theory.magdir import make as make_scale_vector
+from scalevec.theory.magdir import perturb, preconditioner, predicted, spectrum
 
 EPS = 1e-6
 
@@ -84,23 +86,31 @@ def test_scale_vector_roles(param, roles):
 
 
 def test_or_jacobian_preconditioner_at_init():
-    """Theorem 3.2: at init J Jᵀ = 11ᵀ + (I - 11ᵀ/d), radial eigenvalue d and tangential eigenvalues 1."""
+    """Theorem 3.2: at init the real OR ScaleVector's J Jᵀ (Jacobian of its own forward in its own
+    parameters, theory.magdir.preconditioner) is 11ᵀ + (I - 11ᵀ/d): radial eigenvalue d, tangential 1."""
     d = 6
     sv = ScaleVector((d,), "magdir", "input_scale").double()
     init_params(sv)
-
-    def gamma(beta, alpha):
-        return beta * alpha / alpha.pow(2).mean().sqrt()
-
-    jb, ja = torch.autograd.functional.jacobian(gamma, (sv.magnitude.detach(), sv.direction.detach()))
-    J = torch.cat([jb, ja], dim=1)  # (d, 1 + d): dγ/d(β, α)
+    gamma, P = preconditioner(sv)
     ones = torch.ones(d, d, dtype=torch.float64)
-    expected = ones + torch.eye(d, dtype=torch.float64) - ones / d
-    torch.testing.assert_close(J @ J.T, expected, rtol=0, atol=1e-12)
-    eig = torch.linalg.eigvalsh(J @ J.T)
+    torch.testing.assert_close(P, ones + torch.eye(d, dtype=torch.float64) - ones / d, rtol=0, atol=1e-12)
+    eig = torch.linalg.eigvalsh(P)
     torch.testing.assert_close(eig, torch.tensor([1.0] * (d - 1) + [float(d)], dtype=torch.float64))
-    # the module computes the same γ as the formula differentiated above
-    assert torch.equal(sv(), gamma(sv.magnitude, sv.direction))
+    assert torch.equal(gamma, torch.ones(d, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("param", ["magdir", "magdir_exp"])
+def test_preconditioner_away_from_init_matches_theorem(param):
+    """Off init, the real module's P = J Jᵀ has γ̂ as an eigenvector with the radial and tangential
+    eigenvalues of the library's closed forms (theory.magdir.predicted: OR radial d, tangential β²/rms(α)²;
+    ER radial d·e^{2b}), in float64 to 1e-9 (eigvalsh of a 16×16 matrix)."""
+    vec = make_scale_vector(param, 16)
+    perturb(vec, torch.Generator().manual_seed(3))
+    got, want = spectrum(*preconditioner(vec)), predicted(param, vec)
+    assert got["eigvec_residual"] < 1e-9
+    assert got["radial"] == pytest.approx(want["radial"], rel=1e-9)
+    assert got["tangential_min"] == pytest.approx(want["tangential"], rel=1e-9)
+    assert got["tangential_max"] == pytest.approx(want["tangential"], rel=1e-9)
 
 
 def _norm_linear(strategy: str, apply: str, seed: int = 0, d_in: int = 16):
