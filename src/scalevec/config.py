@@ -324,9 +324,16 @@ class TrainConfig:
     dist: str = "none"  # none | ddp | fsdp2
     probe_every: int = 0
     sharpness_every: int = 0
+    # memory (docs/performance.md): recompute blocks' activations in the backward: none | all | every_K
+    # (blocks 0, K, 2K, ...) | a list of block indices (e.g. 0,2,5); and the LM head + cross-entropy
+    # in chunks of this many tokens (0: off). Both off: the plain path, bitwise.
+    activation_checkpointing: str = "none"
+    loss_chunk_tokens: int = 0
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
+        if self.loss_chunk_tokens < 0:
+            raise ValueError(f"train.loss_chunk_tokens={self.loss_chunk_tokens} must be >= 0 (0: off; try 4096)")
         if self.tokens < 0 or self.micro_batch_size < 0 or self.ckpt_every < 0:
             raise ValueError("train.tokens, train.micro_batch_size and train.ckpt_every must be >= 0")
         if self.seed < 0 or self.probe_every < 0 or self.sharpness_every < 0:
@@ -364,11 +371,38 @@ class RunConfig:
     def validate(self) -> None:
         for part in (self.model, self.scale, self.optim, self.schedule, self.data, self.train):
             part.validate()
+        checkpoint_blocks(self.train.activation_checkpointing, self.model.n_layers)  # ValueError if malformed
         if self.train.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"train.seq_len={self.train.seq_len} exceeds the model's max_seq_len={self.model.max_seq_len}; "
                 f"lower --seq-len or set model.max_seq_len"
             )
+
+
+def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
+    """The block indices that ``train.activation_checkpointing`` names: ``none`` -> [], ``all`` -> every
+    block, ``every_K`` -> 0, K, 2K, ..., a comma list (``0,2,5``, YAML ``[0, 2, 5]``) -> those blocks.
+    Raises ``ValueError`` for another spelling or an index outside ``0 .. n_layers - 1``."""
+    s = str(spec).strip().lower().strip("[]()").replace(" ", "")
+    if s in ("none", "", "false"):
+        return []
+    if s in ("all", "true"):
+        return list(range(n_layers))
+    try:
+        if s.startswith("every_"):
+            k = int(s[len("every_"):])
+            if k <= 0:
+                raise ValueError
+            return list(range(0, n_layers, k))
+        blocks = sorted({int(v) for v in s.split(",") if v})
+    except ValueError:
+        raise ValueError(f"train.activation_checkpointing={spec!r} is unknown; use none, all, every_K (e.g. every_2) "
+                         f"or block indices (e.g. 0,2,5)") from None
+    bad = [b for b in blocks if not 0 <= b < n_layers]
+    if bad:
+        raise ValueError(f"train.activation_checkpointing names block(s) {bad}, but the model has blocks "
+                         f"0..{n_layers - 1}")
+    return blocks
 
 
 # --------------------------------------------------------------------------------------------- I/O

@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig, RopeScalingConfig, ScaleConfig
 from .scales import Linear, NormLinear, OutputNorm, init_params, new_param, normal_init, param_roles
@@ -132,6 +133,29 @@ class Embedding(nn.Module):
         return F.embedding(tokens, self.weight)
 
 
+def _head_cross_entropy(head: NormLinear, x: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(head(x)[0].float(), targets, ignore_index=-100, reduction="sum")
+
+
+def chunked_cross_entropy(head: NormLinear, x: Tensor, targets: Tensor, chunk_tokens: int) -> Tensor:
+    """``Σ CE(head(x), targets)`` in nats over targets ``!= -100`` (float32), ``chunk_tokens`` tokens at a time.
+
+    ``x: (B, T, d)`` (the last block's output), ``targets: (B, T)``. Each chunk's logits ``(chunk, V)`` are
+    computed, reduced to a scalar and dropped; under autograd each chunk is checkpointed, so the backward
+    recomputes its logits instead of keeping all ``B·T·V`` of them (the Liger / torchtune chunked loss idea,
+    in plain torch). Equals ``F.cross_entropy(head(x), targets, reduction='sum')`` up to summation order.
+    """
+    x, targets = x.flatten(0, 1), targets.flatten()
+    total = x.new_zeros((), dtype=torch.float32)
+    for i in range(0, x.shape[0], chunk_tokens):
+        xs, ys = x[i:i + chunk_tokens], targets[i:i + chunk_tokens]
+        if torch.is_grad_enabled():
+            total = total + checkpoint(_head_cross_entropy, head, xs, ys, use_reentrant=False)
+        else:
+            total = total + _head_cross_entropy(head, xs, ys)
+    return total
+
+
 class Transformer(nn.Module):
     """The decoder: embedding, ``n_layers`` blocks, final Input-Norm, LM head (DESIGN.md §2).
 
@@ -154,7 +178,20 @@ class Transformer(nn.Module):
                                std=cfg.init_std)
         if cfg.tie_embeddings:
             self.head.branches["lm_head"].weight = self.embed.weight
+        self.checkpoint_blocks: frozenset[int] = frozenset()  # set_memory_options
+        self.loss_chunk_tokens = 0
         self.init_weights()
+
+    def set_memory_options(self, checkpoint_blocks=(), loss_chunk_tokens: int = 0) -> None:
+        """Trade compute for memory (``train.activation_checkpointing``, ``train.loss_chunk_tokens``;
+        docs/performance.md). ``checkpoint_blocks``: indices of the blocks whose activations are not kept
+        but recomputed in the backward (``torch.utils.checkpoint``, non-reentrant, as torchtitan does).
+        ``loss_chunk_tokens > 0``: with targets, the final norm, LM head and cross-entropy run on chunks of
+        that many tokens, each recomputed in the backward, so the ``(tokens, vocab)`` logits never exist
+        whole (``chunked_cross_entropy``). The function is the same; gradients equal the plain path's up
+        to fp32 summation order. Off (the default): the plain path, bitwise."""
+        self.checkpoint_blocks = frozenset(int(i) for i in checkpoint_blocks)
+        self.loss_chunk_tokens = int(loss_chunk_tokens)
 
     def init_weights(self) -> None:
         """(Re-)initialize every parameter as declared at creation (DESIGN.md §2 init)."""
@@ -169,9 +206,14 @@ class Transformer(nn.Module):
         x = self.embed(tokens)  # (B, T, d)
         cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device, self.cfg.rope_scaling)
         aux = x.new_zeros((), dtype=torch.float32)
-        for layer in self.layers:
-            x, a = layer(x, cos, sin)
+        for i, layer in enumerate(self.layers):
+            if i in self.checkpoint_blocks and torch.is_grad_enabled():  # recomputed in the backward
+                x, a = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x, a = layer(x, cos, sin)
             aux = aux + a
+        if targets is not None and self.loss_chunk_tokens:
+            return chunked_cross_entropy(self.head, x, targets, self.loss_chunk_tokens), (targets != -100).sum(), aux
         logits = self.head(x)[0]  # (B, T, V)
         if targets is None:
             return logits

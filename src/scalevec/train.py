@@ -36,7 +36,8 @@ from safetensors.torch import load_model
 
 from . import __version__, autocompile, distributed
 from .checkpoint import CKPT_DIR, latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import RunConfig, ScaleConfig, apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+from .config import (RunConfig, ScaleConfig, apply_overrides, checkpoint_blocks, from_dict, load_yaml, save_yaml,
+                     to_dict)
 from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
 from .flops import flops_per_token, peak_flops
 from .model import Transformer, build_model
@@ -291,6 +292,8 @@ class Trainer:
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
         self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
         self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
+        self.model.set_memory_options(checkpoint_blocks(t.activation_checkpointing, cfg.model.n_layers),
+                                      t.loss_chunk_tokens)
         self.roles = self.model.param_roles()
         self.wrapped = distributed.wrap(self.model, t, self.dist)  # FSDP2 replaces the parameters: groups after
         self.groups = param_groups(self.model, cfg.optim, cfg.scale, self.roles)
