@@ -206,8 +206,11 @@ def test_cli_export_with_verify(tmp_path, make_cfg, perturb_scales, capsys):
     printed = capsys.readouterr().out
     assert "validation tokens of" in printed and "verify: OK" in printed
     out = tmp_path / "hf"
-    assert (out / "tokenizer.json").read_bytes() == (run / "tokenizer" / "tokenizer.json").read_bytes()
-    assert (out / "tokenizer_config.json").is_file()
+    exported = PreTrainedTokenizerFast.from_pretrained(str(out))
+    text = "Thou art more lovely, ÿ\n"
+    assert exported.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))  # the run's byte ids
+    # bytes has no special tokens: the export declares the newline byte as BOS (prefix) and pad (issue 15)
+    assert exported.bos_token_id == exported.pad_token_id == 10 and exported.encode("ab") == [10, 97, 98]
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask  # an ordinary directory, not mkdtemp's 0700
@@ -222,14 +225,15 @@ def test_cli_export_with_verify(tmp_path, make_cfg, perturb_scales, capsys):
     ("unified", "pre", "layers.0.mlp.proj.branches.up"),
     ("baseline", "peri", "layers.0.attn_out"),
 ])
-def test_unfoldable_run_is_refused_and_writes_nothing(tmp_path, make_cfg, capsys, strategy, layout, offending):
-    """DNP, unified and peri runs are refused with exit 2, a message naming the scales and unified_foldable, no files."""
+def test_unfoldable_run_is_refused_as_a_plain_family(tmp_path, make_cfg, capsys, strategy, layout, offending):
+    """DNP, unified and peri runs asked for as --format llama exit 2 naming the scales, the custom format and
+    unified_foldable; nothing is written (auto exports them as custom code: test_export_remote.py)."""
     model = build_model(make_cfg(layout=layout), ScaleConfig.preset(strategy), seed=0)
     run = _run_dir(tmp_path / "run", model, strategy, tokenizer=False)
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert main(["export", str(run), "--out", str(tmp_path / "hf"), "--verify"]) == 2
+    assert main(["export", str(run), "--out", str(tmp_path / "hf"), "--format", "llama", "--verify"]) == 2
     err = capsys.readouterr().err
-    assert offending in err and "unified_foldable" in err and "exportable form of unified" in err
+    assert offending in err and "unified_foldable" in err and "--format auto or scalevec" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

@@ -108,3 +108,93 @@ def test_cli_generate_prints_prompt_and_continuation(tmp_path, model, capsys):
     assert main(args) == 0 and capsys.readouterr().out == first
     assert main(["generate", str(tmp_path / "nowhere"), "--prompt", "x"]) == 2
     assert "neither a scalevec run directory" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- KV cache
+
+CACHE_CASES = [  # (strategy, model overrides): dense and MoE, pre and peri, QK-norm
+    ("unified", {}),
+    ("dnp", {"layout": "peri"}),
+    ("unified", {"layout": "peri", "qk_norm": True}),
+    ("baseline", {"qk_norm": True}),
+    ("unified", {"moe": "moe"}),
+]
+
+
+def _cache_model(make_cfg, perturb_scales, strategy, overrides):
+    from scalevec import MoEConfig
+
+    overrides = dict(overrides)
+    if overrides.get("moe") == "moe":
+        overrides["moe"] = MoEConfig(n_experts=4, top_k=2, d_expert=16)
+    m = build_model(make_cfg(**overrides), ScaleConfig.preset(strategy), seed=0).eval()
+    perturb_scales(m)
+    return m
+
+
+def test_causal_mask_lets_new_queries_see_every_cached_key():
+    """2 new queries after 3 cached tokens: query 0 sees keys 0..3, query 1 keys 0..4 (not SDPA's top-left 0..0, 0..1)."""
+    from scalevec.model import causal_mask
+
+    assert causal_mask(2, 5, torch.device("cpu")).tolist() == [[True, True, True, True, False], [True] * 5]
+    assert torch.equal(causal_mask(4, 4, torch.device("cpu")), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("strategy, overrides", CACHE_CASES, ids=lambda c: str(c))
+def test_decode_in_pieces_gives_the_forward_logits(make_cfg, perturb_scales, strategy, overrides):
+    """Feeding a sequence as 5 + 1 + 1 + rest tokens through the KV cache gives forward()'s logits (fp32 rounding)."""
+    from scalevec.model import KVCache
+
+    m = _cache_model(make_cfg, perturb_scales, strategy, overrides)
+    x = torch.randint(0, m.cfg.vocab_size, (2, m.cfg.max_seq_len), generator=torch.Generator().manual_seed(5))
+    cache = KVCache(m.cfg.n_layers)
+    with torch.no_grad():
+        pieces = [m.decode(x[:, a:b], cache) for a, b in ((0, 5), (5, 6), (6, 7), (7, x.shape[1]))]
+        full = m(x)
+    assert len(cache) == x.shape[1]
+    # same function, other matmul shapes: fp32 rounding only (~1e-7 observed), far below the logits' scale
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        m.decode(x[:, :1], cache)
+
+
+@pytest.mark.parametrize("strategy, overrides", CACHE_CASES, ids=lambda c: str(c))
+def test_cached_greedy_equals_uncached(make_cfg, perturb_scales, strategy, overrides):
+    """Greedy ids with the KV cache equal the uncached path's, also past the context (16) where the cache is dropped."""
+    from scalevec.model import KVCache
+
+    m = _cache_model(make_cfg, perturb_scales, strategy, overrides)
+
+    def cached(x, cache):
+        cache = cache if cache is not None else KVCache(m.cfg.n_layers)
+        return m.decode(x, cache), cache
+
+    calls = []
+    prompt, n = [3, 14, 15], 24  # 3 + 24 > 16: the last steps rerun the cropped window
+    plain = sample(m, prompt, n, temperature=0.0, context=m.cfg.max_seq_len)
+    with_cache = sample(lambda x: calls.append(x.shape[1]) or m(x), prompt, n, temperature=0.0,
+                        context=m.cfg.max_seq_len, cached=cached)
+    assert with_cache == plain and len(plain) == n
+    assert calls and set(calls) == {m.cfg.max_seq_len}  # the uncached function only ran on full windows
+
+
+def test_cached_sampling_is_the_uncached_sampling(model):
+    """With temperature and top-k the cache changes nothing: the same seed draws the same ids."""
+    from scalevec.model import KVCache
+
+    def cached(x, cache):
+        cache = cache if cache is not None else KVCache(model.cfg.n_layers)
+        return model.decode(x, cache), cache
+
+    args = dict(max_new_tokens=10, temperature=0.9, top_k=20, seed=4, context=model.cfg.max_seq_len)
+    assert sample(model, [83, 104], cached=cached, **args) == sample(model, [83, 104], **args)
+
+
+def test_cli_generate_no_cache_prints_the_same_greedy_text(tmp_path, model, capsys):
+    """`generate --temperature 0` prints the same text with and without --no-cache."""
+    run = _run_dir(tmp_path / "run", model)
+    args = ["generate", str(run), "--prompt", "Shall I", "--max-new-tokens", "12", "--temperature", "0"]
+    assert main(args) == 0
+    cached = capsys.readouterr().out
+    assert main([*args, "--no-cache"]) == 0
+    assert capsys.readouterr().out == cached

@@ -54,11 +54,46 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+def causal_mask(n_new: int, n_keys: int, device: torch.device) -> Tensor:
+    """Boolean ``(n_new, n_keys)`` mask for ``n_new`` queries that come after ``n_keys - n_new`` cached
+    tokens: query i (position ``n_keys - n_new + i``) sees keys ``0 .. n_keys - n_new + i``. SDPA's
+    ``is_causal`` aligns the mask top-left (query i sees keys ``0 .. i``), which is wrong when
+    ``n_new != n_keys``: every new query must see every cached key."""
+    return torch.ones(n_new, n_keys, dtype=torch.bool, device=device).tril(diagonal=n_keys - n_new)
+
+
+class LayerKV:
+    """The keys and values ``(B, n_kv_heads, L, head_dim)`` one attention layer has seen (generation only)."""
+
+    def __init__(self):
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new ``k, v: (B, KV, T, hd)`` after the cached ones; return all of them ``(B, KV, L + T, hd)``."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+class KVCache:
+    """Per-layer ``LayerKV`` for ``Transformer.decode``; ``len(cache)`` is the number of tokens seen."""
+
+    def __init__(self, n_layers: int):
+        self.layers = [LayerKV() for _ in range(n_layers)]
+
+    def __len__(self) -> int:
+        k = self.layers[0].k
+        return 0 if k is None else k.shape[2]
+
+
 class Attention(nn.Module):
     """Causal GQA self-attention reading an Input-Norm (its γ folds into W_q, W_k, W_v).
 
-    ``forward(x: (B, T, d_model), cos, sin) -> (B, T, d_model)``. With ``qk_norm`` each head's q and k
-    are RMS-normalized over head_dim with one Output-Norm γ per projection, before RoPE (as in Qwen3).
+    ``forward(x: (B, T, d_model), cos, sin, kv=None) -> (B, T, d_model)``; with a ``LayerKV`` (generation)
+    the new keys/values are appended to it and the T queries attend to every cached key. With ``qk_norm``
+    each head's q and k are RMS-normalized over head_dim with one Output-Norm γ per projection, before
+    RoPE (as in Qwen3).
     """
 
     def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
@@ -70,14 +105,20 @@ class Attention(nn.Module):
         self.k_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.o = Linear(q, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: "LayerKV | None" = None) -> Tensor:
         B, T, _ = x.shape
         q, k, v = self.proj(x)
         q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, hd)
         k = self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, KV, T, hd)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        gqa = self.n_kv_heads != self.n_heads
+        if kv is None:  # training and the uncached forward
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            k, v = kv.append(k, v)  # (B, KV, L, hd): every cached key, then the T new ones
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, k.shape[2], q.device),
+                                               enable_gqa=gqa)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -116,8 +157,8 @@ class Block(nn.Module):
         self.attn_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
         self.mlp_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        x = x + self.attn_out(self.attn(x, cos, sin))
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> tuple[Tensor, Tensor]:
+        x = x + self.attn_out(self.attn(x, cos, sin, kv))
         y, aux = self.mlp(x)
         return x + self.mlp_out(y), aux
 
@@ -219,6 +260,24 @@ class Transformer(nn.Module):
             return logits
         ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
         return ce, (targets != -100).sum(), aux
+
+    @torch.no_grad()
+    def decode(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Logits ``(B, T, V)`` of ``tokens (B, T)`` that follow the ``len(cache)`` tokens already in ``cache``
+        (generation with a KV cache; ``cache`` is extended in place). ``decode(x, KVCache(n_layers))``
+        gives ``forward(x)``'s logits; feeding a sequence in pieces gives the same logits as feeding it
+        whole, up to float rounding. Raises ``ValueError`` past ``max_seq_len`` positions."""
+        B, T = tokens.shape
+        start = len(cache)
+        if start + T > self.cfg.max_seq_len:
+            raise ValueError(f"{start} cached + {T} new tokens exceed model.max_seq_len={self.cfg.max_seq_len}")
+        x = self.embed(tokens)
+        cos, sin = rope_cos_sin(start + T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device,
+                                self.cfg.rope_scaling)
+        cos, sin = cos[start:], sin[start:]  # the new tokens' positions
+        for layer, kv in zip(self.layers, cache.layers):
+            x, _ = layer(x, cos, sin, kv)
+        return self.head(x)[0]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; ``non_embedding`` leaves out the embedding and the LM head (scaling fits)."""
