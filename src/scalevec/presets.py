@@ -17,6 +17,20 @@ count matches the name. CPU presets use the bytes vocabulary (256) and head_dim 
 | llama-1b     |    1792 |       22 |      28 | 4778 | 50304 | 1.028B (the paper's) |
 | llama-2b     |    2304 |       28 |      36 | 6144 | 50304 | 2.016B |
 
+The CPU ladder of the reproduction study (docs/reproduction.md) names each rung by its non-embedding
+parameters (bytes vocabulary, head_dim 16 or 32, ``d_ff = floor(8/3 · d_model)``); a budget of 20 tokens
+per parameter is 0.8M tokens at ``cpu-25k`` and 21M at ``cpu-1m``:
+
+| preset       | d_model | n_layers | n_heads | d_ff | total params | non-embedding | notes |
+|--------------|--------:|---------:|--------:|-----:|-------------:|--------------:|-------|
+| cpu-25k      |      32 |        2 |       2 |   85 |       41,056 |        24,672 | |
+| cpu-80k      |      48 |        3 |       3 |  128 |      107,856 |        83,280 | |
+| cpu-200k     |      64 |        4 |       2 |  170 |      229,440 |       196,672 | = tiny |
+| cpu-550k     |      96 |        5 |       3 |  256 |      603,168 |       554,016 | |
+| cpu-1m       |     128 |        5 |       4 |  341 |    1,049,344 |       983,808 | = small |
+| moe-cpu-60k  |      32 |        2 |       2 | 8×32, top-2 | 74,400 |   58,016 | 37,536 active |
+| moe-cpu-200k |      48 |        3 |       3 | 8×48, top-2 | 219,600 | 195,024 | 95,184 active |
+
 MoE presets (DESIGN.md §6): every block's MLP is an MoE of E SwiGLU experts of width d_expert, top-k
 routing, no shared expert; attention as in the dense family (full MHA). Counts with ``baseline``
 (``unified`` adds 1.2 % at moe-tiny, under 0.1 % at paper scale); "active" counts the parameters one
@@ -59,6 +73,14 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-0.5b": _llama(1280, 18),
     "llama-1b": _llama(1792, 22),
     "llama-2b": _llama(2304, 28),
+    # the CPU model ladder of the reproduction study (docs/reproduction.md): one knob per rung, ~×2.5-4 apart
+    "cpu-25k": _llama(32, 2, vocab=256, head_dim=16, max_seq_len=256),
+    "cpu-80k": _llama(48, 3, vocab=256, head_dim=16, max_seq_len=256),
+    "cpu-200k": _llama(64, 4, vocab=256, head_dim=32, max_seq_len=256),
+    "cpu-550k": _llama(96, 5, vocab=256, head_dim=32, max_seq_len=256),
+    "cpu-1m": _llama(128, 5, vocab=256, head_dim=32, max_seq_len=256),
+    "moe-cpu-60k": _moe(_llama(32, 2, vocab=256, head_dim=16, max_seq_len=256), 8, 2, 32),
+    "moe-cpu-200k": _moe(_llama(48, 3, vocab=256, head_dim=16, max_seq_len=256), 8, 2, 48),
     "moe-tiny": _moe(_llama(64, 4, vocab=256, head_dim=32, max_seq_len=256), 8, 2, 64),
     "moe-small": _moe(_llama(128, 5, vocab=256, head_dim=32, max_seq_len=512), 8, 2, 128),
     "moe-0.5b": _moe(_llama(768, 12), 32, 4, 448),
