@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset
-from scalevec import optim
+from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset, optim
 from scalevec.config import OptimConfig
 from scalevec.moe import MoE, load_balancing_loss, route, router_z_loss
 from scalevec.params import SCALE_ROLES

@@ -7,9 +7,17 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model
-from scalevec.config import OptimConfig, PRESET_NAMES
-from scalevec.optim import (Group, Muon, adamw_fused, build_optimizers, group_table, param_groups, set_lr,
-                            zeropower_via_newtonschulz)
+from scalevec.config import PRESET_NAMES, OptimConfig
+from scalevec.optim import (
+    Group,
+    Muon,
+    adamw_fused,
+    build_optimizers,
+    group_table,
+    param_groups,
+    set_lr,
+    zeropower_via_newtonschulz,
+)
 
 
 @pytest.fixture

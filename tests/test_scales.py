@@ -7,8 +7,16 @@ import torch
 from torch import nn
 
 from scalevec import ScaleConfig
-from scalevec.scales import (NormLinear, OutputNorm, ScaleVector, init_params, new_param, param_roles, rms_norm,
-                             scale_vectors)
+from scalevec.scales import (
+    NormLinear,
+    OutputNorm,
+    ScaleVector,
+    init_params,
+    new_param,
+    param_roles,
+    rms_norm,
+    scale_vectors,
+)
 from scalevec.theory.magdir import make as make_scale_vector
 from scalevec.theory.magdir import perturb, preconditioner, predicted, spectrum
 

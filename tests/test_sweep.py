@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.params import count_params
 from scalevec.model import build_model
+from scalevec.params import count_params
 from scalevec.presets import get_preset
 from scalevec.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
 

@@ -164,7 +164,8 @@ class Muon(torch.optim.Optimizer):
         return loss
 
 
-def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig, roles: dict[str, str] | None = None) -> list[Group]:
+def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig,
+                 roles: dict[str, str] | None = None) -> list[Group]:
     """One group per role (and optimizer); asserts every parameter lands in exactly one group."""
     roles = roles if roles is not None else model.param_roles()
     named = dict(model.named_parameters())
@@ -180,7 +181,8 @@ def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig, roles: d
         groups.append(Group(role, "muon" if muon else "adamw", lr, role_weight_decay(role, cfg, scfg), names,
                             [named[n] for n in names]))
     covered = [n for g in groups for n in g.names]
-    assert sorted(covered) == sorted(named) and len(covered) == len(set(covered)), "a parameter is not in exactly one group"
+    assert sorted(covered) == sorted(named) and len(covered) == len(set(covered)), \
+        "a parameter is not in exactly one group"
     return groups
 
 
