@@ -329,6 +329,7 @@ class TrainConfig:
     # in chunks of this many tokens (0: off). Both off: the plain path, bitwise.
     activation_checkpointing: str = "none"
     loss_chunk_tokens: int = 0
+    tracker: str = "none"  # none | tensorboard | wandb: mirrors metrics.jsonl (tracking.py; optional packages)
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
@@ -348,6 +349,8 @@ class TrainConfig:
             raise ValueError(f"train.dtype={self.dtype!r} is unknown; use auto, float32 or bfloat16")
         if self.dist not in ("none", "ddp", "fsdp2"):
             raise ValueError(f"train.dist={self.dist!r} is unknown; use none, ddp or fsdp2")
+        if self.tracker not in ("none", "tensorboard", "wandb"):
+            raise ValueError(f"train.tracker={self.tracker!r} is unknown; use none, tensorboard or wandb")
         from .autocompile import normalize
 
         self.compile = normalize(self.compile)  # older runs stored a YAML boolean

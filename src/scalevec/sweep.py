@@ -349,7 +349,7 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code."""
     cfg_path = runs_dir / f"{run.name}.yaml"
     write_atomic(cfg_path, yaml.safe_dump(to_dict(run.cfg), sort_keys=False))
-    cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name), "--quiet"]
+    cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]  # not --quiet: the log holds its output
     cmd += {"resume": ["--resume"], "restart": ["--overwrite"]}.get(status, [])
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads))
@@ -359,6 +359,20 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
         log.write(f"[exit {rc}]\n")
         return rc
+
+
+def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
+    """A started ``progress.GridProgress`` over the runs to train: each run's step and loss from its
+    metrics.jsonl, an ETA for the grid weighted by 6·N·D (one refreshing line on a TTY, else a plain
+    line every minute)."""
+    from .progress import GridProgress
+
+    items = []
+    for run, _ in todo:
+        tokens = run_tokens(run.cfg)
+        items.append((run.name, runs_dir / run.name, tokens // (run.cfg.train.batch_size * run.cfg.train.seq_len),
+                      6.0 * run_params(run.cfg) * tokens))
+    return GridProgress(items).start()
 
 
 def _final_loss(run_dir: Path) -> str:
@@ -397,7 +411,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     Everything is validated before anything is written. Returns 0 when every run finished, 1 when a run
     failed (the others still run; rerun the same command to retry). Raises ``ValueError`` for an invalid
     spec, a config mismatch with an existing run, or ``jobs < 1``. ``train_cmd`` (default: the spec's
-    ``command``, else ``python -m scalevec train``) gets ``--config FILE --out DIR --quiet`` appended.
+    ``command``, else ``python -m scalevec train``) gets ``--config FILE --out DIR`` appended; its output
+    goes to ``OUT/runs/NAME.log``, and unless ``quiet`` a live status (``live_progress``) shows on stdout.
     """
     train_cmd = tuple(train_cmd or spec.command or DEFAULT_TRAIN_CMD)
     if jobs < 1:
@@ -423,11 +438,17 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         f"{len(todo)} to train ({jobs} at a time) in {runs_dir}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     failed: list[str] = []
+    progress = None if quiet else live_progress(todo, runs_dir)
+    say = progress.say if progress else say
 
     def one(item: tuple[int, tuple[Run, str]]) -> None:
         i, (run, status) = item
         t0 = time.perf_counter()
+        if progress:
+            progress.started(run.name, resumed=status == "resume")
         rc = train_one(run, runs_dir, status, tuple(train_cmd), threads)
+        if progress:
+            progress.finished(run.name)
         head = f"[{i + 1}/{len(todo)}] {run.name}:"
         if rc == 0 and (runs_dir / run.name / "DONE").exists():
             say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
@@ -445,6 +466,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()
+    if progress:
+        progress.stop()
     if report:
         from .report import write_report
 

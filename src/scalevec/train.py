@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model
 
-from . import __version__, autocompile, distributed
+from . import __version__, autocompile, distributed, tracking
 from .checkpoint import CKPT_DIR, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import (RunConfig, ScaleConfig, apply_overrides, checkpoint_blocks, from_dict, load_yaml, save_yaml,
                      to_dict)
@@ -98,7 +98,7 @@ def make_config(preset: str = "small", strategy: str = "baseline", overrides: li
 
 # How a run executes, not what it computes: these may change when a run is resumed (DESIGN.md §8: the
 # same global batch gives the same losses on 1 or N processes, with or without compile).
-EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile")
+EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile", "train.tracker")
 
 
 def config_diff(a: RunConfig, b: RunConfig) -> list[str]:
@@ -257,6 +257,7 @@ class Trainer:
         self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
         self.steps = total_steps(cfg)
         check_out_dir(self.out, resume, overwrite)
+        tracking.check(cfg.train.tracker)  # a missing optional package fails before anything is written
 
         if (cfg.train.sharpness_every or cfg.train.probe_every) and cfg.train.dist == "fsdp2":
             # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
@@ -350,6 +351,21 @@ class Trainer:
         if self.write:
             with open(self.out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
+            self.track(row)
+
+    def track(self, row: dict) -> None:
+        """Forward a metrics row to ``train.tracker`` (tracking.py), opened at the first row (rank 0 only)."""
+        if self.cfg.train.tracker == "none":
+            return
+        if getattr(self, "tracker", None) is None:
+            self.tracker = tracking.open_tracker(self.cfg.train.tracker, self.out, to_dict(self.cfg),
+                                                 start_step=int(row.get("step", 0)))
+        self.tracker.log(row)
+
+    def close_tracker(self) -> None:
+        if getattr(self, "tracker", None) is not None:
+            self.tracker.close()
+            self.tracker = None
 
     def say(self, msg: str) -> None:
         if self.write and not self.quiet:
@@ -554,6 +570,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
     try:
         return trainer.fit(stop_at=stop_at)
     finally:
+        trainer.close_tracker()
         distributed.teardown(trainer.dist)
 
 
@@ -565,7 +582,7 @@ FLAG_FIELDS = {  # --flag -> config field
     "micro_batch_size": "train.micro_batch_size", "seq_len": "train.seq_len", "seed": "train.seed",
     "data": "data.source", "tokenizer": "data.tokenizer", "device": "train.device", "dtype": "train.dtype",
     "dist": "train.dist", "probe_every": "train.probe_every", "sharpness_every": "train.sharpness_every",
-    "eval_every": "train.eval_every",
+    "eval_every": "train.eval_every", "tracker": "train.tracker",
 }
 
 
@@ -591,6 +608,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="run directory (default runs/<preset>-<strategy>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
+                   help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.d_model=256")
 
@@ -621,10 +640,10 @@ def config_from_args(args) -> RunConfig:
 def run(args) -> int:
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
         cfg = load_run_config(args.out)
-        execution = {"dist": "train.dist", "device": "train.device"}
+        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker"}
         if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
-            raise ValueError("--resume continues the stored config; drop the other options except --dist, --device "
-                             "and --compile (or start a new --out)")
+            raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
+                             "--tracker and --compile (or start a new --out)")
         cfg = apply_overrides(cfg, [f"{key}={getattr(args, n)}" for n, key in execution.items()
                                     if getattr(args, n, None) is not None]
                             + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))

@@ -1,0 +1,199 @@
+"""Live progress of a sweep or comparison: which runs train, their step and loss, an ETA for the grid (issue 14).
+
+``GridProgress`` watches the ``metrics.jsonl`` of the runs it is told have started (the trainer appends
+a row every ``train.log_every`` steps), so it needs nothing from the trainer processes but their run
+directories. On a terminal it redraws one line every second::
+
+    [2/6 done] unified_s0 step 120/400 loss 2.3456 | none_s1 step 80/400 loss 2.5012 | 41% · ETA 6m10s
+
+Elsewhere (a log file, CI) it prints the same text as a plain line every ``interval`` seconds (60 by
+default, ``SCALEVEC_PROGRESS_EVERY`` to change it), and messages go through ``say`` so that they never
+collide with the status line.
+
+The ETA weights each run by its training FLOPs (6 · params · tokens, as ``sweep --dry-run``) and
+extrapolates the work done *in this session* (a resumed run counts from the step it resumed at):
+``ETA = elapsed × remaining work / work done so far``. It is ``?`` until the first logged step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+TAIL_BYTES = 1 << 18  # the last rows of metrics.jsonl are in its last 256 kB (a row of a big model is ~20 kB)
+
+
+def last_train_row(run_dir: str | Path) -> dict | None:
+    """The last complete ``kind: train`` row of ``run_dir/metrics.jsonl`` (read from its tail), or None."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.split("\n")):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # empty, cut off by the tail window, or being written
+        if isinstance(row, dict) and row.get("kind") == "train":
+            return row
+    return None
+
+
+def format_seconds(s: float) -> str:
+    """``42s``, ``6m10s``, ``2h05m``."""
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+@dataclass
+class _Run:
+    name: str
+    run_dir: Path
+    steps: int
+    weight: float
+    state: str = "waiting"  # waiting | running | finished
+    start_frac: float = 0.0
+    step: int = 0
+    loss: float | None = None
+    not_before: float = 0.0  # wall time: metrics.jsonl older than this is a previous attempt's (restart)
+
+    @property
+    def frac(self) -> float:
+        return 1.0 if self.state == "finished" else min(1.0, self.step / self.steps) if self.steps else 0.0
+
+
+class GridProgress:
+    """Progress of runs ``(name, run_dir, total steps, weight)``; see the module docstring.
+
+    ``started(name)`` / ``finished(name)`` are called by the sweep around each trainer; ``start()``
+    begins the background redraw, ``stop()`` ends it. ``stream`` defaults to stdout; ``tty`` to
+    ``stream.isatty()``; ``clock`` is for tests.
+    """
+
+    def __init__(self, runs: list[tuple[str, Path, int, float]], stream: TextIO | None = None,
+                 tty: bool | None = None, interval: float | None = None, clock=time.monotonic):
+        self.runs = {name: _Run(name, Path(d), int(steps), float(weight)) for name, d, steps, weight in runs}
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval = 1.0 if self.tty else float(interval or os.environ.get("SCALEVEC_PROGRESS_EVERY") or 60)
+        self.clock, self.t0 = clock, clock()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shown = False  # a status line is on screen (TTY)
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    def _refresh(self, run: _Run) -> None:
+        try:
+            if (run.run_dir / "metrics.jsonl").stat().st_mtime < run.not_before:
+                return
+        except OSError:
+            return
+        row = last_train_row(run.run_dir)
+        if row is not None:
+            run.step, run.loss = int(row.get("step", 0)) + 1, row.get("loss")  # train rows count the step taken
+
+    def started(self, name: str, resumed: bool = False) -> None:
+        """Run ``name`` begins; ``resumed``: it continues from a checkpoint (its steps so far are not this session's)."""
+        with self._lock:
+            run = self.runs[name]
+            if resumed:
+                self._refresh(run)
+            else:  # a new or restarted run: rows left by an earlier attempt are not its progress
+                run.not_before, run.step, run.loss = time.time() - 1.0, 0, None
+            run.state, run.start_frac = "running", run.frac
+
+    def finished(self, name: str) -> None:
+        with self._lock:
+            self.runs[name].state = "finished"
+
+    def eta(self) -> tuple[float, float | None]:
+        """``(fraction of the grid's work done, seconds left or None while unknown)``."""
+        total = sum(r.weight for r in self.runs.values()) or 1.0
+        done = sum(r.weight * r.frac for r in self.runs.values())
+        session = sum(r.weight * max(0.0, r.frac - r.start_frac) for r in self.runs.values() if r.state != "waiting")
+        elapsed = self.clock() - self.t0
+        left = elapsed * (total - done) / session if session > 0 else None
+        return done / total, left
+
+    def line(self) -> str:
+        """The status text: runs finished, each running run's step and loss, % of the grid and the ETA."""
+        with self._lock:
+            for r in self.runs.values():
+                if r.state == "running":
+                    self._refresh(r)
+            n_done = sum(r.state == "finished" for r in self.runs.values())
+            parts = [f"[{n_done}/{len(self.runs)} done]"]
+            running = [r for r in self.runs.values() if r.state == "running"]
+            parts.append(" | ".join(f"{r.name} step {r.step}/{r.steps}" + (f" loss {r.loss:.4f}" if r.loss is not None else "")
+                                    for r in running) or "starting")
+            frac, left = self.eta()
+        return f"{' '.join(parts)} | {frac:.0%} · ETA {format_seconds(left) if left is not None else '?'}"
+
+    # -- output --------------------------------------------------------------------------------------
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed pipe must not kill the sweep
+            pass
+
+    def _clear(self) -> None:
+        if self.tty and self._shown:
+            self._write("\r\033[K")
+            self._shown = False
+
+    def show(self) -> None:
+        """Draw the status once: redraw the line on a TTY, else print it as a plain line."""
+        text = self.line()
+        with self._lock:
+            if self.tty:
+                width = shutil.get_terminal_size((120, 20)).columns - 1
+                self._write("\r\033[K" + (text if len(text) <= width else text[:width - 1] + "…"))
+                self._shown = True
+            else:
+                self._write(f"progress {text}\n")
+
+    def say(self, *args) -> None:
+        """Print a message line (in place of the status line on a TTY; it is redrawn at the next tick)."""
+        with self._lock:
+            self._clear()
+            self._write(" ".join(str(a) for a in args) + "\n")
+
+    def start(self) -> "GridProgress":
+        def loop():
+            while not self._stop.wait(self.interval):
+                self.show()
+
+        self._thread = threading.Thread(target=loop, name="scalevec-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        with self._lock:
+            self._clear()
+
+
+__all__ = ["GridProgress", "format_seconds", "last_train_row"]

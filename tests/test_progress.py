@@ -1,0 +1,97 @@
+"""Live sweep progress (issue 14): step and loss from metrics.jsonl, a FLOP-weighted ETA, run logs with output."""
+
+import io
+import json
+import os
+
+import pytest
+
+from scalevec.progress import GridProgress, format_seconds, last_train_row
+from scalevec.sweep import run_sweep, spec_from_dict
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def write_rows(run_dir, rows, tail=""):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def test_last_train_row_skips_eval_rows_and_a_cut_off_line(tmp_path):
+    """The last complete train row wins; an eval row after it and a half-written line are ignored."""
+    write_rows(tmp_path / "r", [{"kind": "train", "step": 3, "loss": 2.0}, {"kind": "train", "step": 4, "loss": 1.5},
+                                {"kind": "eval", "step": 5, "val_loss": 1.7}], tail='{"kind": "train", "st')
+    assert last_train_row(tmp_path / "r") == {"kind": "train", "step": 4, "loss": 1.5}
+    assert last_train_row(tmp_path / "missing") is None
+
+
+def test_eta_extrapolates_this_sessions_weighted_work(tmp_path):
+    """Runs of weight 1 and 3: run a at step 50/100 after 10 s has done 1/8 of the grid, so 70 s are left;
+    a resumed run b counts only the steps it took in this session."""
+    clock = Clock()
+    p = GridProgress([("a", tmp_path / "a", 100, 1.0), ("b", tmp_path / "b", 100, 3.0)],
+                     stream=io.StringIO(), tty=False, clock=clock)
+    assert p.eta() == (0.0, None) and p.line().endswith("0% · ETA ?")
+    p.started("a")
+    write_rows(tmp_path / "a", [{"kind": "train", "step": 49, "loss": 2.0}])  # 50 steps taken
+    clock.t += 10
+    assert "a step 50/100 loss 2.0000" in p.line()
+    assert p.eta() == (0.125, 70.0) and p.line().endswith("12% · ETA 1m10s")
+    write_rows(tmp_path / "b", [{"kind": "train", "step": 49, "loss": 3.0}])  # b resumes at 50 %
+    p.finished("a")
+    p.started("b", resumed=True)
+    frac, left = p.eta()  # done: a (1) + 3 * 0.5 of 4; this session: all of a (1), none of b yet
+    assert frac == 2.5 / 4 and left == 10 * 1.5 / 1.0
+    write_rows(tmp_path / "b", [{"kind": "train", "step": 74, "loss": 2.5}])
+    clock.t += 10
+    assert p.line().startswith("[1/2 done] b step 75/100 loss 2.5000")
+    assert p.eta() == (3.25 / 4, 20 * 0.75 / (1.0 + 0.75))
+
+
+def test_restarted_run_ignores_rows_of_the_earlier_attempt(tmp_path):
+    """A run started afresh shows step 0 while metrics.jsonl still holds the rows of a failed attempt."""
+    write_rows(tmp_path / "a", [{"kind": "train", "step": 80, "loss": 9.0}])
+    old = os.path.getmtime(tmp_path / "a" / "metrics.jsonl") - 60
+    os.utime(tmp_path / "a" / "metrics.jsonl", (old, old))
+    p = GridProgress([("a", tmp_path / "a", 100, 1.0)], stream=io.StringIO(), tty=False, clock=Clock())
+    p.started("a")
+    assert "a step 0/100" in p.line() and "9.0" not in p.line()
+
+
+def test_tty_redraws_one_line_and_messages_clear_it(tmp_path):
+    """On a TTY the status is redrawn in place (\\r) and a message first erases it; otherwise plain lines."""
+    out = io.StringIO()
+    p = GridProgress([("a", tmp_path / "a", 10, 1.0)], stream=out, tty=True, clock=Clock())
+    p.show()
+    p.show()
+    p.say("[1/1] a: val_loss 1.0")
+    assert out.getvalue().count("\r\033[K") == 3 and out.getvalue().endswith("\r\033[K[1/1] a: val_loss 1.0\n")
+    plain = io.StringIO()
+    q = GridProgress([("a", tmp_path / "a", 10, 1.0)], stream=plain, tty=False, clock=Clock())
+    q.show()
+    assert plain.getvalue() == "progress [0/1 done] starting | 0% · ETA ?\n"
+    assert format_seconds(42) == "42s" and format_seconds(370) == "6m10s" and format_seconds(7500) == "2h05m"
+
+
+@pytest.mark.slow  # a real trainer subprocess: about 8 s
+def test_sweep_prints_progress_and_the_log_holds_the_trainers_output(tmp_path, capsys, monkeypatch):
+    """A real (tiny) sweep run: periodic progress lines on stdout; OUT/runs/NAME.log holds the step lines."""
+    monkeypatch.setenv("SCALEVEC_PROGRESS_EVERY", "0.2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec = spec_from_dict({"base": {"preset": "tiny", "data.val_tokens": 1024, "data.cache_dir": str(tmp_path / "cache"),
+                                    "train": {"steps": 20, "batch_size": 2, "seq_len": 16, "eval_every": 20,
+                                              "log_every": 1}},
+                           "grid": {"strategy": ["baseline"]}})
+    assert run_sweep(spec, tmp_path / "out", report=False) == 0
+    out = capsys.readouterr().out
+    progress = [ln for ln in out.splitlines() if ln.startswith("progress [")]
+    assert progress and "ETA" in progress[-1]
+    assert "[1/1] baseline: val_loss" in out
+    log = (tmp_path / "out" / "runs" / "baseline.log").read_text()
+    assert "--quiet" not in log and "step      0 loss" in log and "done: val_loss" in log
