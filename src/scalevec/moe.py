@@ -25,7 +25,8 @@ does not change this module.
 
 Routing (Mixtral convention): softmax over all experts, top-k, the k weights renormalized to sum to 1.
 Dispatch is dropless: the (token, slot) assignments are sorted by expert, each expert runs once on its
-contiguous segment (cost ∝ tokens·k), and the weighted outputs are scatter-added back. The auxiliary loss
+contiguous segment (cost ∝ tokens·k; the segment ends stay on the device, ``grouped_linear_offsets``),
+and the weighted outputs are scatter-added back. The auxiliary loss
 is ``lb_coef · E Σ_i f_i P_i + z_loss_coef · mean(logsumexp(logits)²)``.
 
 This module builds no Transformer (``model.py`` puts an ``MoE`` in a block) and no optimizer.
@@ -54,6 +55,16 @@ def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
     return probs, idx, top / top.sum(dim=-1, keepdim=True)
 
 
+def expert_counts(idx: Tensor, n_experts: int) -> Tensor:
+    """Assignments per expert, ``(n_experts,)`` int64, of the expert ids in ``idx`` (any shape).
+
+    ``bincount(minlength=E)`` counts the same, but its output length depends on the largest id (the data),
+    which ``torch.compile`` cannot trace without a graph break; ``scatter_add_`` into E zeros has a
+    static shape and reads nothing back to the host."""
+    flat = idx.flatten()
+    return flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def load_balancing_loss(probs: Tensor, idx: Tensor) -> Tensor:
     """Switch-style load-balancing loss ``E · Σ_i f_i P_i`` (DESIGN.md §6), a float scalar.
 
@@ -63,7 +74,7 @@ def load_balancing_loss(probs: Tensor, idx: Tensor) -> Tensor:
     puts all its probability on one expert and goes there.
     """
     n_experts = probs.shape[-1]
-    f = torch.bincount(idx.flatten(), minlength=n_experts).to(probs.dtype) / idx.numel()  # (E,)
+    f = expert_counts(idx, n_experts).to(probs.dtype) / idx.numel()  # (E,)
     return n_experts * (f * probs.mean(dim=0)).sum()
 
 
@@ -75,8 +86,36 @@ def router_z_loss(logits: Tensor) -> Tensor:
 def grouped_linear(x: Tensor, weight: Tensor, counts: list[int]) -> Tensor:
     """Each expert's rows times its matrix: ``x: (M, d_in)`` holds ``counts[e]`` contiguous rows for expert
     e (in expert order), ``weight: (E, d_out, d_in)`` -> ``(M, d_out)``. Cost ∝ M, not M·E; an expert with
-    no rows costs nothing and gets a zero gradient."""
+    no rows costs nothing and gets a zero gradient. The reference form of ``grouped_linear_offsets``
+    (``counts`` are host integers: on a GPU, reading them is a device-to-host sync)."""
     return torch.cat([F.linear(xe, we) for xe, we in zip(x.split(counts), weight)])
+
+
+def grouped_linear_offsets(x: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
+    """``grouped_linear`` with the segment ends on the device: ``offsets: (E,) int32``, ``offsets[e]`` the end
+    of expert e's rows (``cumsum`` of the counts), so that nothing is read back to the host in the step.
+
+    Runs ``torch.nn.functional.grouped_mm`` (public in recent torch, 2.13 here) where it has a kernel for
+    the inputs: on CPU (fp32, and bf16 under CPU autocast; there it multiplies segment by segment, the same
+    numbers as ``grouped_linear`` to the bit, tests/test_moe_dispatch.py) and on CUDA for bf16 (one grouped
+    GEMM). Elsewhere (fp32 on CUDA or under ``torch.compile``, whose tracing of grouped_mm accepts bf16
+    only; an older torch; float64; d_in / d_out rows not a multiple of 16 bytes, which grouped_mm requires)
+    it falls back to ``grouped_linear`` on host counts: a host sync and, under compile, a graph break.
+    Under autocast the matmul runs in the autocast dtype, as ``F.linear`` would.
+    """
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    grouped = getattr(F, "grouped_mm", None)
+    size = dtype.itemsize
+    aligned = (x.shape[-1] * size) % 16 == 0 and (weight.shape[-2] * size) % 16 == 0  # grouped_mm's stride rule
+    # grouped_mm's compile-time (meta) kernel accepts bf16 only, and CUDA has a kernel for bf16 only
+    bf16_only = device == "cuda" or torch.compiler.is_compiling()
+    supported = dtype == torch.bfloat16 or (dtype in (torch.float32, torch.float16) and not bf16_only)
+    if grouped is None or not aligned or not supported or device not in ("cpu", "cuda"):
+        counts = torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist()
+        return grouped_linear(x, weight, counts)
+    with torch.autocast(device, enabled=False):
+        return grouped(x.to(dtype), weight.to(dtype).transpose(-2, -1), offs=offsets)
 
 
 # ------------------------------------------------------------------------------------ modules
@@ -154,12 +193,13 @@ class Experts(nn.Module):
         flat = idx.flatten()  # (N·k,) expert of each (token, slot), token-major
         order = flat.argsort(stable=True)  # assignments grouped by expert
         expert, token = flat[order], order // k  # (N·k,) each
-        counts = torch.bincount(flat, minlength=self.n_experts).tolist()
+        # segment ends on the device (no host sync, no graph break under compile)
+        offsets = expert_counts(flat, self.n_experts).cumsum(0).to(torch.int32)
         x = u[token]  # (N·k, d)
-        g = grouped_linear(x, self.gate.folded_weight(shared).to(x.dtype), counts)  # (N·k, d_expert)
-        v = grouped_linear(x, self.up.folded_weight(shared).to(x.dtype), counts)
+        g = grouped_linear_offsets(x, self.gate.folded_weight(shared).to(x.dtype), offsets)  # (N·k, d_expert)
+        v = grouped_linear_offsets(x, self.up.folded_weight(shared).to(x.dtype), offsets)
         h = F.silu(self.gate.finish(g, expert, self.eps)) * self.up.finish(v, expert, self.eps)
-        y = grouped_linear(h, self.down.weight.to(h.dtype), counts)  # (N·k, d)
+        y = grouped_linear_offsets(h, self.down.weight.to(h.dtype), offsets)  # (N·k, d)
         y = y * weights.flatten()[order].unsqueeze(-1).to(y.dtype)
         return y.new_zeros(u.shape).index_add(0, token, y)  # (N, d)
 
@@ -226,7 +266,7 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def _record(self, probs: Tensor, idx: Tensor, lb: Tensor, z: Tensor) -> None:
-        counts = torch.bincount(idx.flatten(), minlength=self.n_experts)
+        counts = expert_counts(idx, self.n_experts)
         self.last_stats = {
             "load": counts.float() / idx.numel(),
             "tokens_per_expert": counts,
@@ -259,5 +299,5 @@ class MoE(nn.Module):
         return per_expert // self.n_experts * (self.n_experts - self.top_k)
 
 
-__all__ = ["route", "load_balancing_loss", "router_z_loss", "grouped_linear", "ExpertProj", "Experts",
+__all__ = ["route", "expert_counts", "load_balancing_loss", "router_z_loss", "grouped_linear", "grouped_linear_offsets", "ExpertProj", "Experts",
            "SharedExperts", "MoE"]
