@@ -113,3 +113,26 @@ def test_resume_is_exact_under_compile(tmp_path):
     a, b = [r["loss"] for r in rows(straight)], [r["loss"] for r in rows(split)]
     assert len(a) == 8 and a == b
     assert [r["val_loss"] for r in rows(straight, "eval")] == [r["val_loss"] for r in rows(split, "eval")]
+
+
+def test_bench_quiet_profiler_mfu_and_dense_twin(capfd):
+    """``bench``: no ``USDT ... profiler_start`` lines from the memory pass (printed on fd 2 by kineto), an
+    in-process matmul peak, MFU = achieved / peak per candidate, CPU-time ratios, and the ``dense-active``
+    twin of an MoE preset doing the FLOPs of its active parameters (the router's aside)."""
+    from scalevec.bench import bench, dense_active
+
+    r = bench("moe-tiny", "baseline,dense-active", batch_size=2, seq_len=16, steps=1, warmup=1, inference=False,
+              threads=1)
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_start" not in err
+    assert r["peak_tflops"] > 0 and r["peak_source"].startswith("measured")
+    base, dense = r["train"]
+    for row in r["train"]:
+        assert row["mfu"] == pytest.approx(row["tflops"] / r["peak_tflops"])
+        assert row["cpu_ratio"] > 0 and row["mem_peak_bytes"] > 0
+    cfg = get_preset("moe-tiny")
+    twin = dense_active(cfg)
+    assert twin.moe is None and twin.d_ff == cfg.moe.d_expert * cfg.moe.top_k
+    router = cfg.n_layers * cfg.d_model * cfg.moe.n_experts
+    assert matmul_params_per_token(cfg) - matmul_params_per_token(twin) == router
+    assert dense["flops_per_token"] == flops_per_token(twin, 16) and base["flops_per_token"] == flops_per_token(cfg, 16)

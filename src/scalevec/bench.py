@@ -54,6 +54,7 @@ from .optim import build_optimizers, param_groups
 from .presets import PRESETS, get_preset
 
 HF = "hf-llama"
+DENSE = "dense-active"  # an MoE preset's dense twin with the same active matmul parameters (less the router)
 FOLDABLE_STEP_TARGET, UNFOLDABLE_STEP_TARGET, MEMORY_TARGET, HF_TARGET, FOLDED_FORWARD_TARGET = 1.02, 1.05, 1.01, 1.0, 1.01
 DEFAULT_STRATEGIES = "baseline,hg,dp,or,er,iwd,unified_foldable,unified,hf-llama"
 GPU_STRATEGIES = "baseline,unified,unified_foldable,hf-llama"  # the issue's GPU set: few compilations
@@ -85,9 +86,9 @@ def parse_candidates(spec: str) -> list[str]:
         raise ValueError("--strategies is empty; give a comma-separated list, e.g. --strategies baseline,unified")
     for n in names:
         base, _, apply = n.partition(":")
-        if n != HF and (base not in PRESET_NAMES or apply not in ("", "weight", "activation")):
-            raise ValueError(f"unknown candidate {n!r} in --strategies; use {HF}, a strategy ({', '.join(PRESET_NAMES)}) "
-                             f"or STRATEGY:activation / STRATEGY:weight")
+        if n not in (HF, DENSE) and (base not in PRESET_NAMES or apply not in ("", "weight", "activation")):
+            raise ValueError(f"unknown candidate {n!r} in --strategies; use {HF}, {DENSE} (MoE presets), a strategy "
+                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:activation / STRATEGY:weight")
     if len(set(names)) != len(names):
         raise ValueError(f"--strategies lists a candidate twice: {spec}; list each once")
     return names
@@ -97,6 +98,16 @@ def strategy_config(name: str) -> ScaleConfig:
     base, _, apply = name.partition(":")
     scfg = ScaleConfig.preset(base)
     return dataclasses.replace(scfg, apply=apply) if apply else scfg
+
+
+def dense_active(cfg: ModelConfig) -> ModelConfig:
+    """The dense twin of MoE config ``cfg``: every MoE MLP becomes a SwiGLU of width ``d_expert · (top_k +
+    n_shared_experts)``, the matmul width one token uses, so both do the same matmul FLOPs per token but the
+    router's (``flops.matmul_params_per_token``). Raises ``ValueError`` for a dense ``cfg``."""
+    if cfg.moe is None:
+        raise ValueError(f"{DENSE} compares an MoE preset with its dense twin; use it with a moe-* --preset")
+    m = cfg.moe
+    return dataclasses.replace(cfg, moe=None, d_ff=m.d_expert * (m.top_k + m.n_shared_experts))
 
 
 def hf_llama(cfg: ModelConfig, init_from: Transformer | None):
@@ -158,7 +169,8 @@ def make_candidate(name: str, cfg: ModelConfig, x: Tensor, y: Tensor, device: to
             return model(input_ids=x, use_cache=False).logits
 
     else:
-        model = build_model(cfg, strategy_config(name), seed=seed, device=device)
+        mcfg = dense_active(cfg) if name == DENSE else cfg
+        model = build_model(mcfg, strategy_config("baseline" if name == DENSE else name), seed=seed, device=device)
         optimizers = build_optimizers(param_groups(model, ocfg, model.scfg), ocfg)
         layers = model.layers
 
@@ -251,13 +263,17 @@ def quantiles(xs: list[float]) -> tuple[float, float, float]:
 
 
 def interleave(cands: list[Candidate], fn: Callable[[Candidate], Callable[[], object]], rounds: int,
-               device: torch.device) -> dict[str, list[float]]:
-    """Time ``fn(c)`` for every candidate, ``rounds`` times, rotating the order each round (A B C, B C A, ...)."""
+               device: torch.device, cpu_times: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Time ``fn(c)`` for every candidate, ``rounds`` times, rotating the order each round (A B C, B C A, ...).
+    If ``cpu_times`` is given, each call's process CPU seconds (``time.process_time``) are appended to it too."""
     times: dict[str, list[float]] = {c.name: [] for c in cands}
     for r in range(rounds):
         k = r % len(cands)
         for c in cands[k:] + cands[:k]:
+            c0 = time.process_time()
             times[c.name].append(timed(fn(c), device))
+            if cpu_times is not None:
+                cpu_times.setdefault(c.name, []).append(time.process_time() - c0)
     return times
 
 
@@ -349,7 +365,11 @@ def bench(preset: str = "small", strategies: str | None = None, batch_size: int 
         sync(dev)
         say(f"  warm-up {c.name}: loss at init {c.loss_init:.5f}, {time.perf_counter() - t0:.1f}s")
     say(f"timing {steps} interleaved rounds of training steps")
-    train = summarize(interleave(cands, lambda c: c.step, steps, dev), names[0], tokens)
+    cpu: dict[str, list[float]] = {}
+    train = summarize(interleave(cands, lambda c: c.step, steps, dev, cpu), names[0], tokens)
+    for name, row in summarize(cpu, names[0], tokens).items():  # CPU time: what load from other processes spares
+        train[name].update({"cpu_median_s": row["median_s"], "cpu_ratio": row["ratio"],
+                            "cpu_ratio_q25": row["ratio_q25"], "cpu_ratio_q75": row["ratio_q75"]})
 
     mem = {}
     if memory:
@@ -371,7 +391,8 @@ def bench(preset: str = "small", strategies: str | None = None, batch_size: int 
     for c in cands:
         t = train[c.name]
         row = {"name": c.name, "params": c.params, "loss_init": c.loss_init, **{k: v for k, v in t.items()}}
-        row["tflops"] = fpt * t["tokens_per_s"] / 1e12
+        row["flops_per_token"] = flops_per_token(dense_active(cfg), seq_len) if c.name == DENSE else fpt
+        row["tflops"] = row["flops_per_token"] * t["tokens_per_s"] / 1e12
         row["mfu"] = row["tflops"] / pk
         row["mfu_spec"] = row["tflops"] * 1e12 / spec if spec else None
         if memory:
@@ -478,11 +499,12 @@ def format_report(r: dict) -> str:
         + (f", and against the GPU's dense bf16 spec {r['spec_peak_tflops']:.0f} TFLOP/s" if r.get("spec_peak_tflops") else ""),
         "",
         "Training step (forward + backward + clip + AdamW). Ratio: paired, round by round, vs the first candidate; "
-        "median [IQR].",
+        "median [IQR]. CPU time: the same ratio of process CPU seconds (time.process_time), which waiting for a "
+        "core taken by another process does not inflate.",
         "",
         "| candidate | params | loss at init | step ms, median [IQR] | tokens/s | "
-        + "TFLOP/s | MFU | " + f"step vs {ref} | peak MiB | memory vs {ref} | target |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        + "TFLOP/s | MFU | " + f"step vs {ref} | CPU time vs {ref} | peak MiB | memory vs {ref} | target |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for t in r["train"]:
         flops = f"{t['tflops']:.3f} | {t['mfu']:.1%}" + (f" ({t['mfu_spec']:.1%} of spec)" if t.get("mfu_spec") else "")
@@ -493,6 +515,7 @@ def format_report(r: dict) -> str:
             f"| {t['name']} | {t['params']:,} | {t['loss_init']:.5f} | {1e3 * t['median_s']:.1f} "
             f"[{1e3 * t['q25_s']:.1f}, {1e3 * t['q75_s']:.1f}] | {t['tokens_per_s']:,.0f} | {flops} | "
             f"{t['ratio']:.3f} [{t['ratio_q25']:.3f}, {t['ratio_q75']:.3f}] | "
+            f"{t['cpu_ratio']:.3f} [{t['cpu_ratio_q25']:.3f}, {t['cpu_ratio_q75']:.3f}] | "
             + (f"{mib(t['mem_peak_bytes'])} | {t['mem_ratio']:.4f} | " if "mem_peak_bytes" in t else "- | - | ")
             + f"{notes} |")
     if r["memory_method"]:
