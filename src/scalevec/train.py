@@ -40,6 +40,7 @@ from .config import (RunConfig, ScaleConfig, apply_overrides, checkpoint_blocks,
                      to_dict)
 from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
 from .flops import flops_per_token, peak_flops
+from . import init_from
 from .model import Transformer, build_model
 from .optim import build_optimizers, group_table, param_groups, set_lr
 from .presets import get_preset
@@ -252,8 +253,9 @@ class Trainer:
     """Builds everything for one run and trains it; see the module docstring for the contract."""
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-                 quiet: bool = False):
+                 quiet: bool = False, init: init_from.InitFrom | None = None):
         cfg.validate()
+        self.init = init  # --init-from: a Hugging Face model or a parent run (init_from.py)
         self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
         self.steps = total_steps(cfg)
         check_out_dir(self.out, resume, overwrite)
@@ -295,13 +297,26 @@ class Trainer:
         self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
         self.model.set_memory_options(checkpoint_blocks(t.activation_checkpointing, cfg.model.n_layers),
                                       t.loss_chunk_tokens)
+        if init is not None:  # on the plain parameters, before any wrapping; prints what changed (or not)
+            x, y = self.val[0]
+            for line in init_from.load_weights(init, cfg, self.model, (x.to(self.device), y.to(self.device))):
+                if self.rank == 0:
+                    print(line, file=sys.stderr if "CHANGES" in line else sys.stdout, flush=True)
+            if init.start_step >= self.steps:
+                raise ValueError(f"--schedule-from continue starts at the parent's step {init.start_step}, but the run "
+                                 f"has {self.steps} steps; set --steps (or --tokens) beyond it")
         self.roles = self.model.param_roles()
         self.wrapped = distributed.wrap(self.model, t, self.dist)  # FSDP2 replaces the parameters: groups after
         self.groups = param_groups(self.model, cfg.optim, cfg.scale, self.roles)
         self.optimizers = distributed.shard_aware_optimizers(build_optimizers(self.groups, cfg.optim))
+        if init is not None:
+            init.info["optimizer"] = init_from.carry_optimizer(init, cfg, self.model, self.optimizers, self.device)
+            if self.rank == 0 and not quiet:
+                print(f"init-from: optimizer state {init.info['optimizer']}; schedule {init.schedule_from} "
+                      f"(first step {init.start_step})", flush=True)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" and t.dtype != "float32"
                          else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
-        self.step = 0
+        self.step = init.start_step if init is not None else 0
         self.best_val = math.inf
         self.elapsed = 0.0  # seconds of training before this session (restored on resume)
         self.write = self.rank == 0
@@ -324,7 +339,7 @@ class Trainer:
                 shutil.rmtree(self.out)
             self.out.mkdir(parents=True)
             save_yaml(self.cfg, self.out / "config.yaml")
-            write_json(self.out / "meta.json", run_meta(self.cfg))
+            write_json(self.out / "meta.json", {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
             (self.out / "optim_groups.txt").write_text(group_table(self.groups) + "\n")
             self.data.tokenizer.save(self.out / "tokenizer")
         distributed.barrier()
@@ -560,13 +575,13 @@ class Trainer:
 
 
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-          stop_at: int | None = None, quiet: bool = False) -> dict:
+          stop_at: int | None = None, quiet: bool = False, init: init_from.InitFrom | None = None) -> dict:
     """Train one run into ``out_dir`` and return its summary (see ``Trainer``).
 
     Raises ``ValueError`` / ``FileNotFoundError`` / ``FileExistsError`` for bad input (before anything is
     written) and ``TrainingDiverged`` if the loss or gradient norm becomes non-finite.
     """
-    trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet)
+    trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet, init=init)
     try:
         return trainer.fit(stop_at=stop_at)
     finally:
@@ -608,15 +623,25 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="run directory (default runs/<preset>-<strategy>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from a Hugging Face model directory (Llama, Qwen3, Mixtral, Qwen3-MoE) or branch a run: "
+                        "RUN_DIR or RUN_DIR/checkpoints/step_N (its config is the base; flags change it)")
+    p.add_argument("--reset-optimizer", action="store_true", help="with --init-from RUN: do not carry the optimizer state")
+    p.add_argument("--schedule-from", choices=list(init_from.SCHEDULE_FROM), default="restart",
+                   help="with --init-from RUN: restart the schedule at step 0 (default) or continue from the parent's step")
     p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
                    help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.d_model=256")
 
 
-def config_from_args(args) -> RunConfig:
-    """The RunConfig of a ``train``-style command line (precedence: preset/strategy < file < flags < key=value)."""
+def config_from_args(args, base: dict | None = None) -> RunConfig:
+    """The RunConfig of a ``train``-style command line (precedence: preset/strategy < file < flags < key=value).
+    ``base``: sections below the file (``--init-from``: ``init_from.base_sections``)."""
     file_data = load_yaml(args.config) if args.config else {}
+    if base:
+        file_data = {**base, **{k: {**base[k], **v} if isinstance(base.get(k), dict) and isinstance(v, dict) else v
+                                for k, v in file_data.items()}}
     preset = args.preset or file_data.get("preset", "small")
     strategy = args.strategy or file_data.get("strategy", "baseline")
     file_data = {k: v for k, v in file_data.items() if k not in ("preset", "strategy")}
@@ -638,6 +663,11 @@ def config_from_args(args) -> RunConfig:
 
 
 def run(args) -> int:
+    init = None
+    if getattr(args, "init_from", None):
+        if args.resume:
+            raise ValueError("--resume continues the run in --out; drop --init-from (the branch's origin is in its meta.json)")
+        init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
         cfg = load_run_config(args.out)
         execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker"}
@@ -648,10 +678,13 @@ def run(args) -> int:
                                     if getattr(args, n, None) is not None]
                             + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))
     else:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, init_from.base_sections(init, args.preset, args.strategy, args.tokenizer)
+                               if init is not None else None)
+        if init is not None:
+            cfg.preset = init_from.preset_label(init, args.preset, cfg.preset)
     out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
     try:
-        train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+        train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
     except TrainingDiverged as e:
         print(f"scalevec train: {e}", file=sys.stderr)
         return 3
