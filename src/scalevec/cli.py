@@ -18,10 +18,12 @@ SUBCOMMANDS = [
     ("train", "scalevec.train", "train one run into a run directory"),
     ("compare", "scalevec.compare", "train strategies × seeds on one config and print the paired comparison"),
     ("sweep", "scalevec.sweep", "run a grid of runs from a YAML file (resumable, --jobs N, --dry-run)"),
+    ("study", "scalevec.study", "tune lr per strategy until the best is inside the grid, then add seeds (resumable)"),
     ("report", "scalevec.report", "rebuild report.md, results.csv and figures from a sweep's run directories"),
     ("theory", "scalevec.theory.lab", "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
     ("export", "scalevec.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
     ("generate", "scalevec.generate", "sample text from a run directory or an exported Hugging Face directory"),
+    ("eval", "scalevec.evaluation", "score a run or an exported directory on lm-evaluation-harness tasks (eval.json)"),
     ("bench", "scalevec.bench", "time a training step, peak memory and folded inference per strategy, vs HF Llama"),
 ]
 
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return importlib.import_module(args._module).run(args) or 0
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+    except (ValueError, OSError) as e:  # bad input, an unusable file or directory (FileNotFoundError, a full disk)
         print(f"scalevec {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -46,3 +46,13 @@ def lr_at(step: int, total_steps: int, peak: float, cfg: ScheduleConfig) -> floa
     span = total_steps - 1 - top
     p = 1.0 if span <= 0 else (step - top) / span
     return floor + (peak - floor) * _shape(p, "cosine" if cfg.name == "cosine" else "linear")
+
+
+def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
+    """A one-line warning when the warmup does not fit the run (``lr_at`` then warms up over all of it and
+    never decays: a run of 40 steps under the default warmup of 50), else None (issue 12)."""
+    if cfg.name != "constant" and cfg.warmup >= total_steps:
+        return (f"schedule.warmup={cfg.warmup} is not below the run's {total_steps} steps: the lr rises for the whole "
+                f"run and never decays; pass --warmup N with N < {total_steps} (e.g. {max(1, total_steps // 10)})")
+    return None
+

@@ -34,7 +34,7 @@ CASES: dict[str, dict] = {
                               "scale.wd": "output"},
     "moe-unified": {"strategy": "unified", "preset": "moe-tiny"},
 }
-BASE = {"train.steps": STEPS, "train.batch_size": 4, "train.seq_len": 64, "train.log_every": 1,
+BASE = {"train.steps": STEPS, "train.threads": 1, "train.batch_size": 4, "train.seq_len": 64, "train.log_every": 1,
         "train.eval_every": STEPS, "schedule.warmup": 5, "optim.lr": 1e-2, "data.val_tokens": 4096}
 
 

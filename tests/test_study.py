@@ -1,0 +1,107 @@
+"""``scalevec study``: the lr grid grows until the best lr is inside, then seeds are added at it (issue 12).
+
+The fake trainer (tests/fakerun.py) has its best lr at 3e-3 (loss ∝ log(lr / 3e-3)²), so a grid
+written far below it must grow upward, and a study rerun must train nothing new.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalevec.report import analyze, load_runs
+from scalevec.study import parse, run_study
+from scalevec.sweepdir import load_specs, write_spec
+
+FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
+STUDY = {
+    "name": "s",
+    "base": {"preset": "tiny", "train": {"batch_size": 4, "seq_len": 32, "steps": 10}},
+    "grid": {"strategy": ["baseline", "unified"], "lr": [2.5e-4, 5e-4], "seed": [0]},
+    "study": {"extend": 2.0, "max_extensions": 6, "confirm_seeds": [1, 2]},
+}
+
+
+def _names(log: Path) -> list[str]:
+    return log.read_text().split() if log.is_file() else []
+
+
+def test_study_extends_past_the_edge_then_confirms_seeds(tmp_path, monkeypatch):
+    """Best lr at the upper edge -> ×2 steps until it is inside; seeds 1, 2 only at the picked lr; a rerun
+    trains nothing; the report picks the lr on seed 0 and averages the three seeds there."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    out = tmp_path / "study"
+    assert run_study(*parse(STUDY), out, train_cmd=FAKE, quiet=True) == 0
+    names = _names(log)
+    for strategy in ("baseline", "unified"):
+        lrs = sorted(float(n.split("_lr")[1].split("_")[0]) for n in names if n.startswith(strategy) and n.endswith("_s0"))
+        assert lrs == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3]  # 4e-3 wins (optimum 3e-3), inside once 8e-3 ran
+        confirm = sorted(n for n in names if n.startswith(strategy) and not n.endswith("_s0"))
+        assert len(confirm) == 2 and all("_lr0.004_" in n for n in confirm), confirm  # loss(4e-3) < loss(2e-3)
+    a = analyze(load_runs(out), load_specs(out))
+    (cell,) = a.cells
+    for res in cell.results:
+        assert res.pick.lr == 4e-3 and not res.pick.at_edge and [r.seed for r in res.runs] == [0, 1, 2]
+    assert not any("widen" in w for w in a.warnings)
+    assert run_study(*parse(STUDY), out, train_cmd=FAKE, quiet=True) == 0
+    assert _names(log) == names  # resumed: the same decisions from the same results, no new run
+    stored = yaml.safe_load((out / "sweep.yaml").read_text())
+    assert stored["study"]["confirm_seeds"] == [1, 2] and stored["grid"]["optim.lr"] == [2.5e-4, 5e-4]
+
+
+def test_study_stops_at_max_extensions_and_the_report_warns(tmp_path):
+    """With no extension allowed, the edge winner stays and the report says to widen the grid."""
+    spec = {**STUDY, "study": {"max_extensions": 0, "confirm_seeds": [1]}}
+    out = tmp_path / "study"
+    assert run_study(*parse(spec), out, train_cmd=FAKE, quiet=True) == 0
+    a = analyze(load_runs(out), load_specs(out))
+    assert all(res.pick.at_edge and res.pick.lr == 5e-4 for res in a.cells[0].results)
+    assert any("widen the grid" in w for w in a.warnings)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"grid": {"strategy": ["baseline"], "seed": [0]}}, "needs a 'lr' axis"),
+    ({"grid": {"strategy": ["baseline"], "lr": [1e-3, 2e-3]}}, "needs a 'seed' axis"),
+    ({"study": {"extend": 1.0}}, "must be > 1"),
+    ({"study": {"confirm_seeds": [0]}}, "overlap the grid's seeds"),
+    ({"study": {"unknown": 1}}, "keys among"),
+])
+def test_study_file_errors_name_the_fix(bad, match):
+    with pytest.raises(ValueError, match=match):
+        parse({**STUDY, **bad})
+
+
+def test_specs_of_several_sweeps_share_a_folder(tmp_path):
+    """A second sweep into a folder keeps the first one's spec; the report reads both; disagreement is an error."""
+    write_spec(tmp_path, {"name": "a", "tune": ["optim.lr"], "baseline": "baseline", "grid": {"strategy": ["baseline", "none"]}})
+    write_spec(tmp_path, {"name": "b", "tune": ["optim.lr"], "grid": {"strategy": ["unified", "none"]}})
+    assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["name"] == "a"
+    merged = load_specs(tmp_path)
+    assert merged["grid"]["strategy"] == ["baseline", "none", "unified"] and merged["baseline"] == "baseline"
+    write_spec(tmp_path, {"name": "c", "baseline": "none", "grid": {"strategy": ["none"]}})
+    with pytest.raises(ValueError, match="disagree on 'baseline'.*separate --out"):
+        load_specs(tmp_path)
+
+
+def test_report_picks_the_lr_on_the_seeds_every_lr_has(tmp_path):
+    """Seeds added at one lr confirm it but do not re-choose: the pick uses only the common seeds."""
+    from fakerun import write_run
+
+    from scalevec.sweep import expand, spec_from_dict
+
+    grid = spec_from_dict({"name": "r", "base": {"preset": "tiny", "train": {"steps": 10}},
+                           "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}})
+    extra = spec_from_dict({"name": "r2", "base": {"preset": "tiny", "train": {"steps": 10}},
+                            "grid": {"strategy": ["baseline"], "lr": [1e-2], "seed": [1, 2]}})
+    from scalevec.config import to_dict
+
+    for run in expand(grid) + expand(extra):
+        # seeds 1 and 2 at lr 1e-2 are made far better than anything: a mean over all seeds would pick 1e-2
+        curve = [2.0, 1.0] if run.cfg.train.seed else None
+        write_run(tmp_path / "runs" / run.name, to_dict(run.cfg), curve=curve)
+    (res,) = analyze(load_runs(tmp_path)).cells[0].results
+    assert res.pick.lr == 3e-3 and [r.seed for r in res.runs] == [0]
