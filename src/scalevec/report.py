@@ -33,6 +33,7 @@ import numpy as np
 
 from . import stats
 from .config import RunConfig, from_dict, load_yaml, to_dict
+from .evaluation import eval_columns
 from .sweep import diverged
 
 SIZE_PREFIXES = ("preset", "model.", "train.")  # varying keys that define a model size / token budget
@@ -559,7 +560,8 @@ def _csv(rows: list[dict]) -> str:
 
 
 def runs_frame(runs: list[RunRecord]) -> list[dict]:
-    """One flat row per run: identity, the usual axes, and the summary numbers (``runs.csv``)."""
+    """One flat row per run: identity, the usual axes, the summary numbers and the downstream scores
+    ``scalevec eval`` wrote (``eval.<task>.<metric>``) (``runs.csv``)."""
     rows = []
     for r in runs:
         s = r.summary or {}
@@ -567,7 +569,8 @@ def runs_frame(runs: list[RunRecord]) -> list[dict]:
                      "optimizer": r.cfg.optim.name, "schedule": r.cfg.schedule.name, "lr": r.cfg.optim.lr,
                      "seed": r.seed, **{k: s.get(k, "") for k in (
                          "final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
-                         "non_embedding_params", "scale_params", "step_time_s", "wall_time_s")}})
+                         "non_embedding_params", "scale_params", "step_time_s", "wall_time_s")},
+                     **eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
     return rows
 
 
