@@ -24,19 +24,35 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_no_arguments_is_the_main_job():
-    """`scalevec compare` alone trains DEFAULTS: baseline, none, unified × seeds on `small`, paired per seed."""
-    runs = expand(spec_from_dict(compare.build_spec(parse())))
+    """`scalevec compare` alone trains DEFAULTS: baseline, none, unified × seeds, each strategy at the study's
+    tuned lr for the default setting, on a budget of DEFAULTS' tokens per parameter, paired per seed."""
+    spec = spec_from_dict(compare.build_spec(parse()))
+    runs = expand(spec)
     d = compare.DEFAULTS
     assert [r.name for r in runs] == [f"{s}_s{i}" for s in d["strategies"].split(",") for i in range(d["seeds"])]
+    tuned = compare.TUNED_LR[(d["preset"], "shakespeare", "bytes", d["optimizer"], d["schedule"], d["tokens_per_param"])]
+    base_params = sweep.baseline_params(runs[0].cfg)
     for r in runs:
-        assert (r.cfg.preset, r.cfg.train.steps, r.cfg.optim.lr) == (d["preset"], d["steps"], float(d["lr"]))
+        assert r.cfg.preset == d["preset"] and r.cfg.optim.lr == tuned[r.cfg.strategy]
+        assert r.cfg.train.tokens == round(d["tokens_per_param"] * base_params)
         assert r.cfg.data.source == "shakespeare" and r.cfg.data.tokenizer == "bytes"
-    # same seed => identical configs apart from the strategy (so the trainer gives the same data and matrices)
-    strip = [dict(to_dict(r.cfg), strategy=None, scale=None) for r in runs]
+    assert spec.tune == ["optim.lr"]
+    # same seed => identical configs apart from the strategy and its lr (the trainer gives the same data and matrices)
+    strip = [dict(to_dict(r.cfg), strategy=None, scale=None, optim=None) for r in runs]
     n = d["seeds"]
     for i in range(n):  # run i of every strategy shares seed i, and differs from the other seeds
         assert all(strip[i] == strip[i + k * n] for k in range(len(runs) // n))
     assert strip[0] != strip[1]
+
+
+def test_tuned_lr_refuses_a_setting_the_study_did_not_cover():
+    """--lr tuned on an untuned preset, a changed batch or a missing strategy: a ValueError naming the fix."""
+    with pytest.raises(ValueError, match="no tuned lr for this setting.*--lr with a comma list"):
+        compare.build_spec(parse("--preset", "tiny"))
+    with pytest.raises(ValueError, match="tuned at batch 16 × 128 and you gave --batch-size 8"):
+        compare.build_spec(parse("--batch-size", "8"))
+    with pytest.raises(ValueError, match="no tuned lr for dnp"):
+        compare.build_spec(parse("--strategies", "baseline,dnp"))
 
 
 def test_lr_list_tunes_per_strategy_and_overrides_apply():
@@ -54,8 +70,9 @@ def test_lr_list_tunes_per_strategy_and_overrides_apply():
     (["--strategies", "baseline,baseline"], "twice"),
     (["--seeds", "0"], "--seeds 0"),
     (["--lr", "fast"], "--lr 'fast'"),
-    (["--steps", "0"], "train.steps=0"),
-    (["model.d_modle=8"], "unknown config key"),
+    (["--steps", "0", "--lr", "1e-2"], "train.steps=0"),
+    (["--lr", "1e-2", "model.d_modle=8"], "unknown config key"),
+    (["--steps", "10", "--tokens-per-param", "20"], "give one of them"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
     """Bad strategies, seeds, lr, steps or keys: exit code 2, a one-line message, no output folder."""
@@ -70,16 +87,20 @@ def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypa
     """With the synthetic trainer: unified's planted gain is flagged, and report.md/results.csv/loss_curves.png exist."""
     monkeypatch.setattr(sweep, "DEFAULT_TRAIN_CMD", FAKE)
     out = tmp_path / "cmp"
-    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--out", str(out)]) == 0
+    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in text.splitlines() if line.split()[:1] in (["baseline"], ["none"], ["unified"])}
+    rows: dict[str, str] = {}
+    for line in text.splitlines():  # the first table's rows (the per-seed table below starts its rows the same way)
+        if line.split()[:1] in (["baseline"], ["none"], ["unified"]):
+            rows.setdefault(line.split()[0], line)
     assert set(rows) == {"baseline", "none", "unified"}
     assert rows["unified"].count("*") == 1 and " — " in rows["baseline"]
+    assert "per seed" in text and "seed 2" in text  # the values behind mean ± std and the interval
     for name in ("report.md", "results.csv", "loss_curves.png", "runs.csv"):
         assert (out / name).is_file()
     # rerunning the same command trains nothing new and prints the same table
     before = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
-    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--out", str(out)]) == 0
+    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3", "--out", str(out)]) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")} == before
 
 
@@ -87,7 +108,7 @@ def test_compare_end_to_end_same_start_per_seed(tmp_path, capsys):
     """Real training on `tiny`: strategies equal at init see the same first batch and matrices per seed."""
     out = tmp_path / "cmp"
     argv = ["compare", "--strategies", "baseline,unified_foldable", "--seeds", "2", "--preset", "tiny", "--steps", "6",
-            "--batch-size", "4", "--seq-len", "32", "--jobs", "2", "--out", str(out), "data.val_tokens=2048",
+            "--batch-size", "4", "--seq-len", "32", "--lr", "3e-3", "--jobs", "2", "--out", str(out), "data.val_tokens=2048",
             "train.log_every=1"]
     assert main(argv) == 0
     text = capsys.readouterr().out
