@@ -134,3 +134,19 @@ def test_pick_lr_warns_at_grid_edge_and_skips_diverged():
     assert pick.lr == 1e-3 and pick.at_edge and "smallest" in pick.warning
     with pytest.raises(ValueError, match="diverged"):
         pick_lr({1e-2: [float("nan")]})
+
+
+def test_seeds_needed_is_where_the_interval_first_excludes_zero():
+    """seeds_needed(d) = the smallest n whose t interval with d's mean and sd excludes 0 (checked by hand)."""
+    from scipy import stats as scipy_stats
+
+    from scalevec.stats import seeds_needed
+
+    d = [0.01, 0.03, -0.005, 0.02]  # mean 0.01375, sd ≈ 0.0149
+    n = seeds_needed(d)
+    mean, sd = np.mean(d), np.std(d, ddof=1)
+    half = lambda k: scipy_stats.t.ppf(0.975, k - 1) * sd / np.sqrt(k)  # noqa: E731
+    assert half(n) < mean <= half(n - 1)
+    assert seeds_needed([0.02, 0.02]) == 2 and seeds_needed([0.01, -0.01]) is None
+    with pytest.raises(ValueError):
+        seeds_needed([0.1])

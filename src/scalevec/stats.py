@@ -266,6 +266,28 @@ class LrPick:
     warning: str | None
 
 
+def seeds_needed(differences: Sequence[float], confidence: float = 0.95, max_seeds: int = 1000) -> int | None:
+    """Seeds a paired comparison needs before its interval would exclude 0, if the mean and spread of the
+    per-seed ``differences`` seen so far held: the smallest n >= 2 with ``t_(1+c)/2,n-1 · sd / √n < |mean|``
+    (a planning figure at about 50 % power, not a power analysis; issue 12). None when the mean is 0 or
+    more than ``max_seeds`` would be needed. Raises ``ValueError`` for fewer than 2 differences.
+    """
+    from scipy import stats as scipy_stats
+
+    x = np.asarray(differences, dtype=float)
+    if x.size < 2:
+        raise ValueError("seeds_needed needs the differences of at least 2 seeds")
+    mean, sd = abs(float(x.mean())), float(x.std(ddof=1))
+    if mean == 0:
+        return None
+    if sd == 0:
+        return 2
+    for n in range(2, max_seeds + 1):
+        if scipy_stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n) < mean:
+            return n
+    return None
+
+
 def pick_lr(results: dict[float, Sequence[float]]) -> LrPick:
     """Pick the lr with the lowest mean final loss over seeds (a well-tuned baseline, DESIGN.md §9).
 
@@ -304,5 +326,6 @@ __all__ = [
     "mean_std",
     "paired_delta",
     "pick_lr",
+    "seeds_needed",
     "tokens_to_reach",
 ]
