@@ -7,6 +7,7 @@ on bundled Shakespeare bytes for a few steps.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import transformers  # a dev dependency: missing it fails these tests, never ski
 
 from scalevec.cli import main
 from scalevec.init_from import resolve
+from scalevec.report import _parent_curves
 from scalevec.train import Trainer, make_config, train
 
 TOL = 1e-5  # fp32 logits, two orders of the same operations (tests/test_hf_import.py)
@@ -92,6 +94,11 @@ def test_branch_continue_reproduces_the_parent(tmp_path):
     info = json.loads((branch / "meta.json").read_text())["init_from"]
     assert (info["step"], info["strategy"], info["optimizer"], info["weights"]) == (4, "hg", "carried", "as saved")
     assert info["run_dir"] == str(parent.resolve())
+    # report draws the parent up to the branch point, at its own tokens (continue)
+    (name, tokens, loss), = _parent_curves([SimpleNamespace(path=branch)])
+    evals = [r for r in rows(parent) if r["kind"] == "eval" and r["step"] <= 4]
+    assert list(tokens) == [r["tokens"] for r in evals] and list(loss) == [r["val_loss"] for r in evals]
+    assert "parent parent (hg) to step 4" == name
 
 
 @pytest.mark.slow
@@ -119,13 +126,16 @@ def test_reset_optimizer(tmp_path, small_parent):
     assert main(["train", "--init-from", str(small_parent), "--reset-optimizer", "--out", str(tmp_path / "b"),
                  "--quiet"]) == 0
     assert json.loads((tmp_path / "b" / "meta.json").read_text())["init_from"]["optimizer"] == "reset"
+    (_, tokens, _), = _parent_curves([SimpleNamespace(path=tmp_path / "b")])
+    assert tokens[-1] == 0 and tokens[0] < 0  # restart: the parent ends where the branch starts
 
 
 @pytest.fixture(scope="module")
 def small_parent(tmp_path_factory):
     """A finished 2-step tiny run."""
     tmp_path = tmp_path_factory.mktemp("parent")
-    main(["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--quiet", *tiny_items(tmp_path, steps=2)])
+    main(["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--quiet",
+          *tiny_items(tmp_path, steps=2, **{"train.eval_every": 1})])
     return tmp_path / "run"
 
 

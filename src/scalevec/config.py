@@ -250,6 +250,13 @@ class OptimConfig:
             raise ValueError(f"optim.lr={self.lr} must be finite and > 0 (try 3e-3)")
         if self.muon_lr is not None and not 0 < self.muon_lr < math.inf:
             raise ValueError(f"optim.muon_lr={self.muon_lr} must be finite and > 0")
+        for name in ("lr", "muon_lr"):
+            # AdamW's first step moves a weight by lr / (1 - beta1) (bias correction); with the per-role
+            # multipliers (x1e3 margin) that must stay a float32 number, or the update overflows to inf
+            value, b1 = getattr(self, name), self.betas[0] if len(self.betas) == 2 else 0.9
+            if value is not None and isinstance(b1, (int, float)) and value * 1e3 / max(1 - b1, 1e-12) > 3.4e38:
+                raise ValueError(f"optim.{name}={value} overflows float32 in the optimizer update; use an lr "
+                                 f"below 1e30 (try 3e-3)")
         if not (0 <= self.weight_decay < math.inf and 0 <= self.grad_clip < math.inf):
             raise ValueError("optim.weight_decay and optim.grad_clip must be finite and >= 0")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -330,6 +337,13 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     loss_chunk_tokens: int = 0
     tracker: str = "none"  # none | tensorboard | wandb: mirrors metrics.jsonl (tracking.py; optional packages)
+    # the health guard (train.py, rundir.py; besides the always-on non-finite check): a dead model is this
+    # many steps in a row at loss ln(vocab) with a gradient norm below 1e-6 (0: off); a spike is a loss
+    # above guard_spike_ratio x the mean of the last guard_spike_window losses and above their mean + 6
+    # std (OLMo-core's stability monitor uses a mean + k std rule; 0: off). Both stop the run (DIVERGED).
+    guard_dead_steps: int = 10
+    guard_spike_ratio: float = 2.0
+    guard_spike_window: int = 50
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
@@ -351,6 +365,11 @@ class TrainConfig:
             raise ValueError(f"train.dist={self.dist!r} is unknown; use none, ddp or fsdp2")
         if self.tracker not in ("none", "tensorboard", "wandb"):
             raise ValueError(f"train.tracker={self.tracker!r} is unknown; use none, tensorboard or wandb")
+        if self.guard_dead_steps < 0 or self.guard_spike_window < 2 or not (
+                self.guard_spike_ratio == 0 or 1 < self.guard_spike_ratio < math.inf):
+            raise ValueError(f"train.guard_dead_steps={self.guard_dead_steps} must be >= 0, train.guard_spike_window="
+                             f"{self.guard_spike_window} >= 2 and train.guard_spike_ratio={self.guard_spike_ratio} "
+                             f"0 (off) or > 1 (defaults 10, 50, 2.0)")
         from .autocompile import normalize
 
         self.compile = normalize(self.compile)  # older runs stored a YAML boolean

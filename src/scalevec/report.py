@@ -603,8 +603,42 @@ def _grid(n: int) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
+def _parent_curves(runs: list[RunRecord]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``(label, tokens, val_loss)`` of the parent of every branched run (``train --init-from RUN``, recorded
+    in ``meta.json``) up to the branch point, placed so that the branch continues it: at the parent's own
+    tokens under ``--schedule-from continue``, shifted to end at 0 under ``restart`` (the branch starts there)."""
+    import json
+
+    out, seen = [], set()
+    for run in runs:
+        try:
+            info = json.loads((run.path / "meta.json").read_text()).get("init_from") or {}
+        except (OSError, ValueError):
+            continue
+        parent = Path(info.get("run_dir", ""))
+        if info.get("kind") != "run" or (str(parent), info.get("step")) in seen or not (parent / "metrics.jsonl").is_file():
+            continue
+        seen.add((str(parent), info["step"]))
+        rows = []
+        for ln in (parent / "metrics.jsonl").read_text().splitlines():
+            try:
+                rows.append(json.loads(ln))
+            except ValueError:
+                continue  # a cut-off last line
+        evals = [r for r in rows if r.get("kind") == "eval" and r["step"] <= info["step"]]
+        if not evals:
+            continue
+        tokens = np.array([r["tokens"] for r in evals], dtype=float)
+        if info.get("schedule_from") != "continue":
+            tokens -= info["step"] * (tokens[-1] / evals[-1]["step"])
+        out.append((f"parent {parent.name} ({info.get('strategy')}) to step {info['step']}", tokens,
+                    np.array([r["val_loss"] for r in evals])))
+    return out
+
+
 def plot_loss_curves(a: Analysis, path: Path) -> None:
-    """Validation loss vs tokens, one panel per cell; mean over seeds with a min–max band."""
+    """Validation loss vs tokens, one panel per cell; mean over seeds with a min–max band. A branched run's
+    parent is drawn dashed up to the branch point (``_parent_curves``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -623,6 +657,9 @@ def plot_loss_curves(a: Analysis, path: Path) -> None:
             if len(r.runs) > 1 and curves.shape[1] == tokens.size:
                 ax.fill_between(tokens, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.15)
             tail.extend(loss[tokens >= 0.3 * tokens.max()])
+        for name, tokens, loss in _parent_curves([run for r in cell.results for run in r.runs]):
+            ax.plot(tokens, loss, color="0.5", linestyle="--", linewidth=1, label=name)
+            ax.plot(tokens[-1:], loss[-1:], color="0.5", marker="o")  # the branch point
         if tail:  # zoom on the second part of training, where the strategies separate
             lo, hi = min(tail), max(tail)
             ax.set_ylim(lo - 0.1 * (hi - lo + 1e-3), hi + 0.1 * (hi - lo + 1e-3))
