@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The reproduction study (docs/reproduction.md), in the order its claims are answered. Resumable: rerun
-# the same command after an interruption; finished runs are skipped. One run at a time, one thread each
-# (STUDY_JOBS=2 on an idle 2-core machine trains two at once).
+# The reproduction study (docs/reproduction.md), in the order its claims are answered: C6 and C1 on the
+# main cell (AdamW + cosine, two sizes, both corpora) first. Resumable: rerun the same command after an
+# interruption; finished runs are skipped and failed ones retried (a second pass does that too). One
+# run at a time, one thread each (STUDY_JOBS=2 on an idle 2-core machine trains two at once).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SV=${SCALEVEC:-.venv/bin/scalevec}
 JOBS=${STUDY_JOBS:-1}
-study() {  # study FILE OUT
-    echo "== $(date -u +%H:%M:%S) $1 -> $2"
-    "$SV" study "$1" --out "$2" --jobs "$JOBS" || echo "!! $1 exited $?"
+study() {  # study NAME OUT: sweeps/study-NAME.yaml into results/OUT
+    echo "== $(date -u +%H:%M:%S) $1 -> results/$2"
+    "$SV" study "sweeps/study-$1.yaml" --out "results/$2" --jobs "$JOBS" || echo "!! $1 exited $?"
 }
-for size in cpu-25k cpu-80k; do
-  for corpus in shakespeare kjv; do
-    study "sweeps/study-c6-$size-$corpus.yaml" "results/$size-$corpus"
+for pass in 1 2; do
+  for size in cpu-25k cpu-80k; do
+    for corpus in shakespeare kjv; do study "c6-$size-$corpus" "$size-$corpus"; done
   done
+  study c5-cpu-25k-shakespeare cpu-25k-shakespeare                 # C5 shares C6's baseline runs
+  for combo in adamw-wsd muon-cosine muon-wsd; do study "c7-cpu-25k-shakespeare-$combo" "c7-cpu-25k-shakespeare-$combo"; done
+  study c6-moe-cpu-60k-shakespeare moe-cpu-60k-shakespeare
+  study c6-cpu-25k-shakespeare-tpp100 cpu-25k-shakespeare-tpp100
+  study c6-cpu-200k-shakespeare cpu-200k-shakespeare               # the third size of C8
 done
