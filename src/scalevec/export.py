@@ -657,13 +657,14 @@ def verify_tokens(cfg, n_seq: int = 4) -> tuple[Tensor, str]:
 
 def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", dtype: str = "float32",
                check: bool = False, max_shard_size: int | str = "5GB") -> Path:
-    """Export the final checkpoint of run ``run_dir`` (``scalevec.train.load_run_model``) with its
-    tokenizer; with ``check``, verify on held-out tokens before the result appears at ``out_dir``.
-    Raises as ``export_model``, and ``FileNotFoundError`` when ``run_dir`` is not a finished run."""
-    from .train import load_run_model
+    """Export the final checkpoint of run ``run_dir`` (``rundir.load_model``: verified against its
+    manifest, dead models refused) with its tokenizer; with ``check``, verify on held-out tokens before the
+    result appears at ``out_dir``. Raises as ``export_model``, and ``rundir.RunDirError`` (one line, exit 2)
+    when ``run_dir`` is not a run or has no intact, healthy checkpoint."""
+    from .rundir import load_model
 
     check_out_dir(out_dir)
-    cfg, model = load_run_model(run_dir)
+    cfg, model, _ = load_model(run_dir)
     run_dir = Path(run_dir)
     tok_dir = run_dir / "tokenizer"
     plan = plan_export(model, out_dir, tok_dir if tok_dir.is_dir() else None, format, dtype)

@@ -111,11 +111,11 @@ def load_text_model(path: str | Path, device: str = "cpu") -> TextModel:
 def _run_text_model(run_dir: Path, device: str) -> TextModel:
     from .export import start_token
     from .model import KVCache
-    from .train import load_run_model, load_run_tokenizer
+    from .rundir import load_model, load_tokenizer
 
-    cfg, model = load_run_model(run_dir, device=device)
+    cfg, model, _ = load_model(run_dir, device=device)  # verified against its manifest; a dead model is refused
     model.eval()
-    tok = load_run_tokenizer(run_dir)
+    tok = load_tokenizer(run_dir)
 
     def cached(x: Tensor, cache: KVCache | None) -> tuple[Tensor, KVCache]:
         cache = cache if cache is not None else KVCache(cfg.model.n_layers)

@@ -16,11 +16,9 @@ Run directory: ``config.yaml``, ``meta.json``, ``optim_groups.txt``, ``metrics.j
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
-import shutil
 import signal
 import socket
 import statistics
@@ -28,49 +26,75 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model
 
-from . import __version__, autocompile, distributed, tracking
-from .checkpoint import CKPT_DIR, latest_checkpoint, load_checkpoint, save_checkpoint
+from . import __version__, autocompile, distributed, rundir, tracking
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import (RunConfig, ScaleConfig, apply_overrides, checkpoint_blocks, from_dict, load_yaml, save_yaml,
                      to_dict)
-from .data import TrainSampler, load_tokenizer_dir, prepare_data, val_batches
+from .data import TrainSampler, prepare_data, val_batches
 from .flops import flops_per_token, peak_flops
 from . import init_from
 from .model import Transformer, build_model
 from .optim import build_optimizers, group_table, param_groups, set_lr
 from .presets import get_preset
+from .rundir import CKPT_DIR, RunDirError, write_json
 from .scales import scale_vectors
 from .schedule import lr_at
 
 class TrainingDiverged(RuntimeError):
-    """The loss or gradient norm became non-finite; the run directory keeps the last good checkpoint."""
+    """The health guard stopped the run (non-finite loss or gradient norm, a dead model, a loss spike);
+    ``DIVERGED`` records the step and reason, and the checkpoint from before the trouble is kept."""
+
+
+class TrainingFailed(RuntimeError):
+    """Training could not go on (an ``OSError`` such as a full disk while writing); the run resumes
+    from its last checkpoint with ``--resume`` once the cause is fixed."""
+
+
+class Preempted(RuntimeError):
+    """SIGTERM (how SLURM and Kubernetes preempt): a checkpoint was written at the step boundary."""
+
+
+DIVERGED_EXIT = 3  # `scalevec train` exit codes (README "Run directories"): 2 bad input or unusable run directory,
+FAILED_EXIT = 3  # 3 the run diverged or failed during training (DIVERGED tells which),
+PREEMPTED_EXIT = 75  # 75 (EX_TEMPFAIL) SIGTERM: checkpointed, continue with --resume, 130 Ctrl-C (also checkpointed)
 
 
 @contextmanager
-def deferred_sigint(enabled: bool = True):
-    """Within the block, a first Ctrl-C only sets ``flag["set"]`` (checked between steps, so a step is
-    never cut in half); a second one interrupts at once. Off outside the main thread or when disabled."""
-    flag = {"set": False}
-    if not enabled or threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+def deferred_sigint(enabled: bool = True, sigint: bool = True):
+    """Within the block, a first Ctrl-C only sets ``flag["set"]`` and SIGTERM sets ``flag["term"]``
+    (both checked between steps, so a step is never cut in half); a second Ctrl-C interrupts at once.
+    Off outside the main thread or when disabled; SIGINT is left alone when ``sigint`` is false or when
+    someone else handles it."""
+    flag = {"set": False, "term": False}
+    if not enabled or threading.current_thread() is not threading.main_thread():
         yield flag
         return
 
-    def handler(signum, frame):
+    def on_int(signum, frame):
         if flag["set"]:
             signal.default_int_handler(signum, frame)
         flag["set"] = True
 
-    signal.signal(signal.SIGINT, handler)
+    def on_term(signum, frame):
+        flag["term"] = True
+
+    own_int = sigint and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    old_term = signal.getsignal(signal.SIGTERM)
+    if own_int:
+        signal.signal(signal.SIGINT, on_int)
+    signal.signal(signal.SIGTERM, on_term)
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if own_int:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, old_term)
 
 
 def make_config(preset: str = "small", strategy: str = "baseline", overrides: list[str] | None = None,
@@ -125,7 +149,8 @@ def total_steps(cfg: RunConfig) -> int:
 
 
 def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber an existing run (``FileExistsError`` naming ``--resume``/``--overwrite``)."""
+    """Refuse to clobber an existing run (``FileExistsError`` naming ``--resume``/``--overwrite``). Checked
+    again under the run's lock before anything is written (``Trainer.setup_run_dir``)."""
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other; pick one")
     if out.exists() and not out.is_dir():
@@ -133,22 +158,24 @@ def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     parent = next((p for p in out.absolute().parents if p.exists()), None)
     if not out.exists() and parent is not None and not parent.is_dir():
         raise NotADirectoryError(f"{parent} is a file, so --out {out} cannot be created; choose another --out")
-    existing = out.is_dir() and any(out.iterdir())
+    existing = out.is_dir() and any(p.name != rundir.LOCK for p in out.iterdir())
     if resume:
-        if not (out / CKPT_DIR / "latest").is_file():
-            raise FileNotFoundError(f"{out} has no checkpoint to resume from; drop --resume to start a new run")
+        if not rundir.is_run(out):
+            raise FileNotFoundError(f"{out} is not a scalevec run directory (no config.yaml), so there is nothing to "
+                                    f"resume; drop --resume to start a new run")
+        div = rundir.read_diverged(out)
+        if div:
+            raise ValueError(f"{out} diverged at step {div['step']} ({div['reason']}); it is kept as a result "
+                             f"(DIVERGED); start a new --out with a lower lr, or --overwrite it")
     elif existing and not (out / "config.yaml").is_file():
         # --overwrite removes the directory: never do that to one that is not a scalevec run
         raise FileExistsError(f"{out} is not empty and is not a scalevec run directory (no config.yaml); "
                               f"choose a new or empty --out")
     elif existing and not overwrite:
-        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
+        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it (from its last checkpoint, "
+                              f"or step 0 when it has none) or --overwrite to replace it")
 
 
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def run_meta(cfg: RunConfig) -> dict:
@@ -168,23 +195,19 @@ def run_meta(cfg: RunConfig) -> dict:
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
-    """The ``RunConfig`` stored in ``run_dir/config.yaml``."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a scalevec run directory (no config.yaml)")
-    return from_dict(RunConfig, load_yaml(path))
+    """The ``RunConfig`` stored in ``run_dir/config.yaml`` (``rundir.load_config``)."""
+    return rundir.load_config(run_dir)
 
 
 def load_run_model(run_dir: str | Path, device: str = "cpu") -> tuple[RunConfig, Transformer]:
-    """``(config, model)`` of a run, weights from its latest checkpoint (the final one for a finished run)."""
-    cfg = load_run_config(run_dir)
-    model = build_model(cfg.model, cfg.scale, device=device)
-    load_model(model, str(latest_checkpoint(Path(run_dir)) / "model.safetensors"), device=str(device))
+    """``(config, model)`` of a run: its newest intact checkpoint (the final one for a finished run; for a
+    diverged run the one from before the trouble), verified, dead models refused (``rundir.load_model``)."""
+    cfg, model, _ = rundir.load_model(run_dir, device=device)
     return cfg, model
 
 
 def load_run_tokenizer(run_dir: str | Path):
-    return load_tokenizer_dir(Path(run_dir) / "tokenizer")
+    return rundir.load_tokenizer(run_dir)
 
 
 # ----------------------------------------------------------------------------------------- telemetry
@@ -257,9 +280,11 @@ class Trainer:
         cfg.validate()
         self.init = init  # --init-from: a Hugging Face model or a parent run (init_from.py)
         self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
+        self.overwrite = overwrite
         self.steps = total_steps(cfg)
         check_out_dir(self.out, resume, overwrite)
         tracking.check(cfg.train.tracker)  # a missing optional package fails before anything is written
+        self.lock = rundir.RunLock(self.out)
 
         if (cfg.train.sharpness_every or cfg.train.probe_every) and cfg.train.dist == "fsdp2":
             # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
@@ -268,6 +293,8 @@ class Trainer:
         self.dist = distributed.setup(cfg.train)
         self.device = self.dist.device
         self.rank, self.world = self.dist.rank, self.dist.world_size
+        if self.out.is_dir():
+            self._lock()  # a second writer is refused at once, before any work
         t = cfg.train
         self.local_batch = t.batch_size // self.world
         self.micro = min(t.micro_batch_size or t.batch_size, self.local_batch)
@@ -320,6 +347,11 @@ class Trainer:
         self.best_val = math.inf
         self.elapsed = 0.0  # seconds of training before this session (restored on resume)
         self.write = self.rank == 0
+        self.recent: deque[float] = deque(maxlen=t.guard_spike_window)  # the health guard's state (saved)
+        self.dead_run = 0
+        # temporary checkpoint names carry rank 0's PID (every rank writes into the same directory)
+        self.tmp_tag = os.getpid() if self.world == 1 else int(distributed.all_reduce_sum(
+            torch.tensor(float(os.getpid() if self.rank == 0 else 0), dtype=torch.float64, device=self.device)).item())
         self.compiled, self.compile_why = autocompile.resolve(t.compile, self.device, self.steps, t.sharpness_every > 0)
         # the mfu / flops_per_s metrics (issue 17): FLOPs per token from the config, a peak resolved once
         self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
@@ -330,42 +362,104 @@ class Trainer:
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
-    def setup_run_dir(self) -> None:
-        if self.resume:
-            self.load(latest_checkpoint(self.out))
-            return
+    def _lock(self) -> None:
+        """Rank 0 takes the run directory's lock (``rundir.RunLock``); all ranks fail together if it cannot."""
+        err = None
+        if self.rank == 0:
+            try:
+                self.lock.acquire()
+            except RunDirError as e:
+                err = e
+            except OSError as e:
+                err = RunDirError(f"cannot create the lock file {self.lock.path} ({e.strerror}); choose a writable --out")
+        if self.world > 1:
+            failed = distributed.all_reduce_sum(torch.tensor(float(err is not None), device=self.device)).item()
+            if failed and err is None:
+                err = rundir.RunLocked(f"{self.out} is in use by another process (rank 0 could not lock it)")
+        if err is not None:
+            raise err
+
+    def release(self) -> None:
+        """Release the run directory's lock (``fit`` and ``train`` do it when they end)."""
+        self.lock.release()
+
+    def notice(self, msg: str) -> None:
+        """A line on stderr from rank 0, even with --quiet (skipped checkpoints, repaired metrics)."""
         if self.write:
-            if self.out.exists():  # --overwrite: the old run is removed only now that the new one is valid
-                shutil.rmtree(self.out)
-            self.out.mkdir(parents=True)
-            save_yaml(self.cfg, self.out / "config.yaml")
-            write_json(self.out / "meta.json", {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
-            (self.out / "optim_groups.txt").write_text(group_table(self.groups) + "\n")
-            self.data.tokenizer.save(self.out / "tokenizer")
+            print(f"note: {msg}", file=sys.stderr, flush=True)
+
+    def setup_run_dir(self) -> None:
+        """Lock the run directory, check it again under the lock (a run that appeared meanwhile is never
+        touched), then resume from its newest intact checkpoint (from step 0 when it has none), or write a
+        new run (``--overwrite`` first empties a scalevec run directory, and nothing else). An unusable
+        target (read-only, full disk) is a one-line ``RunDirError``, exit 2. Rank 0 does the writing; every
+        rank fails together if it fails."""
+        err, ckpt = None, None
+        if self.write:
+            try:
+                ckpt = self._prepare_run_dir()
+            except (ValueError, OSError) as e:
+                err = e
+        if self.world > 1:
+            failed = distributed.all_reduce_sum(torch.tensor(float(err is not None), device=self.device)).item()
+            if failed and err is None:
+                err = RunDirError(f"rank 0 could not prepare the run directory {self.out} (see its error)")
+        if isinstance(err, OSError) and not isinstance(err, (FileExistsError, FileNotFoundError, NotADirectoryError)):
+            raise RunDirError(f"cannot write the run directory: {err.filename or self.out}: {err.strerror or err}; "
+                              f"choose a writable --out with free space") from None
+        if err is not None:
+            raise err
+        if self.resume and not self.write:
+            ckpt, _ = rundir.resumable_checkpoint(self.out)
+        if ckpt is not None:
+            self.load(ckpt)
         distributed.barrier()
 
+    def _prepare_run_dir(self) -> Path | None:
+        """Rank 0's part of ``setup_run_dir``; returns the checkpoint to resume from (or None)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        check_out_dir(self.out, self.resume, self.overwrite)  # again, now that no other writer can change it
+        for name in rundir.clean_temporaries(self.out):
+            self.notice(f"removed {name}, a temporary file left by an interrupted writer")
+        if self.resume:
+            ckpt, skipped = rundir.resumable_checkpoint(self.out)
+            for line in skipped:
+                self.notice(f"skipped checkpoint {line}")
+            if ckpt is not None:
+                if skipped:
+                    self.notice(f"resuming from {ckpt.name}, the newest intact checkpoint")
+                return ckpt
+            self.notice(f"{self.out} has no intact checkpoint; training it from step 0")
+            rundir.rewrite_metrics(self.out, keep=lambda r: False)
+        elif rundir.is_run(self.out):  # --overwrite (check_out_dir passed): empty this scalevec run, nothing else
+            rundir.remove_run(self.out)
+        save_yaml(self.cfg, self.out / "config.yaml")
+        write_json(self.out / "meta.json", {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
+        rundir.write_atomic(self.out / "optim_groups.txt", group_table(self.groups) + "\n")
+        self.data.tokenizer.save(self.out / "tokenizer")
+        return None
+
     def load(self, ckpt: Path) -> None:
-        state = load_checkpoint(ckpt, self.model, self.optimizers, self.device)
+        state = load_checkpoint(ckpt, self.model, self.optimizers, self.device, verified=True)
         self.step = state["step"]
         self.best_val = state["extra"].get("best_val", math.inf)
         self.elapsed = state["extra"].get("elapsed_s", 0.0)
+        guard = state["extra"].get("guard") or {}
+        self.recent.extend(guard.get("recent", []))
+        self.dead_run = guard.get("dead_run", 0)
         if self.write:  # metrics past the checkpoint belong to a lost future: drop them
             self.truncate_metrics(self.step)
 
     def truncate_metrics(self, step: int) -> None:
-        path = self.out / "metrics.jsonl"
-        if path.is_file():
-            # train rows are numbered by the step taken, eval rows by the steps completed
-            rows = [(ln, json.loads(ln)) for ln in path.read_text().splitlines() if ln.strip()]
-            keep = [ln for ln, r in rows if r["step"] < step or (r["kind"] != "train" and r["step"] == step)]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(k + "\n" for k in keep))
-            os.replace(tmp, path)
+        """Drop the metrics rows past ``step`` (and a cut-off last line, with a notice)."""
+        # train rows are numbered by the step taken, eval rows by the steps completed
+        rundir.rewrite_metrics(self.out, keep=lambda r: r["step"] < step or (r["kind"] != "train" and r["step"] == step),
+                               notice=self.notice)
 
     def log(self, row: dict) -> None:
         if self.write:
-            with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+            rundir.append_metrics(self.out, row)
             self.track(row)
 
     def track(self, row: dict) -> None:
@@ -401,17 +495,54 @@ class Trainer:
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
         stats = torch.stack([loss, aux, grad_norm.float().to(loss.device)]).tolist()
-        if not all(math.isfinite(v) for v in stats):
-            kept = ("the last good checkpoint is kept for inspection"
-                    if (self.out / CKPT_DIR / "latest").is_file() else
-                    "no checkpoint was written yet (rerun with --overwrite)")
-            raise TrainingDiverged(f"non-finite loss or gradient norm at step {step} (loss {stats[0]}, grad norm "
-                                   f"{stats[2]}): lower the lr or raise the warmup; {kept}")
+        self.guard(step, stats)
         for opt in self.optimizers:
             opt.step()
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         return stats[0], stats[1], stats[2]
+
+    def guard(self, step: int, stats: list[float]) -> None:
+        """The health guard, before the optimizer step (DESIGN.md §8). Stops the run (``diverge``) on a
+        non-finite loss or gradient norm; on a dead model, ``train.guard_dead_steps`` steps in a row at
+        the uniform loss ln(vocab) (relative 1e-4) with a gradient norm <= 1e-6 (what an lr that blew
+        the model up leaves: nothing can be learnt any more); and on a loss spike, a loss above both
+        ``train.guard_spike_ratio`` x the mean of the last ``train.guard_spike_window`` losses and that
+        mean + 6 std (OLMo-core's stability monitor flags mean + k std; the ratio keeps ordinary noise
+        and early-training drops far from the threshold). Every rank sees the same global figures."""
+        t = self.cfg.train
+        loss, grad_norm = stats[0], stats[2]
+        if not all(math.isfinite(v) for v in stats):
+            self.diverge(step, step, f"non-finite loss or gradient norm at step {step} (loss {loss}, grad norm "
+                                     f"{grad_norm})", "lower the lr or raise the warmup")
+        uniform = math.log(self.cfg.model.vocab_size)
+        self.dead_run = self.dead_run + 1 if abs(loss - uniform) <= 1e-4 * uniform and grad_norm <= 1e-6 else 0
+        if t.guard_dead_steps and self.dead_run >= t.guard_dead_steps:
+            first = step - self.dead_run + 1
+            self.diverge(step, first, f"dead model at step {step}: loss {loss:.4f} = ln({self.cfg.model.vocab_size}) "
+                                      f"with gradient norm {grad_norm:.1e} for {self.dead_run} steps since step {first}",
+                         "lower the lr or raise the warmup")
+        if t.guard_spike_ratio and len(self.recent) == self.recent.maxlen:
+            mean, std = statistics.fmean(self.recent), statistics.pstdev(self.recent)
+            if loss > t.guard_spike_ratio * mean and loss > mean + 6 * std:
+                self.diverge(step, step, f"loss spike at step {step}: {loss:.4f}, {loss / mean:.1f}x the mean {mean:.4f} "
+                                         f"of the last {len(self.recent)} steps",
+                             "lower the lr or raise the warmup (or raise train.guard_spike_ratio)")
+        self.recent.append(loss)
+
+    def diverge(self, step: int, first_bad: int, reason: str, fix: str) -> None:
+        """Write ``DIVERGED`` naming the newest intact checkpoint from before step ``first_bad`` (and point
+        ``checkpoints/latest`` at it), then raise ``TrainingDiverged``."""
+        kept = None
+        if self.write:
+            ckpt, _ = rundir.resumable_checkpoint(self.out, before=first_bad)  # checkpoint N = the model used at step N
+            kept = ckpt.name if ckpt is not None else None
+            rundir.mark_diverged(self.out, step, first_bad, reason, kept)
+            if kept:
+                rundir.write_atomic(self.out / CKPT_DIR / rundir.LATEST, kept)
+        where = (f"the checkpoint from before it is kept: {self.out / CKPT_DIR / kept}" if kept else
+                 f"no checkpoint from before step {first_bad} was written (rerun with --overwrite)")
+        raise TrainingDiverged(f"{reason}: {fix}; {where}; {self.out / rundir.DIVERGED} records it")
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -436,10 +567,26 @@ class Trainer:
 
     def fit(self, stop_at: int | None = None) -> dict:
         """Train to the end (or until ``stop_at`` steps are done, for tests and preemption); return the summary."""
-        if self.resume and (self.out / "DONE").is_file():
+        try:
+            return self._fit(stop_at)
+        finally:
+            self.release()
+
+    def _fit(self, stop_at: int | None) -> dict:
+        if self.resume and rundir.is_done(self.out):
             self.say(f"{self.out} is already finished; nothing to resume")
-            return json.loads((self.out / "summary.json").read_text())
+            return rundir.read_json(self.out / rundir.SUMMARY, fix="retrain the run with --overwrite")
         self.setup_run_dir()
+        try:
+            return self._train(stop_at)
+        except OSError as e:  # a full disk, a read-only remount, a vanished mount: the run stays resumable
+            ckpts = rundir.checkpoint_dirs(self.out)
+            last = f"its last checkpoint is {ckpts[0].name}" if ckpts else "it has no checkpoint yet (resumes from step 0)"
+            raise TrainingFailed(f"cannot write {e.filename or self.out} at step {self.step}: {e.strerror or e}; "
+                                 f"free space or fix the filesystem, then continue with: scalevec train --resume "
+                                 f"--out {self.out} ({last})") from None
+
+    def _train(self, stop_at: int | None) -> dict:
         t = self.cfg.train
         tokens_per_step = t.batch_size * t.seq_len
         end = min(self.steps, stop_at) if stop_at is not None else self.steps
@@ -455,7 +602,7 @@ class Trainer:
             bar = tqdm(total=end, initial=self.step, unit="step", dynamic_ncols=True)
         t_start = time.perf_counter() - self.elapsed
         self.wrapped.train()
-        with deferred_sigint(self.world == 1) as interrupt:
+        with deferred_sigint(True, sigint=self.world == 1) as interrupt:
             self._fit_loop(end, t_start, bar, interrupt)
         if bar is not None:
             bar.close()
@@ -463,26 +610,40 @@ class Trainer:
             return {"stopped_at": self.step}
         summary = self.summary(time.perf_counter() - t_start)
         if self.write:
-            write_json(self.out / "summary.json", summary)
-            (self.out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+            write_json(self.out / rundir.SUMMARY, summary)
+            rundir.mark_done(self.out)
             self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} bits/byte")
         distributed.barrier()
         return summary
 
     def _fit_loop(self, end: int, t_start: float, bar, interrupt: dict) -> None:
         """The steps of ``fit``. On Ctrl-C (``interrupt["set"]``) it checkpoints the completed steps and
-        raises ``KeyboardInterrupt``, so that ``--resume`` continues from there."""
+        raises ``KeyboardInterrupt``; on SIGTERM (``interrupt["term"]``, agreed by every rank) it does the
+        same and raises ``Preempted``; ``--resume`` continues from there, bit for bit."""
         t = self.cfg.train
         tokens_per_step = t.batch_size * t.seq_len
         saved = self.step
         while self.step < end:
+            term = interrupt["term"]
+            if self.world > 1:
+                term = distributed.all_reduce_sum(torch.tensor(float(term), device=self.device)).item() > 0
+            if term:
+                if self.step > saved:
+                    self.elapsed = time.perf_counter() - t_start
+                    self.checkpoint()
+                raise Preempted(f"SIGTERM: stopped after step {self.step}"
+                                + (f" with a checkpoint; continue with: scalevec train --resume --out {self.out}"
+                                   if rundir.checkpoint_dirs(self.out) else
+                                   f" before any checkpoint; continue with: scalevec train --resume --out {self.out} "
+                                   f"(starts at step 0)"))
             if interrupt["set"]:
                 if self.step > saved:
                     self.elapsed = time.perf_counter() - t_start
                     self.checkpoint()
                 if self.write:
                     print(f"interrupted after step {self.step}; continue with: scalevec train --resume --out {self.out}"
-                          if self.step > 0 else f"interrupted before the first step; start again with --overwrite --out {self.out}",
+                          if self.step > 0 else f"interrupted before the first step; continue with: scalevec train "
+                                                f"--resume --out {self.out} (starts at step 0)",
                           file=sys.stderr, flush=True)
                 raise KeyboardInterrupt
             step = self.step
@@ -545,13 +706,14 @@ class Trainer:
     def checkpoint(self) -> None:
         # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py)
         save_checkpoint(self.out, self.step, self.model, self.optimizers,
-                        {"best_val": self.best_val, "elapsed_s": self.elapsed})
+                        {"best_val": self.best_val, "elapsed_s": self.elapsed,
+                         "guard": {"recent": list(self.recent), "dead_run": self.dead_run}},
+                        tag=self.tmp_tag, keep_window=max(self.cfg.train.guard_dead_steps, 1))
 
     def summary(self, wall: float) -> dict:
         """Final figures; read back from metrics.jsonl so that a resumed run reports the whole run.
         ``step_time_s`` is the median time of the logged training steps after the first 5 (warm-up)."""
-        rows = [json.loads(ln) for ln in (self.out / "metrics.jsonl").read_text().splitlines()
-                if ln.strip()] if self.write else []
+        rows = rundir.read_metrics(self.out) if self.write else []
         evals = [r for r in rows if r["kind"] == "eval"]
         times = [r["step_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5]
         cpu_times = [r["cpu_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5 and "cpu_time" in r]
@@ -579,7 +741,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
     """Train one run into ``out_dir`` and return its summary (see ``Trainer``).
 
     Raises ``ValueError`` / ``FileNotFoundError`` / ``FileExistsError`` for bad input (before anything is
-    written) and ``TrainingDiverged`` if the loss or gradient norm becomes non-finite.
+    written), ``rundir.RunDirError`` (a ``ValueError``) for an unusable or locked run directory,
+    ``TrainingDiverged`` when the health guard stops the run, ``TrainingFailed`` for an ``OSError`` during
+    training (a full disk) and ``Preempted`` after SIGTERM; the last three leave a resumable run.
     """
     trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet, init=init)
     try:
@@ -687,5 +851,11 @@ def run(args) -> int:
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
     except TrainingDiverged as e:
         print(f"scalevec train: {e}", file=sys.stderr)
-        return 3
+        return DIVERGED_EXIT
+    except TrainingFailed as e:
+        print(f"scalevec train: error: {e}", file=sys.stderr)
+        return FAILED_EXIT
+    except Preempted as e:
+        print(f"scalevec train: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
     return 0
