@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -329,6 +330,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu) | float32 | bfloat16
     dist: str = "none"  # none | ddp | fsdp2
+    # CPU threads for torch's kernels (0: every CPU this process may use). fp32 sums are split across
+    # threads, so the thread count is part of what makes a run bitwise reproducible (README, "Reproducibility")
+    threads: int = 0
     probe_every: int = 0
     sharpness_every: int = 0
     # memory (docs/performance.md): recompute blocks' activations in the backward: none | all | every_K
@@ -351,6 +355,8 @@ class TrainConfig:
             raise ValueError(f"train.loss_chunk_tokens={self.loss_chunk_tokens} must be >= 0 (0: off; try 4096)")
         if self.tokens < 0 or self.micro_batch_size < 0 or self.ckpt_every < 0:
             raise ValueError("train.tokens, train.micro_batch_size and train.ckpt_every must be >= 0")
+        if self.threads < 0:
+            raise ValueError(f"train.threads={self.threads} must be >= 0 (0: every CPU this process may use)")
         if self.seed < 0 or self.probe_every < 0 or self.sharpness_every < 0:
             raise ValueError(f"train.seed={self.seed}, train.probe_every={self.probe_every} and "
                              f"train.sharpness_every={self.sharpness_every} must be >= 0")
@@ -425,6 +431,23 @@ def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
         raise ValueError(f"train.activation_checkpointing names block(s) {bad}, but the model has blocks "
                          f"0..{n_layers - 1}")
     return blocks
+
+
+# How a run executes, not what it computes: these may differ when a run is resumed or a sweep is rerun
+# (DESIGN.md §8: the same global batch gives the same losses on 1 or N processes; the thread count and
+# compile change the last bits of fp32 sums, which meta.json records, not the experiment).
+EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile", "train.tracker", "train.threads")
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask): the thread count `scalevec train` and a one-job
+    sweep use when ``train.threads`` is 0. Explicit rather than torch's default, which counts physical
+    cores and so differs on a machine with SMT from what a parent's ``OMP_NUM_THREADS`` gives: a run's
+    numbers then depended on how it was started (issue 12)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------------------------- I/O
@@ -567,5 +590,5 @@ def _positive(obj: Any, *names: str) -> None:
 __all__ = [
     "MoEConfig", "RopeScalingConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
     "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
-    "load_yaml", "save_yaml", "replace",
+    "load_yaml", "save_yaml", "replace", "EXECUTION_FIELDS", "usable_cpus",
 ]
