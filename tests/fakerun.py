@@ -10,7 +10,7 @@ so a strategy with k = 2 behaves exactly like a baseline with twice the paramete
 k² = 4 at fixed tokens per parameter) and the best lr is ``LR_STAR``. ``FAKE_SLEEP`` (seconds) delays
 every run after the first one of a sweep (for the interrupted-sweep test); ``FAKE_LOG`` names a file
 that gets one line per invocation; runs with lr >= ``FAKE_DIVERGE_LR`` stop like a diverged trainer
-(a message with "non-finite" and exit code 3).
+(a DIVERGED marker, a message with "non-finite" and exit code 3).
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if float(cfg["optim"]["lr"]) >= float(os.environ.get("FAKE_DIVERGE_LR", "inf")):
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(Path(args.config).read_text())
+        (out / "DIVERGED").write_text(json.dumps({"step": 3, "first_bad_step": 3, "checkpoint": None,
+                                                  "reason": "non-finite loss or gradient norm at step 3"}))
         print("non-finite loss or gradient norm at step 3", file=sys.stderr)
         return 3
     sleep = float(os.environ.get("FAKE_SLEEP", "0"))

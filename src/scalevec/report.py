@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import textwrap
 from collections import defaultdict
@@ -32,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from . import stats
-from .config import RunConfig, from_dict, load_yaml, to_dict
+from . import rundir
+from .config import RunConfig, load_yaml, to_dict
 from .evaluation import eval_columns
-from .sweep import diverged
 
 SIZE_PREFIXES = ("preset", "model.", "train.")  # varying keys that define a model size / token budget
 PRIMARY_KEYS = ("preset", "optim.name", "schedule.name", "train.tokens", "data.source", "data.tokenizer")
@@ -88,19 +87,14 @@ def flatten_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def read_run(path: Path) -> RunRecord:
-    """Read one run directory (``config.yaml`` required; summary and metrics when present)."""
-    cfg = from_dict(RunConfig, load_yaml(path / "config.yaml"))
+    """Read one run directory through ``rundir`` (``config.yaml`` required; summary and metrics when
+    present; a cut-off last metrics line is skipped). ``RunDirError`` names a damaged file and the fix."""
+    cfg = rundir.load_config(path)
     summary = None
-    if (path / "DONE").exists() and (path / "summary.json").is_file():
-        summary = json.loads((path / "summary.json").read_text())
-    evals = []
-    if (path / "metrics.jsonl").is_file():
-        for line in (path / "metrics.jsonl").read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if row.get("kind") == "eval":
-                    evals.append(row)
-    status = "done" if summary else ("diverged" if diverged(path.with_name(path.name + ".log")) else "unfinished")
+    if rundir.is_done(path) and (path / rundir.SUMMARY).is_file():
+        summary = rundir.read_json(path / rundir.SUMMARY, fix="retrain the run, or delete its DONE to report it unfinished")
+    evals = rundir.read_metrics(path, kind="eval")
+    status = "done" if summary else ("diverged" if rundir.is_diverged(path) else "unfinished")
     return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status)
 
 

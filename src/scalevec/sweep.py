@@ -21,8 +21,10 @@ An axis value can also be a mapping of several fields (one "bundle", e.g. a size
 size), named by its ``name`` key. Choices made here (ours): names are built from the run's values on
 the grid axes only, so they are stable across reruns and base edits are caught instead (a finished
 run whose stored config differs from the sweep's is an error naming the fix); a run directory with
-``DONE`` is skipped, one with a checkpoint is resumed, one without is restarted (nanochat's sweeps
-skip finished runs the same way); the token budget of ``tokens_per_param`` uses the ``baseline``
+``DONE`` or ``DIVERGED`` is skipped, one with a checkpoint is resumed, one without is restarted, one
+that another process holds (its lock, ``rundir.RunLock``) is skipped with a message (nanochat's sweeps
+skip finished runs the same way); SIGINT or SIGTERM to the sweep sends SIGTERM to its trainers, which
+checkpoint at their next step and exit, and the sweep then stops (exit 130); the token budget of ``tokens_per_param`` uses the ``baseline``
 strategy's parameter count so that every strategy of a cell trains on the same tokens; ``wsd``
 decays to 0 unless ``schedule.min_lr_ratio`` is given (as ``scalevec train --schedule wsd``).
 """
@@ -35,8 +37,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +58,7 @@ from .config import (
     load_yaml,
     to_dict,
 )
+from . import rundir
 from .presets import get_preset
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
@@ -292,39 +297,36 @@ def run_tokens(cfg: RunConfig) -> int:
 # ----------------------------------------------------------------------------------------- state on disk
 
 
-DIVERGED_EXIT = 3  # `scalevec train` exit code for a non-finite loss or gradient norm
+DIVERGED_EXIT = 3  # `scalevec train` exit code when its health guard stopped the run (DIVERGED written)
+PREEMPTED_EXIT = 75  # `scalevec train` exit code after SIGTERM (checkpointed; resumable)
 
 
-def diverged(log: Path) -> bool:
-    """True when the last attempt recorded in a run's log (``runs_dir/NAME.log``) ended in divergence."""
-    if not log.is_file():
-        return False
-    last = log.read_text(errors="replace").rsplit("\n$ ", 1)[-1]
-    return "non-finite" in last or f"[exit {DIVERGED_EXIT}]" in last
+def diverged(run_dir: Path) -> bool:
+    """True when the run stopped on its health guard (``rundir.is_diverged``)."""
+    return rundir.is_diverged(run_dir)
 
 
 def run_status(run: Run, runs_dir: Path) -> str:
-    """``done`` (DONE present), ``diverged`` (its last attempt diverged: not retried, delete its log to
-    retry), ``resume`` (a checkpoint), ``restart`` (a partial run without one) or ``new``.
+    """``done`` (DONE present), ``diverged`` (DIVERGED present: a result, not retried; ``--overwrite`` the
+    run or delete it to retry), ``locked`` (another process trains it now), ``resume`` (a checkpoint),
+    ``restart`` (a partial run without one) or ``new`` (``rundir.state``).
 
     Raises ``ValueError`` when an existing run directory was made with a different config.
     """
     d = runs_dir / run.name
-    if not d.exists():
+    status = rundir.state(d)
+    if status == "new":
         return "new"
-    stored_path = d / "config.yaml"
-    if stored_path.is_file():
-        stored = to_dict(from_dict(RunConfig, load_yaml(stored_path)))
+    if rundir.is_run(d):
+        stored = to_dict(rundir.load_config(d))
         expected = to_dict(run.cfg)
         if stored != expected:
             diff = sorted(_diff_keys(stored, expected))
             raise ValueError(f"{d} was trained with a different config ({', '.join(diff)}); use a new --out, "
                              f"or delete that run directory to retrain it")
-    if (d / "DONE").exists():
-        return "done"
-    if diverged(runs_dir / f"{run.name}.log"):
-        return "diverged"
-    return "resume" if (d / "checkpoints" / "latest").is_file() else "restart"
+    if status not in ("done", "diverged") and rundir.locked_by(d):
+        return "locked"
+    return status
 
 
 def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -338,15 +340,29 @@ def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+write_atomic = rundir.write_atomic  # a per-process temporary file, then a rename
+
+_children: set[subprocess.Popen] = set()  # trainers running now (stopped together with the sweep)
+_children_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def stop_trainers(signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to every running trainer and start no new one (they checkpoint and exit)."""
+    _stopping.set()
+    with _children_lock:
+        for proc in _children:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
 
 
 def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...], threads: int) -> int:
-    """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code."""
+    """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code (130 without
+    starting it when the sweep is stopping)."""
+    if _stopping.is_set():
+        return 130
     cfg_path = runs_dir / f"{run.name}.yaml"
     write_atomic(cfg_path, yaml.safe_dump(to_dict(run.cfg), sort_keys=False))
     cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]  # not --quiet: the log holds its output
@@ -356,7 +372,16 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     with open(runs_dir / f"{run.name}.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
+        with _children_lock:
+            if _stopping.is_set():
+                return 130
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            _children.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            with _children_lock:
+                _children.discard(proc)
         log.write(f"[exit {rc}]\n")
         return rc
 
@@ -377,9 +402,9 @@ def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
 
 def _final_loss(run_dir: Path) -> str:
     try:
-        s = json.loads((run_dir / "summary.json").read_text())
+        s = rundir.read_json(run_dir / rundir.SUMMARY)
         return f"val_loss {s['final_val_loss']:.4f}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return "no summary"
 
 
@@ -431,11 +456,15 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         return 0
     runs_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "sweep.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged")]
+    todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")]
     n_div = statuses.count("diverged")
     say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
-        f"{f'{n_div} diverged before (not retried; delete their .log to retry), ' if n_div else ''}"
+        f"{f'{n_div} diverged before (not retried; --overwrite or delete the run to retry), ' if n_div else ''}"
         f"{len(todo)} to train ({jobs} at a time) in {runs_dir}")
+    for r, s in zip(runs, statuses):
+        if s == "locked":
+            say(f"skipped {r.name}: in use by process {rundir.locked_by(runs_dir / r.name)} (another sweep or train); "
+                f"rerun this sweep when it is done")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     failed: list[str] = []
     progress = None if quiet else live_progress(todo, runs_dir)
@@ -450,21 +479,39 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         if progress:
             progress.finished(run.name)
         head = f"[{i + 1}/{len(todo)}] {run.name}:"
-        if rc == 0 and (runs_dir / run.name / "DONE").exists():
+        if rc == 0 and rundir.is_done(runs_dir / run.name):
             say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
-        elif rc == DIVERGED_EXIT:  # a result (this lr is too high), not a failure
-            say(f"{head} diverged (non-finite loss); the report counts it as a failed lr")
+        elif rc == DIVERGED_EXIT and diverged(runs_dir / run.name):  # a result (this lr is too high), not a failure
+            div = rundir.read_diverged(runs_dir / run.name) or {}
+            say(f"{head} diverged ({div.get('reason', 'health guard')}); the report counts it as a failed lr")
+        elif _stopping.is_set():
+            say(f"{head} stopped with the sweep (exit {rc}); rerun the same command to resume it")
+        elif rundir.locked_by(runs_dir / run.name):
+            say(f"{head} skipped: in use by process {rundir.locked_by(runs_dir / run.name)}; rerun this sweep later")
         else:
             failed.append(run.name)
             say(f"{head} FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
 
+    def on_signal(signum, frame):  # SIGINT / SIGTERM: the trainers checkpoint and stop, then the sweep stops
+        stop_trainers(signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    for s in old:
+        signal.signal(s, on_signal)
+    _stopping.clear()
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         for future in [pool.submit(one, item) for item in enumerate(todo)]:
             future.result()
-    except KeyboardInterrupt:  # Ctrl-C reaches the trainers too; start no new run
+    except KeyboardInterrupt:  # start no new run; wait for the running trainers to checkpoint and exit
+        stop_trainers(signal.SIGTERM)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
     pool.shutdown()
     if progress:
         progress.stop()
