@@ -156,7 +156,8 @@ class _MagDir(torch.autograd.Function):
     """OR / ER: ``γ = m · u``, ``u = α / rms(α)``, ``m = β`` (OR) or ``exp(b)`` (ER), rms over the last dim.
 
     One autograd node instead of six: these are tiny vectors, so the cost is per operation, and
-    ``unified`` has ~10 of them per block. Backward, with ``∂u/∂α = (I − u uᵀ/d) / rms(α)``::
+    ``unified`` has ~10 of them per block; backward reuses forward's ``1/rms(α)`` (not recomputed,
+    except under ``create_graph``, where it must be differentiable). Backward, with ``∂u/∂α = (I − u uᵀ/d) / rms(α)``::
 
         ∂L/∂α = (m / rms(α)) (g − u · mean(g ⊙ u)),   ∂L/∂β = Σ g ⊙ u,   ∂L/∂b = m Σ g ⊙ u
 
@@ -166,20 +167,22 @@ class _MagDir(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(mag: Tensor, direction: Tensor, exp: bool) -> Tensor:
+    def forward(mag: Tensor, direction: Tensor, exp: bool) -> tuple[Tensor, Tensor]:
         r = torch.rsqrt(direction.pow(2).mean(-1, keepdim=True))
-        return (mag.exp() if exp else mag) * (direction * r)
+        return (mag.exp() if exp else mag) * (direction * r), r  # r: saved for backward, not differentiable
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         mag, direction, ctx.exp = inputs
-        ctx.save_for_backward(mag, direction)
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(mag, direction, output[1])
 
     @staticmethod
-    def backward(ctx, g: Tensor):
-        mag, direction = ctx.saved_tensors
-        r = torch.rsqrt(direction.pow(2).mean(-1, keepdim=True))
-        unit = direction * r
+    def backward(ctx, g: Tensor, _g_r: Tensor | None = None):
+        mag, direction, r = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: r from forward is a constant to autograd, recompute it
+            r = torch.rsqrt(direction.pow(2).mean(-1, keepdim=True))
+        unit = direction * r  # the same ops as forward: the same numbers, to the bit
         m = mag.exp() if ctx.exp else mag
         gu = (g * unit).sum(-1, keepdim=True)
         grad_mag = gu * m if ctx.exp else gu
@@ -246,7 +249,7 @@ def _fold(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
 
 def magdir(magnitude: Tensor, direction: Tensor, exp: bool) -> Tensor:
     """OR (``exp=False``: ``β · α/rms(α)``) or ER (``exp=True``: ``exp(b) · α/rms(α)``), rms over the last dim."""
-    return _MagDir.apply(magnitude, direction, exp)
+    return _MagDir.apply(magnitude, direction, exp)[0]
 
 
 def folded_linear(u: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:

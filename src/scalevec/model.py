@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig, RopeScalingConfig, ScaleConfig
-from .scales import Linear, NormLinear, OutputNorm, init_params, new_param, normal_init, param_roles
+from .scales import Linear, NormLinear, OutputNorm, batched_scales, init_params, new_param, normal_init, param_roles
 
 
 def llama3_inv_freq(inv_freq: Tensor, scaling: RopeScalingConfig) -> Tensor:
@@ -158,9 +158,10 @@ class Block(nn.Module):
         self.mlp_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> tuple[Tensor, Tensor]:
-        x = x + self.attn_out(self.attn(x, cos, sin, kv))
-        y, aux = self.mlp(x)
-        return x + self.mlp_out(y), aux
+        with batched_scales(self):  # OR/ER γ of the block in one node per width (scales.py), same numbers
+            x = x + self.attn_out(self.attn(x, cos, sin, kv))
+            y, aux = self.mlp(x)
+            return x + self.mlp_out(y), aux
 
 
 class Embedding(nn.Module):

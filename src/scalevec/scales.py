@@ -22,6 +22,7 @@ This module does not build a Transformer (``model.py``) nor optimizers (``optim.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -105,11 +106,53 @@ class ScaleVector(nn.Module):
             raise ValueError(f"unknown scale parameterization {param!r}")
 
     def forward(self) -> Tensor:
+        cached = self.__dict__.get("_gamma")  # set by ``batched_scales`` for the duration of one forward
+        if cached is not None:
+            return cached
         if self.param == "direct":
             return self.weight
         if self.param == "magdir":
             return magdir(self.magnitude, self.direction, exp=False)
         return magdir(self.log_magnitude, self.direction, exp=True)
+
+
+@contextmanager
+def batched_scales(module: nn.Module):
+    """Within the block, every OR/ER ``ScaleVector`` of ``module`` returns a γ computed once, together with
+    the others of its kind and width: one ``magdir`` call (one autograd node) on their magnitudes and
+    directions concatenated row-wise, instead of one per vector (``unified`` has ~10 per block; at ``small``
+    each costs more in dispatch and autograd bookkeeping than in arithmetic, docs/performance.md).
+
+    The same numbers to the bit, values and gradients: every op of ``magdir`` is elementwise or a reduction
+    over the last dim, which torch computes row by row the same way whatever the number of rows
+    (tests/test_scales_batched.py checks it on the models). Vectors alone in their group, ``direct`` γ and
+    traced code (``torch.compile`` fuses these small ops itself) are left as they are. The cache is dropped
+    on exit, so calls outside the block (telemetry, fold) compute γ afresh.
+    """
+    groups = module.__dict__.get("_magdir_groups")
+    if groups is None:  # the module tree does not change: group its vectors once
+        by_kind: dict[tuple[bool, int], list[ScaleVector]] = {}
+        for m in module.modules():
+            if isinstance(m, ScaleVector) and m.param in ("magdir", "magdir_exp"):
+                by_kind.setdefault((m.param == "magdir_exp", m.direction.shape[-1]), []).append(m)
+        groups = module.__dict__["_magdir_groups"] = [(exp, g) for (exp, _), g in by_kind.items() if len(g) > 1]
+    if not groups or torch.compiler.is_compiling():
+        yield
+        return
+    try:
+        for exp, vectors in groups:
+            dirs = [v.direction for v in vectors]
+            d = dirs[0].shape[-1]
+            mags = [(v.log_magnitude if exp else v.magnitude).reshape(-1, 1) for v in vectors]
+            rows = [a.numel() // d for a in dirs]
+            gammas = magdir(torch.cat(mags), torch.cat([a.reshape(-1, d) for a in dirs]), exp=exp).split(rows)
+            for v, a, g in zip(vectors, dirs, gammas):
+                v.__dict__["_gamma"] = g.view(a.shape)
+        yield
+    finally:
+        for _, vectors in groups:
+            for v in vectors:
+                v.__dict__.pop("_gamma", None)
 
 
 def make_scale(cfg: ScaleConfig, shape: tuple[int, ...], role: str) -> ScaleVector:
@@ -279,5 +322,5 @@ def scale_vectors(model: nn.Module) -> dict[str, Tensor]:
 
 __all__ = [
     "ROLES", "new_param", "param_roles", "init_params", "rms_norm", "ScaleVector", "Linear", "Branch",
-    "NormLinear", "OutputNorm", "scale_vectors",
+    "NormLinear", "OutputNorm", "scale_vectors", "batched_scales",
 ]
