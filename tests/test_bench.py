@@ -41,6 +41,7 @@ def result(tmp_path_factory) -> dict:
     return r
 
 
+@pytest.mark.slow  # the module's bench run: ~3 s
 def test_bench_json_structure(result):
     """Every candidate has a row, in order, with 2 timed rounds, positive medians and an IQR around them."""
     assert result["preset"] == "tiny" and result["steps"] == 2 and result["tokens_per_step"] == 2 * 16
@@ -55,6 +56,7 @@ def test_bench_json_structure(result):
     assert len(result["loadavg_start"]) == 3
 
 
+@pytest.mark.slow  # the module's bench run
 def test_bench_targets_are_reported_for_the_right_candidates(result):
     """Strategies get step/memory targets (1.02 foldable, 1.05 unified); hf-llama gets baseline ≤ 1.0× it."""
     rows = {row["name"]: row for row in result["train"]}
@@ -66,6 +68,7 @@ def test_bench_targets_are_reported_for_the_right_candidates(result):
     assert hf["limit"] == 1.0 and isinstance(hf["met"], bool)
 
 
+@pytest.mark.slow  # the module's bench run
 def test_bench_candidates_do_equal_work(result):
     """Same matrices, same batch: every foldable strategy and hf-llama start from the baseline's loss."""
     rows = {row["name"]: row for row in result["train"]}
@@ -74,6 +77,7 @@ def test_bench_candidates_do_equal_work(result):
     assert rows["hf-llama"]["params"] == rows["baseline"]["params"]
 
 
+@pytest.mark.slow  # the module's bench run
 def test_bench_memory_accounting(result):
     """Peak = persistent state + the step's peak; the state holds at least params + AdamW's two moments."""
     for row in result["train"]:
@@ -82,6 +86,7 @@ def test_bench_memory_accounting(result):
         assert row["mem_state_bytes"] >= 3 * 4 * row["params"]
 
 
+@pytest.mark.slow  # the module's bench run
 def test_bench_inference_folded_models_are_plain_llamas(result):
     """Folded foldable strategies have exactly a plain Llama's parameter count; DNP (unified) is not folded."""
     inf = result["inference"]

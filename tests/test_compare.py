@@ -83,6 +83,7 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
     assert not out.exists()
 
 
+@pytest.mark.slow  # trains: ~2 s
 def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypatch):
     """With the synthetic trainer: unified's planted gain is flagged, and report.md/results.csv/loss_curves.png exist."""
     monkeypatch.setattr(sweep, "DEFAULT_TRAIN_CMD", FAKE)
@@ -104,6 +105,7 @@ def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypa
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")} == before
 
 
+@pytest.mark.slow  # real trainer subprocesses: ~25 s
 def test_compare_end_to_end_same_start_per_seed(tmp_path, capsys):
     """Real training on `tiny`: strategies equal at init see the same first batch and matrices per seed."""
     out = tmp_path / "cmp"

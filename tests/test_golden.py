@@ -20,6 +20,8 @@ from golden.generate import CASES, GOLDEN, STEPS, all_losses, machine_key
 
 CROSS_MACHINE_TOL = 2e-3  # nats per step; see the module docstring
 
+pytestmark = pytest.mark.slow  # 9 x 20 training steps: ~15 s; run it after any change to numerics
+
 
 @pytest.fixture(scope="module")
 def current():

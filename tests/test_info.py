@@ -54,7 +54,9 @@ def expected_params(cfg, strategy: str) -> int:
     return embed + matrices + sum(expected_scale_params(cfg, strategy).values())
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+# paper-size presets take 1-8 s each (every strategy built on meta): slow; the CPU presets stay in the fast loop
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p.startswith("llama-") or p in
+                                    ("moe-0.5b", "moe-2b") else p for p in PRESETS])
 def test_info_every_preset_and_strategy(preset):
     """info() for every preset x strategy: the JSON keys, totals that add up by role and vs baseline, and
     (dense presets) total and per-role scale counts equal to the hand count of DESIGN.md §2-§3."""
@@ -95,6 +97,7 @@ def test_cpu_preset_count_equals_sum_of_numel(preset):
     assert info(preset, "unified")["params"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow  # a 1B model on meta: ~1 s
 def test_llama_1b_is_the_papers_model():
     """llama-1b (DESIGN.md §11): d 1792, 22 layers, 28 heads, d_ff 4778, vocab 50304 untied;
     1,028,065,024 parameters with baseline, 80,640 of them scale vectors."""
@@ -108,6 +111,7 @@ def test_llama_1b_is_the_papers_model():
     assert r["embedding_params"] == 2 * 50304 * 1792
 
 
+@pytest.mark.slow  # builds every paper preset: ~4 s
 def test_preset_sizes_match_their_names():
     """Paper presets total their documented size (presets.py table); CPU presets their ~non-embedding size."""
     documented = {"llama-0.12b": 0.123, "llama-0.25b": 0.244, "llama-0.5b": 0.483, "llama-1b": 1.028, "llama-2b": 2.015}

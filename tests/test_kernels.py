@@ -116,6 +116,7 @@ def test_magdir_matches_formula_with_derivatives_and_jacrev(exp, shape):
     torch.testing.assert_close(jac, ref_jac, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # gradgradcheck in float64: ~1 s per case
 @pytest.mark.parametrize("norm_gate, norm_up", [(True, True), (True, False), (False, True)])
 def test_dnp_swiglu_matches_composed_form(norm_gate, norm_up):
     """silu(s_g ⊙ n(y_g)) ⊙ (s_u ⊙ n(y_u)) fused equals the composed form, with both derivatives (float64)."""

@@ -56,6 +56,7 @@ def test_chunked_loss_without_grad_equals_plain(make_cfg, tokens):
     assert abs(plain - chunked).item() <= 1e-6 * plain.item()
 
 
+@pytest.mark.slow  # peak-memory measurement: ~1.5 s
 def test_memory_options_lower_the_peak(make_cfg):
     """Checkpointing every block and chunking the loss each lower one step's peak allocation on CPU."""
     cfg = make_cfg(d_model=64, n_heads=4, n_kv_heads=4, d_ff=128, n_layers=4, vocab_size=4096, max_seq_len=64)

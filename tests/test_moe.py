@@ -412,6 +412,7 @@ def test_muon_updates_each_expert_of_a_bank_on_its_own():
         torch.testing.assert_close(bank.detach()[e], m.detach(), rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow  # 30 training steps: ~2 s
 def test_moe_tiny_unified_training_lowers_loss():
     """30 AdamW steps of moe-tiny with `unified` on Shakespeare bytes, through the project's own role groups
     (router, expert banks, scale vectors each in their group), cut the loss by over 1 nat from ~ln 256."""

@@ -178,6 +178,7 @@ def test_adamw_kernel_choice():
         OptimConfig(fused="sometimes").validate()
 
 
+@pytest.mark.slow  # three tiny trainings: ~3 s
 def test_resume_is_bitwise_exact_under_fused_adamw(tmp_path):
     """With optim.fused=true (CPU fused AdamW), 8 steps straight equal 4 steps + resume + 4 steps, bitwise,
     and the run differs from foreach only by rounding (measured 1e-6 nats over 8 steps; bound 1e-4)."""

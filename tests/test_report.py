@@ -69,6 +69,7 @@ def test_report_flags_planted_effect_not_seed_noise(tmp_path):
     assert res["none"].delta.significant and res["none"].delta.lo > 0
 
 
+@pytest.mark.slow  # synthetic sweep: ~1 s
 def test_lr_is_tuned_per_strategy_with_edge_warning(tmp_path):
     """Each strategy is compared at its own best lr (3e-3, interior); a grid ending at the optimum warns."""
     spec = {"base": {**BASE, "preset": "tiny"},
@@ -112,6 +113,7 @@ def test_token_efficiency_interpolates_to_baseline_loss(tmp_path):
     assert "not reached" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow  # a 12-run synthetic fit: ~2 s
 def test_scaling_fit_recovers_compute_multiplier(tmp_path):
     """Four sizes × 3 seeds: the shared fit finds unified's k²=4 and none's 0.64 (fakerun's planted factors)."""
     fabricate(tmp_path, {"base": BASE, "grid": {"size": SIZES, "strategy": ["baseline", "none", "unified"],

@@ -28,6 +28,8 @@ from scalevec.theory import (
     weight_decay,
 )
 
+pytestmark = pytest.mark.slow  # runs the §4 experiments (module fixtures) and Hessian probes
+
 # ------------------------------------------------------------------ experiments (each computed once per module)
 
 

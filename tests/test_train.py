@@ -48,6 +48,7 @@ def test_loss_normalized_over_global_batch(make_cfg):
         assert (a.grad - b.grad).norm() <= 1e-5 * scale, name
 
 
+@pytest.mark.slow  # four tiny trainings
 def test_resume_is_bitwise_exact(tmp_path):
     """10 steps straight equal 5 steps + resume + 5 steps, bitwise, on CPU (AdamW and Muon)."""
     for opt in ("adamw", "muon"):
@@ -86,6 +87,7 @@ def test_run_directory_contents(tmp_path):
     assert cfg.strategy == "hg" and model.num_params() == summary["params"]
 
 
+@pytest.mark.slow  # 40 training steps
 def test_training_lowers_the_loss(tmp_path):
     """40 steps on Shakespeare lower the validation loss well below the uniform ln(256) = 5.55 nats."""
     summary = train(tiny_run(tmp_path, "baseline", steps=40, **{"optim.lr": 1e-2}), tmp_path / "r", quiet=True)
