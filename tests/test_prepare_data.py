@@ -225,12 +225,14 @@ def test_memmap_sampler_equals_in_memory_sampler(tmp_path):
     assert len(data.train.shards) > 20  # documents stay whole, so a shard holds at least one play
     mem = D.TokenData(train=concat(data.train), val=concat(data.val), tokenizer=data.tokenizer,
                       token_bytes=data.token_bytes, meta=data.meta)
-    a = D.TrainSampler(data.train, 256, 64, seed=3)
-    b = D.TrainSampler(mem.train, 256, 64, seed=3)
-    for step in (0, 1, 7, a.n_windows // 64 + 2):  # the last one is in the second epoch
-        for rank in (0, 1):
-            for x, y in zip(a.batch(step, rank, 2), b.batch(step, rank, 2)):
-                assert x.equal(y)
+    assert D.TrainSampler(data.train, 256, 64, seed=3).order == "feistel"  # the shards' default
+    for order in ("feistel", "permutation"):
+        a = D.TrainSampler(data.train, 256, 64, seed=3, order=order)
+        b = D.TrainSampler(mem.train, 256, 64, seed=3, order=order)
+        for step in (0, 1, 7, a.n_windows // 64 + 2):  # the last one is in the second epoch
+            for rank in (0, 1):
+                for x, y in zip(a.batch(step, rank, 2), b.batch(step, rank, 2)):
+                    assert x.equal(y)
     (va, na), (vb, nb) = D.val_batches(data, 64, 4096, 8), D.val_batches(mem, 64, 4096, 8)
     assert na == nb and all(x.equal(y) for p, q in zip(va, vb) for x, y in zip(p, q))
 
@@ -250,3 +252,20 @@ def test_train_on_prepared_dir_resumes_exactly(tmp_path):
         return [(r["kind"], r["step"], r.get("loss", r.get("val_loss"))) for r in rows]
 
     assert losses(tmp_path / "straight") == losses(tmp_path / "split") and len(losses(tmp_path / "split")) == 8
+
+
+def test_feistel_order_is_a_fresh_permutation_per_epoch():
+    """feistel_permutation is a bijection of [0, n) for awkward n; the sampler's feistel order visits every
+    window once per epoch, in another order each epoch and seed, and does not keep neighbours together."""
+    keys = np.arange(1, 7, dtype=np.uint64)
+    for n in (1, 2, 3, 5, 64, 1000, 4097):
+        assert sorted(D.feistel_permutation(np.arange(n), n, keys).tolist()) == list(range(n))
+    tokens = np.arange(1000 * 8 + 1) % 256
+    s = D.TrainSampler(tokens, 8, 100, seed=0, order="feistel")
+    epoch0 = np.concatenate([s.windows(k) for k in range(10)])
+    epoch1 = np.concatenate([s.windows(k) for k in range(10, 20)])
+    assert sorted(epoch0.tolist()) == sorted(epoch1.tolist()) == list(range(1000))
+    assert not np.array_equal(epoch0, epoch1)
+    assert not np.array_equal(epoch0, np.concatenate([D.TrainSampler(tokens, 8, 100, seed=1, order="feistel").windows(k)
+                                                      for k in range(10)]))
+    assert np.mean(np.abs(np.diff(epoch0)) == 1) < 0.01  # a shuffle, not a shifted range

@@ -26,7 +26,8 @@ the training documents.
 ``train --data DIR`` opens the shards with ``np.memmap`` (``load_prepared``): nothing is read or
 hashed at start-up besides the manifest and the file sizes; ``prepare-data --verify DIR`` checks
 every SHA-256. ``ShardedTokens`` presents the shards of a split as one 1-D array to ``TrainSampler``
-and ``val_batches`` without concatenating them.
+and ``val_batches`` without concatenating them, and asks ``TrainSampler`` for its ``feistel`` order
+(a permutation computed per index, so memory does not grow with the number of windows either).
 """
 
 from __future__ import annotations
@@ -455,8 +456,11 @@ class ShardedTokens:
 
     Supports ``len``, ``dtype``, integer indexing, slices (a copy of that range) and integer arrays of
     any shape (``TrainSampler``'s ``(B, T+1)`` windows; a window may cross a shard boundary). Every
-    shard is an ``np.memmap``: only the pages a batch touches are read.
+    shard is an ``np.memmap``: only the pages a batch touches are read. ``sample_order = "feistel"``
+    makes ``TrainSampler`` shuffle windows without holding a permutation of them in memory.
     """
+
+    sample_order = "feistel"
 
     def __init__(self, shards: list[np.ndarray]):
         if not shards:
