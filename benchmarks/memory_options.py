@@ -20,7 +20,6 @@ from scalevec import ModelConfig, ScaleConfig, build_model
 from scalevec.bench import step_peak_bytes
 
 
-
 def main() -> None:
     p = argparse.ArgumentParser()
     for name, default in (("d-model", 256), ("n-layers", 8), ("vocab", 32768), ("batch", 8), ("seq", 256),
@@ -34,7 +33,8 @@ def main() -> None:
                       d_ff=a.d_model * 8 // 3, vocab_size=a.vocab, max_seq_len=a.seq)
     model = build_model(cfg, ScaleConfig.preset("baseline"), seed=0)
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g), torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+    x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+    y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
 
     def step():
         model.zero_grad(set_to_none=False)  # gradients persist between steps: not part of the step's peak

@@ -1,4 +1,4 @@
-"""--init-from a Hugging Face checkpoint: every foldable strategy computes the HF model's logits (DESIGN.md §1, §3, §10).
+"""--init-from a Hugging Face checkpoint: every foldable strategy computes the HF model's logits (DESIGN.md §1, §10).
 
 Small random Llama (tied embeddings, explicit head_dim, Llama 3 rope scaling), Qwen3 (QK-norm),
 Mixtral and Qwen3-MoE models are built with transformers, their norm weights moved away from 1 so
@@ -19,8 +19,7 @@ import transformers  # a dev dependency: missing it fails these tests, never ski
 from scalevec import ScaleConfig, build_model
 from scalevec.config import ModelConfig, RopeScalingConfig, RunConfig, apply_overrides, to_dict
 from scalevec.export import export_model
-from scalevec.hf_import import (import_hf, load_plain, model_config_from_hf, plain_from_model, read_hf,
-                                set_scale)
+from scalevec.hf_import import import_hf, load_plain, model_config_from_hf, plain_from_model, read_hf, set_scale
 from scalevec.model import rope_cos_sin
 from scalevec.scales import ScaleVector
 
@@ -126,7 +125,8 @@ def test_llama3_rope_matches_transformers():
     inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, "cpu")
     cos, sin = rope_cos_sin(32, 128, 500000.0, torch.device("cpu"), RopeScalingConfig(8.0, 1.0, 4.0, 64))
     angles = torch.outer(torch.arange(32).float(), inv_freq)
-    assert torch.equal(cos, torch.cat((angles, angles), -1).cos()) and torch.equal(sin, torch.cat((angles, angles), -1).sin())
+    full = torch.cat((angles, angles), -1)
+    assert torch.equal(cos, full.cos()) and torch.equal(sin, full.sin())
     plain, _ = rope_cos_sin(32, 128, 500000.0, torch.device("cpu"))
     assert not torch.allclose(plain, cos)  # the scaling did something
 
@@ -160,8 +160,8 @@ def test_magdir_scale_starts_as_rms_and_direction(param):
 
 def test_branch_between_strategies_keeps_logits(make_cfg, tokens):
     """A trained-looking HG MoE model converted through the plain form into OR computes the same logits."""
-    from scalevec import MoEConfig
     from conftest import _perturb
+    from scalevec import MoEConfig
 
     cfg = make_cfg(qk_norm=True, tie_embeddings=True, moe=MoEConfig(n_experts=4, top_k=2, d_expert=16, first_dense=1))
     src = build_model(cfg, dataclasses.replace(ScaleConfig.preset("unified_foldable"), per_expert=True), seed=0)

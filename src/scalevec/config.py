@@ -523,7 +523,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """Apply ``section.field=value`` overrides (e.g. ``model.d_model=256``, ``moe.n_experts=4``).
 
-    ``moe.*`` edits ``model.moe`` (creating it with defaults if absent); ``model.rope_scaling.*`` likewise. Raises ``ValueError`` for a
+    ``moe.*`` edits ``model.moe`` (creating it with defaults if absent); ``model.rope_scaling.*``
+    likewise. Raises ``ValueError`` for a
     malformed item or an unknown key.
     """
     data = to_dict(cfg)

@@ -24,7 +24,6 @@ are ``NORM_SITES`` below (export writes them as ones). Reading Hugging Face file
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .config import MoEConfig, ModelConfig, RopeScalingConfig
+from .config import ModelConfig, MoEConfig, RopeScalingConfig
 from .export import FORMATS, name_map
 from .model import Transformer
 from .scales import NormLinear, OutputNorm, ScaleVector
@@ -328,7 +327,7 @@ def load_plain(model: Transformer, plain: PlainWeights) -> list[str]:
         if missing:
             raise ValueError(f"this model has no slot for {', '.join(sorted(missing)[:3])}; the model config must "
                              f"match the source's")
-        for name, m in model.named_modules():
+        for m in model.modules():
             if isinstance(m, ScaleVector):
                 set_scale(m, torch.ones(()))  # output scales (and everything not set below) start at 1
         modules = dict(model.named_modules())

@@ -158,7 +158,8 @@ def load_weights(init: InitFrom, cfg: RunConfig, model: torch.nn.Module, batch=N
     else:
         lost = load_plain(model, _to(plain, device))
     preserved = exact or (function_preserved(cfg.scale) and not lost)
-    init.info = {"source": str(init.source.resolve()), "kind": init.kind, "weights": "as saved" if exact else "converted",
+    init.info = {"source": str(init.source.resolve()), "kind": init.kind,
+                 "weights": "as saved" if exact else "converted",
                  "function_preserved": preserved}
     if init.kind == "run":
         init.info.update(run_dir=str(init.run_dir.resolve()), checkpoint=str(init.ckpt.resolve()), step=init.step,

@@ -610,7 +610,8 @@ def _parent_curves(runs: list[RunRecord]) -> list[tuple[str, np.ndarray, np.ndar
         except (OSError, ValueError):
             continue
         parent = Path(info.get("run_dir", ""))
-        if info.get("kind") != "run" or (str(parent), info.get("step")) in seen or not (parent / "metrics.jsonl").is_file():
+        if (info.get("kind") != "run" or (str(parent), info.get("step")) in seen
+                or not (parent / "metrics.jsonl").is_file()):
             continue
         seen.add((str(parent), info["step"]))
         rows = []

@@ -435,7 +435,8 @@ class Trainer:
         elif rundir.is_run(self.out):  # --overwrite (check_out_dir passed): empty this scalevec run, nothing else
             rundir.remove_run(self.out)
         save_yaml(self.cfg, self.out / "config.yaml")
-        write_json(self.out / "meta.json", {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
+        write_json(self.out / "meta.json",
+                   {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
         rundir.write_atomic(self.out / "optim_groups.txt", group_table(self.groups) + "\n")
         self.data.tokenizer.save(self.out / "tokenizer")
         return None
@@ -790,9 +791,11 @@ def add_arguments(p) -> None:
     p.add_argument("--init-from", metavar="DIR",
                    help="start from a Hugging Face model directory (Llama, Qwen3, Mixtral, Qwen3-MoE) or branch a run: "
                         "RUN_DIR or RUN_DIR/checkpoints/step_N (its config is the base; flags change it)")
-    p.add_argument("--reset-optimizer", action="store_true", help="with --init-from RUN: do not carry the optimizer state")
+    p.add_argument("--reset-optimizer", action="store_true",
+                   help="with --init-from RUN: do not carry the optimizer state")
     p.add_argument("--schedule-from", choices=list(init_from.SCHEDULE_FROM), default="restart",
-                   help="with --init-from RUN: restart the schedule at step 0 (default) or continue from the parent's step")
+                   help="with --init-from RUN: restart the schedule at step 0 (default) or continue from the "
+                        "parent's step")
     p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
                    help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
     p.add_argument("--quiet", action="store_true")
@@ -830,7 +833,8 @@ def run(args) -> int:
     init = None
     if getattr(args, "init_from", None):
         if args.resume:
-            raise ValueError("--resume continues the run in --out; drop --init-from (the branch's origin is in its meta.json)")
+            raise ValueError("--resume continues the run in --out; drop --init-from (the branch's origin is in "
+                             "its meta.json)")
         init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
         cfg = load_run_config(args.out)
