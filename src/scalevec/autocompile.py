@@ -4,15 +4,16 @@
 from the device and the run length with the rule below, derived from measurements in docs/performance.md
 ("Compile"):
 
-- **CPU: eager.** Measured on the 2-core EPYC (1 thread): compiling the blocks costs tens of seconds per
-  strategy while a compiled step saves a few percent, so the break-even lies beyond the length of every CPU
-  run the project trains; compiled kernels also round differently from eager ones, and the reproduction
-  study and tests/test_golden.py are eager CPU runs that must stay bitwise reproducible.
+- **CPU: eager.** Compiled kernels round differently from eager ones (the losses are not bitwise equal),
+  and the reproduction study and tests/test_golden.py are eager CPU runs that must stay bitwise
+  reproducible. Measured on the 2-core EPYC (1 thread, under load; ``benchmarks/compile_cost.py``):
+  compiling costs 23-80 s and a compiled step 0.73-0.84x the eager CPU time at tiny/small, a break-even
+  of roughly 500-1,300 steps, so after the study ``auto`` may compile CPU runs from ~1,000 steps.
 - **CUDA: compiled when the run has at least ``CUDA_MIN_STEPS`` steps**, eager below (a short check run
   would spend most of its time compiling). The threshold is the break-even ``compile seconds / (eager step
-  seconds · fractional gain)`` with the figures torchtitan-class setups report for a ~0.1B model (about a
-  minute of compilation and 20-30 % per step); it is not measured on a GPU here: ``scripts/gpu_check.sh``
-  prints the figures that would revise it.
+  seconds · fractional gain)`` for an assumed minute of compilation and 20-30 % gain per step on a ~0.1B
+  model: an estimate, not measured on a GPU (none was lent); ``scripts/gpu_check.sh`` prints eager and
+  compiled step times that would revise it.
 - **Never under double backward**: theory probes (``train.sharpness_every``) take Hessian-vector products,
   which compiled graphs do not support, so ``auto`` runs eager when they are on.
 
@@ -49,7 +50,7 @@ def planned_steps(steps: int, tokens: int, batch_size: int, seq_len: int) -> int
 
 
 def resolve(value, device: torch.device | str, steps: int, double_backward: bool = False) -> tuple[bool, str]:
-    """``(compile?, why)`` for ``train.compile=value`` on ``device`` for a run of ``steps`` steps (rule: module docstring)."""
+    """``(compile?, why)`` for ``train.compile=value`` on ``device`` for a run of ``steps`` steps (module docstring)."""
     v = normalize(value)
     if v != "auto":
         return v == "true", f"train.compile={v}"
@@ -57,7 +58,7 @@ def resolve(value, device: torch.device | str, steps: int, double_backward: bool
     if double_backward:
         return False, "auto: eager (theory probes take double backward, which compiled graphs do not support)"
     if kind != "cuda":
-        return False, f"auto: eager on {kind} (compiling does not pay back on CPU runs, and eager keeps CPU runs bitwise reproducible)"
+        return False, f"auto: eager on {kind} (keeps CPU runs bitwise reproducible; docs/performance.md)"
     if steps < CUDA_MIN_STEPS:
         return False, f"auto: eager ({steps} steps < {CUDA_MIN_STEPS}, too short to pay back compilation)"
     return True, f"auto: compiled ({kind}, {steps} steps >= {CUDA_MIN_STEPS})"

@@ -311,7 +311,8 @@ def peak_tflops(device: torch.device, given: float | None, dtype: str) -> tuple[
     if given:
         return given, "--peak-tflops"
     mm_dtype = torch.bfloat16 if dtype == "bfloat16" or device.type == "cuda" else torch.float32
-    return matmul_peak(device, mm_dtype) / 1e12, f"measured: best {str(mm_dtype).removeprefix('torch.')} matmul, this process"
+    kind = str(mm_dtype).removeprefix("torch.")
+    return matmul_peak(device, mm_dtype) / 1e12, f"measured: best {kind} matmul, this process"
 
 
 # ----------------------------------------------------------------------------------------- the benchmark
@@ -496,7 +497,8 @@ def format_report(r: dict) -> str:
         f"at end {'/'.join(f'{v:.2f}' for v in r['loadavg_end'])}",
         f"FLOPs per token {r['flops_per_token']:,.0f} (scalevec.flops: 6 N_active + attention); MFU against a matmul "
         f"peak of {r['peak_tflops']:.3f} TFLOP/s ({r['peak_source']})"
-        + (f", and against the GPU's dense bf16 spec {r['spec_peak_tflops']:.0f} TFLOP/s" if r.get("spec_peak_tflops") else ""),
+        + (f", and against the GPU's dense bf16 spec {r['spec_peak_tflops']:.0f} TFLOP/s"
+           if r.get("spec_peak_tflops") else ""),
         "",
         "Training step (forward + backward + clip + AdamW). Ratio: paired, round by round, vs the first candidate; "
         "median [IQR]. CPU time: the same ratio of process CPU seconds (time.process_time), which waiting for a "

@@ -299,5 +299,6 @@ class MoE(nn.Module):
         return per_expert // self.n_experts * (self.n_experts - self.top_k)
 
 
-__all__ = ["route", "expert_counts", "load_balancing_loss", "router_z_loss", "grouped_linear", "grouped_linear_offsets", "ExpertProj", "Experts",
+__all__ = ["route", "expert_counts", "load_balancing_loss", "router_z_loss", "grouped_linear", "grouped_linear_offsets",
+           "ExpertProj", "Experts",
            "SharedExperts", "MoE"]
