@@ -148,7 +148,7 @@ def load_tokenizer(run_dir: str | Path):
     path = Path(run_dir) / TOKENIZER
     try:
         return load_tokenizer_dir(path)
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # the tokenizers library raises a bare Exception for a malformed tokenizer.json
         raise RunDirError(f"{path} cannot be read ({_oneline(e)}); restore the run's tokenizer/ folder") from None
 
 
