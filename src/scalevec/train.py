@@ -777,7 +777,8 @@ def add_arguments(p) -> None:
                        ("micro-batch-size", int), ("seq-len", int), ("seed", int), ("eval-every", int),
                        ("probe-every", int), ("sharpness-every", int)):
         p.add_argument(f"--{flag}", type=kind)
-    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, hf:NAME[:CONFIG]")
+    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, hf:NAME[:CONFIG], "
+                                   "or a folder written by `scalevec prepare-data` (memory-mapped shards)")
     p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
     p.add_argument("--device", help="auto (default), cpu, cuda")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
