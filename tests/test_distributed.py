@@ -1,7 +1,7 @@
 """Data parallelism (DESIGN.md §8): DDP and FSDP2 on CPU (gloo) match one process; checkpoints reshard.
 
-Processes are spawned by the tests (``run_distributed``), joined in a gloo group with a timeout, so a
-hang fails instead of blocking. To keep the file to about two minutes on two cores, one 2-process
+Processes are spawned by the tests (``dist_harness.run_distributed``), joined in a gloo group with a
+timeout, so a hang fails instead of blocking. To keep the file to about two minutes on two cores, one 2-process
 launch (the ``runs`` fixture) trains every case of the file; the tests then compare what it wrote.
 
 Tolerances. AdamW cases accumulate two micro-batches per rank (the ``no_sync`` path) with gradient
@@ -22,20 +22,15 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from dist_harness import run_distributed
 from scalevec import distributed
 from scalevec.cli import main
 from scalevec.config import TrainConfig
@@ -51,50 +46,7 @@ ARCHS = ("dense", "moe")
 PARITY = [(d, s, o, a) for d in ("ddp", "fsdp2") for s in STRATEGIES for o in OPTIMIZERS for a in ARCHS]
 RESUME = ("unified", "muon", "moe")  # resume cases: sharded Muon momentum of expert banks + AdamW states
 
-
-# ----------------------------------------------------------------------------------------- the harness
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world_size: int, port: int, backend: str, out: str, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
-    try:
-        result = fn(rank, *args)
-    finally:
-        dist.destroy_process_group()
-    with open(Path(out) / f"{rank}.pkl", "wb") as f:
-        pickle.dump(result, f)
-
-
-def run_distributed(world_size: int, fn, *args, backend: str = "gloo", timeout: float = 600) -> list:
-    """Run ``fn(rank, *args)`` in ``world_size`` spawned processes joined in one process group (env://, a
-    free port, 120 s collective timeout) and return each rank's result. ``fn`` must be a module-level
-    function; a failure on any rank re-raises here with its traceback; ``TimeoutError`` past ``timeout``."""
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before they import torch
-    with tempfile.TemporaryDirectory() as out:
-        ctx = mp.start_processes(_worker, args=(world_size, free_port(), backend, out, fn, args), nprocs=world_size,
-                                 join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"{world_size} processes did not finish in {timeout} s")
-        results = []
-        for r in range(world_size):
-            with open(Path(out) / f"{r}.pkl", "rb") as f:
-                results.append(pickle.load(f))
-        return results
+pytestmark = pytest.mark.slow  # spawns process groups and trains ~20 runs: minutes
 
 
 # ----------------------------------------------------------------------------------------- the cases
@@ -148,8 +100,8 @@ def sync_probe(dist_mode: str) -> dict:
             ce, _, _ = wrapped(x, x)
             ce.backward()
         grads = [p.grad for p in model.parameters()]
-        out[i] = {"has_grad": [gr is not None for gr in grads],
-                  "embed_grad": distributed.full_tensor(model.embed.weight.grad).clone() if grads[0] is not None else None}
+        embed_grad = distributed.full_tensor(model.embed.weight.grad).clone() if grads[0] is not None else None
+        out[i] = {"has_grad": [gr is not None for gr in grads], "embed_grad": embed_grad}
     return out
 
 
@@ -178,7 +130,7 @@ def runs(tmp_path_factory):
                 fit(tiny_config(s, o, a, "none", cache), root / f"ref-{s}-{o}-{a}")
     fit(tiny_config("baseline", "muon", "moe", "none", cache, steps=3), root / "zero-ref", zero_router=True)
     fit(tiny_config(*RESUME, "fsdp2", cache), root / "save1-fsdp2", stop_at=5)
-    probes = run_distributed(2, two_process_cases, str(root))
+    probes = run_distributed(two_process_cases, str(root))
     for d in ("ddp", "fsdp2"):
         fit(tiny_config(*RESUME, d, cache), root / f"save2-{d}", resume=True)
     return root, probes
@@ -202,17 +154,19 @@ def test_two_processes_match_one(runs, dist_mode, strategy, optimizer, arch):
     """2 processes (DDP or FSDP2) give the 1-process per-step losses, grad norms and val loss for the same
     global batch within 1e-5 over 10 steps, and its scale statistics within 5e-5."""
     root, _ = runs
-    ref, got = metrics(root / f"ref-{strategy}-{optimizer}-{arch}"), metrics(root / f"{dist_mode}-{strategy}-{optimizer}-{arch}")
+    ref_run, run = root / f"ref-{strategy}-{optimizer}-{arch}", root / f"{dist_mode}-{strategy}-{optimizer}-{arch}"
+    ref, got = metrics(ref_run), metrics(run)
     assert [r["step"] for r in got] == list(range(10))
     assert max_diff([r["loss"] for r in ref], [r["loss"] for r in got]) <= TOL
     assert max_diff([r["grad_norm"] for r in ref], [r["grad_norm"] for r in got]) <= TOL
     if optimizer == "adamw":
         assert max(r["grad_norm"] for r in ref) > 1.0, "gradient clipping (at 1.0) should act in this test"
-    ref_val, got_val = metrics(root / f"ref-{strategy}-{optimizer}-{arch}", "eval"), metrics(root / f"{dist_mode}-{strategy}-{optimizer}-{arch}", "eval")
+    ref_val, got_val = metrics(ref_run, "eval"), metrics(run, "eval")
     assert max_diff([r["val_loss"] for r in ref_val], [r["val_loss"] for r in got_val]) <= TOL
     ref_scales, got_scales = ref[-1]["scales"], got[-1]["scales"]
     assert set(ref_scales) == set(got_scales) and ref_scales
-    assert max(abs(ref_scales[k][s] - got_scales[k][s]) for k in ref_scales for s in ("mean", "std", "min", "max")) <= W_TOL
+    stats = ("mean", "std", "min", "max")
+    assert max(abs(ref_scales[k][s] - got_scales[k][s]) for k in ref_scales for s in stats) <= W_TOL
 
 
 @pytest.mark.parametrize("dist_mode", ["ddp", "fsdp2"])
@@ -308,7 +262,7 @@ def test_fsdp2_on_cuda(tmp_path):
     ref_cfg.train.device, ref_cfg.train.dtype = "cuda", "float32"
     Trainer(ref_cfg, tmp_path / "ref", quiet=True).fit()
     for dtype in ("float32", "bfloat16"):
-        run_distributed(world, cuda_cases, str(tmp_path), dtype, backend="nccl")
+        run_distributed(cuda_cases, str(tmp_path), dtype, world_size=world, backend="nccl")
     ref, fp32, bf16 = (metrics(tmp_path / n) for n in ("ref", "fsdp2-float32", "fsdp2-bfloat16"))
     assert max_diff([r["loss"] for r in ref], [r["loss"] for r in fp32]) <= 1e-4
     losses = [r["loss"] for r in bf16]
