@@ -127,6 +127,7 @@ def test_changed_config_of_finished_run_is_an_error(tmp_path):
     assert yaml.safe_load((tmp_path / "out" / "sweep.yaml").read_text())["base"]["optim.weight_decay"] == 0.05
 
 
+@pytest.mark.slow  # kills and reruns a sweep: ~1.5 s
 def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
     """Kill a sweep after its first run finished: the rerun trains only the others, never the first again."""
     out, log = tmp_path / "out", tmp_path / "calls.log"
@@ -159,6 +160,7 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
     assert all((out / "runs" / r.name / "DONE").exists() for r in runs)
 
 
+@pytest.mark.slow  # real trainer subprocesses: ~2 s
 def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path):
     """A run stopped mid-way with a checkpoint gets --resume (not a restart) and ends with each step logged once."""
     from scalevec.train import train

@@ -170,6 +170,7 @@ def test_cli_bad_data_file_exit_2(tmp_path, capsys, content, needle, monkeypatch
     assert not out.exists()
 
 
+@pytest.mark.slow  # two trainings with Hessian probes: ~2 s
 def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
     """--probe-every / --sharpness-every add probe rows (γ² spectrum, column norms, sharpness); off: none."""
     run = tmp_path / "probed"
