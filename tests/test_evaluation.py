@@ -26,7 +26,6 @@ def export_fixtures():
 def test_report_reads_eval_json_into_runs_csv(tmp_path):
     """eval.json written by `scalevec eval` becomes eval.<task>.<metric> columns of report's runs.csv rows."""
     import fakerun
-
     from scalevec.config import RunConfig, to_dict
     from scalevec.report import load_runs, runs_frame
 

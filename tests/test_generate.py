@@ -133,7 +133,7 @@ def _cache_model(make_cfg, perturb_scales, strategy, overrides):
 
 
 def test_causal_mask_lets_new_queries_see_every_cached_key():
-    """2 new queries after 3 cached tokens: query 0 sees keys 0..3, query 1 keys 0..4 (not SDPA's top-left 0..0, 0..1)."""
+    """2 new queries after 3 cached tokens: query 0 sees keys 0..3, query 1 keys 0..4 (not top-left 0..0, 0..1)."""
     from scalevec.model import causal_mask
 
     assert causal_mask(2, 5, torch.device("cpu")).tolist() == [[True, True, True, True, False], [True] * 5]

@@ -140,6 +140,10 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     if (path / "config.yaml").is_file():
         from .export import export_run
 
+        if not (path / "tokenizer" / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer/tokenizer.json, which lm-eval needs to turn task text "
+                                    f"into ids; evaluate a run trained by scalevec train (it saves its tokenizer)")
+
         with tempfile.TemporaryDirectory(prefix="scalevec-eval-") as tmp:
             hf_dir = export_run(path, Path(tmp) / "hf")
             results = evaluate_hf_dir(hf_dir, tasks, num_fewshot, limit, batch_size, device, include_path)

@@ -259,7 +259,8 @@ def remote_config(cfg: ModelConfig, scfg, dtype: str = "float32", bos_id: int | 
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
         head_dim=int(cfg.head_dim), max_position_embeddings=cfg.max_seq_len, rope_theta=float(cfg.rope_theta),
         rope_llama3=None if r is None else dict(
-            factor=float(r.factor), low_freq_factor=float(r.low_freq_factor), high_freq_factor=float(r.high_freq_factor),
+            factor=float(r.factor), low_freq_factor=float(r.low_freq_factor),
+            high_freq_factor=float(r.high_freq_factor),
             original_max_position_embeddings=int(r.original_max_position_embeddings)),
         rms_norm_eps=cfg.norm_eps, layout=cfg.layout, qk_norm=cfg.qk_norm, mlp_norm_sites=norm_sites,
         num_experts=moe.n_experts if moe else 0, num_experts_per_tok=moe.top_k if moe else 2,
@@ -414,7 +415,8 @@ def write_tokenizer(tokenizer_dir: Path, out: Path, sp: Specials, max_len: int) 
     for key, value in (("bos_token", sp.bos), ("eos_token", sp.eos), ("pad_token", sp.pad)):
         if value is not None:
             config[key] = value[0]
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+                                               encoding="utf-8")
     special_map = tokenizer_dir / "special_tokens_map.json"
     if special_map.is_file():
         smap = json.loads(special_map.read_text(encoding="utf-8"))

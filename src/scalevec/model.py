@@ -105,7 +105,7 @@ class Attention(nn.Module):
         self.k_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
         self.o = Linear(q, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: "LayerKV | None" = None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> Tensor:
         B, T, _ = x.shape
         q, k, v = self.proj(x)
         q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, hd)

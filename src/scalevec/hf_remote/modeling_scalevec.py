@@ -56,7 +56,8 @@ def rope_inv_freq(config: ScalevecConfig) -> torch.Tensor:
     r = config.rope_llama3
     if not r:
         return inv_freq
-    L, factor, low, high = r["original_max_position_embeddings"], r["factor"], r["low_freq_factor"], r["high_freq_factor"]
+    L, factor = r["original_max_position_embeddings"], r["factor"]
+    low, high = r["low_freq_factor"], r["high_freq_factor"]
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > L / low, inv_freq / factor, inv_freq)
     smooth = (L / wavelen - low) / (high - low)
