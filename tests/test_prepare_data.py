@@ -71,7 +71,8 @@ def test_hf_source_streams(monkeypatch):
     docs = P.iter_documents("hf:someone/corpus:small")
     assert next(docs) == "doc 0" and len(pulled) <= 2
     assert calls == [("someone/corpus", "small", "train", True)]
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a, **k: iter([{"body": "x"}])))
+    no_text = types.SimpleNamespace(load_dataset=lambda *a, **k: iter([{"body": "x"}]))
+    monkeypatch.setitem(sys.modules, "datasets", no_text)
     with pytest.raises(ValueError, match="no 'text' column"):
         next(P.iter_documents("hf:someone/corpus"))
 
@@ -82,7 +83,8 @@ def test_hf_source_streams(monkeypatch):
 def test_shards_hold_the_stream_of_data_prepare_data(tmp_path):
     """Train/val shards, concatenated, are byte for byte what data.py writes for the same documents (bytes
     tokenizer: documents joined by DOC_SEP), split every 4th document at val_frac 0.25."""
-    m = P.prepare_shards(str(write_jsonl(tmp_path / "c.jsonl")), "bytes", tmp_path / "p", val_frac=0.25, shard_tokens=500)
+    src = str(write_jsonl(tmp_path / "c.jsonl"))
+    m = P.prepare_shards(src, "bytes", tmp_path / "p", val_frac=0.25, shard_tokens=500)
     train_docs, val_docs = split_docs(DOCS, 0.25)
     assert (m["train"]["docs"], m["val"]["docs"], m["documents"]) == (len(train_docs), len(val_docs), len(DOCS))
     data = P.load_prepared(tmp_path / "p")
@@ -166,7 +168,8 @@ def test_documents_stream_with_bounded_read_ahead(tmp_path, monkeypatch):
 
 
 def test_verify_and_lazy_load(tmp_path, monkeypatch):
-    """Loading hashes nothing (only sizes are checked); --verify finds a flipped byte; a truncated shard fails to load."""
+    """Loading hashes nothing (only sizes are checked); --verify finds a flipped byte; a truncated shard
+    fails to load."""
     P.prepare_shards("shakespeare", "bytes", tmp_path / "p")
     assert P.verify(tmp_path / "p") == []
     monkeypatch.setattr(P, "_file_sha256", lambda *a: pytest.fail("load_prepared must not hash the shards"))
@@ -185,7 +188,8 @@ def test_verify_and_lazy_load(tmp_path, monkeypatch):
 
 
 def test_errors_write_nothing(tmp_path, capsys):
-    """A bad source, an empty split, an existing --out or a conflicting tokenizer: one-line errors, exit 2, nothing left."""
+    """A bad source, an empty split, an existing --out or a conflicting tokenizer: one-line errors, exit 2,
+    nothing left."""
     assert main(["prepare-data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "p")]) == 2
     write_jsonl(tmp_path / "two.jsonl", DOCS[:2])
     assert main(["prepare-data", str(tmp_path / "two.jsonl"), "--out", str(tmp_path / "p"), "--val-frac", "0.1"]) == 2

@@ -84,7 +84,8 @@ def test_sweep_prints_progress_and_the_log_holds_the_trainers_output(tmp_path, c
     """A real (tiny) sweep run: periodic progress lines on stdout; OUT/runs/NAME.log holds the step lines."""
     monkeypatch.setenv("SCALEVEC_PROGRESS_EVERY", "0.2")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    spec = spec_from_dict({"base": {"preset": "tiny", "data.val_tokens": 1024, "data.cache_dir": str(tmp_path / "cache"),
+    cache = str(tmp_path / "cache")
+    spec = spec_from_dict({"base": {"preset": "tiny", "data.val_tokens": 1024, "data.cache_dir": cache,
                                     "train": {"steps": 20, "batch_size": 2, "seq_len": 16, "eval_every": 20,
                                               "log_every": 1}},
                            "grid": {"strategy": ["baseline"]}})

@@ -43,8 +43,8 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -163,11 +163,14 @@ def _jsonl_stream(path: Path) -> Iterator[str]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); fix or remove that line") from None
+                raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
+                                 f"fix or remove that line") from None
             if not isinstance(row, dict) or "text" not in row:
-                raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like {{"text": "..."}}')
+                raise ValueError(f'data file {path} line {i} has no "text" field; '
+                                 f'every line must be an object like {{"text": "..."}}')
             if not isinstance(row["text"], str):
-                raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, not a string; store the text as a string')
+                raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, '
+                                 f'not a string; store the text as a string')
             yield row["text"]
 
 
@@ -181,15 +184,18 @@ def _parquet_stream(path: Path) -> Iterator[str]:
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError types for a corrupt file
-        raise ValueError(f"data file {path} is not a readable parquet file ({e}); rewrite it with pyarrow or pandas") from None
+        raise ValueError(f"data file {path} is not a readable parquet file ({e}); "
+                         f"rewrite it with pyarrow or pandas") from None
     if "text" not in pf.schema_arrow.names:
-        raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(pf.schema_arrow.names)}); name the text column 'text'")
+        raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(pf.schema_arrow.names)}); "
+                         f"name the text column 'text'")
     for batch in pf.iter_batches(columns=["text"], batch_size=1024):
         for v in batch.column(0).to_pylist():
             if v is None:
                 continue
             if not isinstance(v, str):
-                raise ValueError(f"data file {path} column 'text' holds {type(v).__name__} values, not strings; store the text as strings")
+                raise ValueError(f"data file {path} column 'text' holds {type(v).__name__} values, not strings; "
+                                 f"store the text as strings")
             yield v
 
 
@@ -197,11 +203,13 @@ def _hf_stream(source: str) -> Iterator[str]:
     """Rows of split ``train`` of a Hugging Face dataset, streamed (``load_dataset(..., streaming=True)``)."""
     name, _, config = source[len("hf:"):].partition(":")
     if not name:
-        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:roneneldan/TinyStories")
+        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], "
+                         f"e.g. hf:roneneldan/TinyStories")
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"data source {source!r} needs the optional 'datasets' package; pip install datasets") from None
+        raise ValueError(f"data source {source!r} needs the optional 'datasets' package; "
+                         f"pip install datasets") from None
     try:
         ds = datasets.load_dataset(name, config or None, split="train", streaming=True)
         rows = iter(ds)
@@ -220,7 +228,8 @@ def _hf_stream(source: str) -> Iterator[str]:
         if v is None:
             continue
         if not isinstance(v, str):
-            raise ValueError(f"Hugging Face dataset {source!r} column 'text' holds {type(v).__name__} values, not strings")
+            raise ValueError(f"Hugging Face dataset {source!r} column 'text' holds {type(v).__name__} values, "
+                             f"not strings")
         yield v
 
 
@@ -269,7 +278,8 @@ def _encode_chunk(docs: list[str], tok: Tokenizer | None = None) -> tuple[np.nda
     return ids, lengths
 
 
-def _encoded(chunks: Iterator[list[str]], tok: Tokenizer, tokenizer_dir: Path, workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+def _encoded(chunks: Iterator[list[str]], tok: Tokenizer, tokenizer_dir: Path,
+             workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
     """``(docs, ids, lengths)`` per chunk, in order; with ``workers > 1`` a process pool with at most
     ``2 × workers`` chunks in flight (``Pool.imap`` would read the whole corpus ahead)."""
     if workers <= 1:
@@ -390,13 +400,16 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
                 i += 1
             if bar is not None:
                 bar.update(sum(len(d) for d in chunk))
-                bar.set_postfix(docs=f"{i:,}", tokens=f"{writers['train'].tokens + writers['val'].tokens:,}", refresh=False)
+                n_tokens = writers["train"].tokens + writers["val"].tokens
+                bar.set_postfix(docs=f"{i:,}", tokens=f"{n_tokens:,}", refresh=False)
         if bar is not None:
             bar.close()
         splits = {s: w.finish() for s, w in writers.items()}
         if not splits["train"]["docs"] or not splits["val"]["docs"]:
-            raise ValueError(f"data source {source!r} has {i} document(s): the {'training' if not splits['train']['docs'] else 'validation'} "
-                             f"split would be empty at val_frac={val_frac} (every {1 / val_frac:g}th document is validation); "
+            empty = "training" if not splits["train"]["docs"] else "validation"
+            raise ValueError(f"data source {source!r} has {i} document(s): the {empty} "
+                             f"split would be empty at val_frac={val_frac} (every {1 / val_frac:g}th document is "
+                             f"validation); "
                              f"use more documents (separate them with two blank lines) or raise --val-frac")
         manifest = {
             "format": FORMAT, "version": VERSION, "source": source, "tokenizer": tok.spec, "tokenizer_dir": "tokenizer",
@@ -420,7 +433,8 @@ def _prepare_tokenizer(spec: str, source: str, val_frac: float, directory: Path)
     if spec.startswith("bpe:"):
         n = spec[len("bpe:"):]
         if not n.isdigit() or int(n) < 258:
-            raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258 (256 bytes + <|bos|> + <|eos|>); e.g. bpe:4096")
+            raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258 (256 bytes + <|bos|> + <|eos|>); "
+                             f"e.g. bpe:4096")
         train_docs = (d for i, d in enumerate(iter_documents(source)) if not is_val_doc(i, val_frac))
         from .data import BOS, EOS
 
@@ -438,7 +452,8 @@ def _progress_bar(source: str, enabled: bool):
     from tqdm import tqdm
 
     p = Path(source).expanduser()
-    total = (p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*.txt")) if p.is_dir() else None)
+    total = (p.stat().st_size if p.is_file() else
+             sum(f.stat().st_size for f in p.rglob("*.txt")) if p.is_dir() else None)
     return tqdm(total=total, unit="char", unit_scale=True, dynamic_ncols=True, desc="tokenizing")
 
 
@@ -485,7 +500,8 @@ class ShardedTokens:
             if stop <= start:
                 return np.zeros(0, dtype=self.dtype)
             first, last = np.searchsorted(self.ends, [start, stop - 1], side="right")
-            parts = [np.asarray(self.shards[k][max(start - self.starts[k], 0):min(stop - self.starts[k], len(self.shards[k]))])
+            parts = [np.asarray(self.shards[k][max(start - self.starts[k], 0):
+                                               min(stop - self.starts[k], len(self.shards[k]))])
                      for k in range(first, last + 1)]
             return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
         if isinstance(key, (int, np.integer)):
@@ -513,7 +529,8 @@ def read_manifest(path: str | Path) -> dict:
     """The manifest of a prepared folder; ``ValueError`` if it is not one this version reads."""
     p = Path(path).expanduser() / MANIFEST
     if not p.is_file():
-        raise FileNotFoundError(f"{p} does not exist; write prepared data with `scalevec prepare-data SOURCE --out {path}`")
+        raise FileNotFoundError(f"{p} does not exist; "
+                                f"write prepared data with `scalevec prepare-data SOURCE --out {path}`")
     try:
         m = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -593,10 +610,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder to write (must be new or empty)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1),
                    help="tokenizing processes (default: CPU cores - 1)")
-    p.add_argument("--val-frac", type=float, default=0.1, help="fraction of documents held out for validation (default 0.1)")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard before a new one starts")
+    p.add_argument("--val-frac", type=float, default=0.1,
+                   help="fraction of documents held out for validation (default 0.1)")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                   help="tokens per shard before a new one starts")
     p.add_argument("--overwrite", action="store_true", help="replace existing prepared data in --out")
-    p.add_argument("--verify", metavar="DIR", help="re-hash the shards of a prepared folder against its manifest, write nothing")
+    p.add_argument("--verify", metavar="DIR",
+                   help="re-hash the shards of a prepared folder against its manifest, write nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
 
 
@@ -610,10 +630,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet and not problems:
             m = read_manifest(args.verify)
             n = sum(len(m[s]["shards"]) for s in ("train", "val"))
-            print(f"{args.verify}: {n} shards, {m['train']['tokens'] + m['val']['tokens']:,} tokens: every SHA-256 matches the manifest")
+            print(f"{args.verify}: {n} shards, "
+                  f"{m['train']['tokens'] + m['val']['tokens']:,} tokens: every SHA-256 matches the manifest")
         return 1 if problems else 0
     if not args.source or not args.out:
-        raise ValueError("give a SOURCE and --out DIR (e.g. scalevec prepare-data corpus.jsonl --tokenizer bpe:4096 --out data/corpus)")
+        raise ValueError("give a SOURCE and --out DIR "
+                         "(e.g. scalevec prepare-data corpus.jsonl --tokenizer bpe:4096 --out data/corpus)")
     m = prepare_shards(args.source, args.tokenizer, args.out, workers=args.workers, val_frac=args.val_frac,
                        shard_tokens=args.shard_tokens, overwrite=args.overwrite, progress=not args.quiet)
     if not args.quiet:

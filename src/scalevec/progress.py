@@ -111,7 +111,8 @@ class GridProgress:
             run.step, run.loss = int(row.get("step", 0)) + 1, row.get("loss")  # train rows count the step taken
 
     def started(self, name: str, resumed: bool = False) -> None:
-        """Run ``name`` begins; ``resumed``: it continues from a checkpoint (its steps so far are not this session's)."""
+        """Run ``name`` begins; ``resumed``: it continues from a checkpoint (its steps so far are not
+        this session's)."""
         with self._lock:
             run = self.runs[name]
             if resumed:
@@ -142,7 +143,8 @@ class GridProgress:
             n_done = sum(r.state == "finished" for r in self.runs.values())
             parts = [f"[{n_done}/{len(self.runs)} done]"]
             running = [r for r in self.runs.values() if r.state == "running"]
-            parts.append(" | ".join(f"{r.name} step {r.step}/{r.steps}" + (f" loss {r.loss:.4f}" if r.loss is not None else "")
+            parts.append(" | ".join(f"{r.name} step {r.step}/{r.steps}"
+                                    + (f" loss {r.loss:.4f}" if r.loss is not None else "")
                                     for r in running) or "starting")
             frac, left = self.eta()
         return f"{' '.join(parts)} | {frac:.0%} · ETA {format_seconds(left) if left is not None else '?'}"
@@ -178,7 +180,7 @@ class GridProgress:
             self._clear()
             self._write(" ".join(str(a) for a in args) + "\n")
 
-    def start(self) -> "GridProgress":
+    def start(self) -> GridProgress:
         def loop():
             while not self._stop.wait(self.interval):
                 self.show()
