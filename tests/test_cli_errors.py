@@ -82,6 +82,8 @@ def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, capsys, monkeypatch):
 
     out = tmp_path / "run"
     real_step = train_mod.Trainer.train_step
+    # a shell starts background jobs with SIGINT ignored; Python's own handler is what a terminal user has
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def step_then_ctrl_c(self, step):
         result = real_step(self, step)
@@ -117,7 +119,7 @@ def test_compare_into_a_training_run_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("preset: tiny\n")
-    fails(capsys, ["compare", *TINY_RUN, "--seeds", "1", "--out", str(run)], "single training run")
+    fails(capsys, ["compare", *TINY_RUN, "--seeds", "1", "--lr", "1e-3", "--out", str(run)], "single training run")
     assert [p.name for p in run.iterdir()] == ["config.yaml"]
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import stats
-from . import rundir
+from . import rundir, sweepdir
 from .config import RunConfig, load_yaml, to_dict
 from .evaluation import eval_columns
 
@@ -272,9 +272,16 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     finished = [r for r in runs if r.done]
     pick = None
     if tune_key is not None:
+        # The value is picked on the seeds that every value was run with (a study tunes on seed 0, then adds
+        # seeds at the picked value only: those confirm the pick and must not re-choose it, issue 12).
+        seeds_of: dict[float, set[int]] = defaultdict(set)
+        for r in runs:
+            seeds_of[float(r.flat[tune_key])].add(r.seed)
+        common = set.intersection(*seeds_of.values()) if seeds_of else set()
         by_value: dict[float, list[float]] = defaultdict(list)
         for r in runs:  # an unfinished or diverged run makes its value ineligible (counts as inf)
-            by_value[float(r.flat[tune_key])].append(r.final_loss)
+            if r.seed in common:
+                by_value[float(r.flat[tune_key])].append(r.final_loss)
         try:
             pick = stats.pick_lr(by_value)
         except ValueError:
@@ -761,7 +768,7 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     """
     root = Path(root)
     runs = load_runs(root)
-    spec = load_yaml(root / "sweep.yaml") if (root / "sweep.yaml").is_file() else None
+    spec = sweepdir.load_specs(root)
     a = analyze(runs, spec)
     if not a.cells:
         raise ValueError(f"no finished runs to compare in {root} ({'; '.join(a.warnings)}); finish the sweep first")

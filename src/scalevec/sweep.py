@@ -51,6 +51,8 @@ from typing import Any
 import yaml
 
 from .config import (
+    EXECUTION_FIELDS,
+    usable_cpus,
     RunConfig,
     ScaleConfig,
     apply_overrides,
@@ -58,7 +60,7 @@ from .config import (
     load_yaml,
     to_dict,
 )
-from . import rundir
+from . import rundir, sweepdir
 from .presets import get_preset
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
@@ -175,8 +177,9 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     tune = [canonical_key(str(t)) for t in ([tune] if isinstance(tune, str) else tune)]
     if len(tune) > 1:
         raise ValueError(f"{where}.tune lists {tune}; tune one numeric axis at a time (usually optim.lr)")
-    for t in tune:
-        if t not in keys:
+    in_bundles = {k for _, values in axes for v in values if isinstance(v, dict) for k in v}
+    for t in tune:  # a tuned field may vary inside bundles (compare: each strategy at its own tuned lr)
+        if t not in keys and t not in in_bundles:
             raise ValueError(f"{where}.tune names {t!r}, which is not a grid axis; add it to grid or drop it from tune")
     baseline = str(data.get("baseline") or ("baseline" if "baseline" in strategies else strategies[0]))
     if baseline not in strategies:
@@ -190,7 +193,7 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
 def _axis_values(axes: list[tuple[str, list]], base: dict, key: str, default: Any) -> list:
     """Every value ``key`` takes in the grid (plain axis or inside bundles), else its base/default value."""
     for k, values in axes:
-        if k == key:
+        if k == key and not (values and isinstance(values[0], dict)):
             return list(values)
         if values and isinstance(values[0], dict) and any(key in v for v in values):
             return [v.get(key, base.get(key, default)) for v in values]
@@ -320,8 +323,8 @@ def run_status(run: Run, runs_dir: Path) -> str:
     if rundir.is_run(d):
         stored = to_dict(rundir.load_config(d))
         expected = to_dict(run.cfg)
-        if stored != expected:
-            diff = sorted(_diff_keys(stored, expected))
+        diff = sorted(k for k in _diff_keys(stored, expected) if k.split(":")[0] not in EXECUTION_FIELDS)
+        if diff:
             raise ValueError(f"{d} was trained with a different config ({', '.join(diff)}); use a new --out, "
                              f"or delete that run directory to retrain it")
     if status not in ("done", "diverged") and rundir.locked_by(d):
@@ -364,11 +367,11 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     if _stopping.is_set():
         return 130
     cfg_path = runs_dir / f"{run.name}.yaml"
-    write_atomic(cfg_path, yaml.safe_dump(to_dict(run.cfg), sort_keys=False))
+    cfg = run.cfg if run.cfg.train.threads else apply_overrides(run.cfg, [f"train.threads={threads}"])
+    write_atomic(cfg_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]  # not --quiet: the log holds its output
     cmd += {"resume": ["--resume"], "restart": ["--overwrite"]}.get(status, [])
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(threads))
     with open(runs_dir / f"{run.name}.log", "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
@@ -412,8 +415,8 @@ def _final_loss(run_dir: Path) -> str:
 
 
 def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
-    """The run list with status, steps, tokens and parameters, and the total token budget."""
-    lines = [f"{'run':<48} {'status':<8} {'steps':>7} {'tokens':>12} {'params':>12}"]
+    """The run list with status, lr, steps, tokens and parameters, and the total token budget."""
+    lines = [f"{'run':<48} {'status':<8} {'lr':>9} {'steps':>7} {'tokens':>12} {'params':>12}"]
     total = todo = flops = 0
     for run, status in zip(runs, statuses):
         tokens, params = run_tokens(run.cfg), run_params(run.cfg)
@@ -422,7 +425,7 @@ def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
         if status != "done":
             todo += tokens
             flops += 6 * params * tokens
-        lines.append(f"{run.name:<48} {status:<8} {steps:>7,} {tokens:>12,} {params:>12,}")
+        lines.append(f"{run.name:<48} {status:<8} {run.cfg.optim.lr:>9g} {steps:>7,} {tokens:>12,} {params:>12,}")
     n_todo = sum(s != "done" for s in statuses)
     lines.append(f"{len(runs)} runs ({n_todo} to train); total token budget {total:,} tokens "
                  f"({todo:,} still to train, about {flops:.2e} FLOP at 6·N·D)")
@@ -430,8 +433,12 @@ def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
 
 
 def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = False,
-              train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False) -> int:
+              train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False,
+              record_spec: bool = True) -> int:
     """Expand ``spec``, skip finished runs, train the rest ``jobs`` at a time, then write the report.
+
+    ``record_spec=False`` trains into ``out`` without storing ``spec`` there (``study``: its narrowed
+    follow-up grids belong to the study's own spec, which is stored; ``sweepdir``).
 
     Everything is validated before anything is written. Returns 0 when every run finished, 1 when a run
     failed (the others still run; rerun the same command to retry). Raises ``ValueError`` for an invalid
@@ -455,7 +462,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         print(dry_run_text(runs, statuses))
         return 0
     runs_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "sweep.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    if record_spec:
+        sweepdir.write_spec(out, spec.to_dict())
     todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")]
     n_div = statuses.count("diverged")
     say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
@@ -465,7 +473,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         if s == "locked":
             say(f"skipped {r.name}: in use by process {rundir.locked_by(runs_dir / r.name)} (another sweep or train); "
                 f"rerun this sweep when it is done")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, usable_cpus() // jobs)  # each run gets an explicit share (train.threads), never torch's guess
     failed: list[str] = []
     progress = None if quiet else live_progress(todo, runs_dir)
     say = progress.say if progress else say

@@ -34,7 +34,7 @@ import torch
 
 from . import __version__, autocompile, distributed, rundir, tracking
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import (RunConfig, ScaleConfig, apply_overrides, checkpoint_blocks, from_dict, load_yaml, save_yaml,
+from .config import (EXECUTION_FIELDS, usable_cpus, RunConfig, ScaleConfig, apply_overrides, checkpoint_blocks, from_dict, load_yaml, save_yaml,
                      to_dict)
 from .data import TrainSampler, prepare_data, val_batches
 from .flops import flops_per_token, peak_flops
@@ -44,7 +44,7 @@ from .optim import build_optimizers, group_table, param_groups, set_lr
 from .presets import get_preset
 from .rundir import CKPT_DIR, RunDirError, write_json
 from .scales import scale_vectors
-from .schedule import lr_at
+from .schedule import lr_at, warmup_warning
 
 class TrainingDiverged(RuntimeError):
     """The health guard stopped the run (non-finite loss or gradient norm, a dead model, a loss spike);
@@ -121,9 +121,6 @@ def make_config(preset: str = "small", strategy: str = "baseline", overrides: li
     return cfg
 
 
-# How a run executes, not what it computes: these may change when a run is resumed (DESIGN.md §8: the
-# same global batch gives the same losses on 1 or N processes, with or without compile).
-EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile", "train.tracker")
 
 
 def config_diff(a: RunConfig, b: RunConfig) -> list[str]:
@@ -176,6 +173,15 @@ def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
                               f"or step 0 when it has none) or --overwrite to replace it")
 
 
+def cpu_model() -> str:
+    """The CPU model as /proc/cpuinfo names it (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def run_meta(cfg: RunConfig) -> dict:
@@ -190,7 +196,8 @@ def run_meta(cfg: RunConfig) -> dict:
         "git_commit": commit, "host": socket.gethostname(), "platform": platform.platform(),
         "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "world_size": distributed.world_size(),
+        "world_size": distributed.world_size(), "threads": torch.get_num_threads(),
+        "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 
@@ -290,6 +297,8 @@ class Trainer:
             # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
             raise ValueError("--probe-every and --sharpness-every need the whole model on one process; "
                              "use --dist ddp or drop them")
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
         self.dist = distributed.setup(cfg.train)
         self.device = self.dist.device
         self.rank, self.world = self.dist.rank, self.dist.world_size
@@ -591,6 +600,9 @@ class Trainer:
         t = self.cfg.train
         tokens_per_step = t.batch_size * t.seq_len
         end = min(self.steps, stop_at) if stop_at is not None else self.steps
+        note = warmup_warning(self.steps, self.cfg.schedule)
+        if note and self.step == 0 and self.write:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
         if self.step == 0 and self.write:
             self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {self.model.num_params():,} params · "
                      f"{self.steps} steps × {tokens_per_step:,} tokens · {self.world} process(es) on {self.device}")
@@ -762,7 +774,7 @@ FLAG_FIELDS = {  # --flag -> config field
     "micro_batch_size": "train.micro_batch_size", "seq_len": "train.seq_len", "seed": "train.seed",
     "data": "data.source", "tokenizer": "data.tokenizer", "device": "train.device", "dtype": "train.dtype",
     "dist": "train.dist", "probe_every": "train.probe_every", "sharpness_every": "train.sharpness_every",
-    "eval_every": "train.eval_every", "tracker": "train.tracker",
+    "eval_every": "train.eval_every", "tracker": "train.tracker", "threads": "train.threads",
 }
 
 
@@ -781,6 +793,8 @@ def add_arguments(p) -> None:
                                    "or a folder written by `scalevec prepare-data` (memory-mapped shards)")
     p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
     p.add_argument("--device", help="auto (default), cpu, cuda")
+    p.add_argument("--threads", type=int, help="CPU threads (default: every CPU this process may use); the "
+                   "thread count changes the last bits of fp32 sums, so reproduce a run with the same one")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--dist", choices=["none", "ddp", "fsdp2"], help="data parallelism under torchrun")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -839,10 +853,10 @@ def run(args) -> int:
         init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
         cfg = load_run_config(args.out)
-        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker"}
+        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker", "threads": "train.threads"}
         if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
             raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
-                             "--tracker and --compile (or start a new --out)")
+                             "--tracker, --threads and --compile (or start a new --out)")
         cfg = apply_overrides(cfg, [f"{key}={getattr(args, n)}" for n, key in execution.items()
                                     if getattr(args, n, None) is not None]
                             + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))
@@ -851,6 +865,8 @@ def run(args) -> int:
                                if init is not None else None)
         if init is not None:
             cfg.preset = init_from.preset_label(init, args.preset, cfg.preset)
+    if not cfg.train.threads:  # explicit, so that the same command gives the same numbers however it is started
+        cfg = apply_overrides(cfg, [f"train.threads={usable_cpus()}"])
     out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
     try:
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
