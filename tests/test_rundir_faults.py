@@ -517,7 +517,7 @@ def test_dead_checkpoint_without_diverged_is_refused_by_export(env, partial, cap
     manifest = json.loads((ckpt / "MANIFEST.json").read_text())
     (ckpt / "MANIFEST.json").unlink()
     rundir.write_manifest(ckpt, manifest["step"])
-    assert main(["export", str(out), "--out", str(env["root"] / "hf-dead")]) == 2
+    assert main(["export", str(out), "--out", str(env["root"] / "hf-deadckpt")]) == 2
     one_line_error(capsys, "dead model")
     assert main(["generate", str(out), "--prompt", "Hi"]) == 2
     one_line_error(capsys, "dead model")
