@@ -31,7 +31,7 @@ from .sweep import run_sweep, spec_from_dict
 DEFAULTS = {
     "strategies": "baseline,none,unified",
     "seeds": 3,  # a paired 95 % CI needs at least 3 seeds to say anything (t_0.975 = 4.3 with 2 dof)
-    "preset": "cpu-25k",
+    "preset": "cpu-80k",
     "tokens_per_param": 20.0,
     "lr": "tuned",
     "optimizer": "adamw",
@@ -48,6 +48,8 @@ DEFAULTS = {
 TUNED_LR: dict[tuple, dict[str, float]] = {
     # sweeps/study-c6-cpu-25k-shakespeare.yaml -> results/cpu-25k-shakespeare/results.csv
     ("cpu-25k", "shakespeare", "bytes", "adamw", "cosine", 20.0): {"baseline": 0.02, "none": 0.01, "unified": 0.08},
+    # sweeps/study-c6-cpu-80k-shakespeare.yaml -> results/cpu-80k-shakespeare/results.csv
+    ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0): {"baseline": 0.01, "none": 0.01, "unified": 0.04},
 }
 TUNED_AT = {"batch_size": 16, "seq_len": 128}
 
