@@ -216,3 +216,17 @@ def test_overrides_between_flags_are_applied(tmp_path, capsys):
     rc = main(["train", "--preset", "tiny", "train.seq_len=32", "--steps", "2", "model.d_modle=64", "--out", str(out)])
     assert rc == 2 and "unknown config key 'model.d_modle'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_tied_embeddings_checkpoint_and_resume_bitwise(tmp_path):
+    """A tied-embedding run (Qwen3-0.6B style) checkpoints (the shared tensor is stored once) and resumes
+    bitwise; the resumed model still has one tensor behind both names."""
+    cfg = tiny_run(tmp_path, "unified", steps=6, **{"model.tie_embeddings": "true"})
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(cfg, straight, quiet=True)
+    assert train(cfg, split, stop_at=3, quiet=True) == {"stopped_at": 3}
+    train(cfg, split, resume=True, quiet=True)
+    assert [r["loss"] for r in read_metrics(straight)] == [r["loss"] for r in read_metrics(split)]
+    _, model = load_run_model(split)
+    tied = [n for n, p in model.named_parameters(remove_duplicate=False) if p is model.embed.weight]
+    assert len(tied) == 2

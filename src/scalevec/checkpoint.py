@@ -113,6 +113,8 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
             tmp.mkdir()
         distributed.barrier()
         model_sd, optim_sd = get_state_dict(model, optimizers)
+        aliases = tied_aliases(model)  # safetensors refuses two names for one storage: store the tensor once
+        model_sd = {k: v for k, v in model_sd.items() if k not in aliases}
         tensors, plain = split_state({"model": model_sd, "optim": optim_sd})
         with _single_process_quiet():
             dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / DCP_DIR), save_distributed=True),
@@ -147,9 +149,8 @@ def _prune(root: Path, step: int, keep_window: int) -> None:
             shutil.rmtree(c, ignore_errors=True)
 
 
-def save_consolidated(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Write a full state dict as one safetensors file; a parameter registered under several names (tied
-    embeddings) is stored once, and its other names are recorded in the metadata (``save_model``'s format)."""
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """``{alias: first name}`` for every parameter registered under several names (tied embeddings)."""
     first: dict[int, str] = {}
     aliases: dict[str, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -157,6 +158,13 @@ def save_consolidated(model: torch.nn.Module, state: dict[str, torch.Tensor], pa
             aliases[name] = first[id(p)]
         else:
             first[id(p)] = name
+    return aliases
+
+
+def save_consolidated(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Write a full state dict as one safetensors file; a parameter registered under several names (tied
+    embeddings) is stored once, and its other names are recorded in the metadata (``save_model``'s format)."""
+    aliases = tied_aliases(model)
     tensors = {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
     save_file(tensors, str(path), metadata={"format": "pt", **aliases})
 
@@ -186,12 +194,16 @@ def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizers: list, device
         rundir.verify_checkpoint(ckpt)
     state = rundir.read_train_state(ckpt)
     model_sd, optim_sd = get_state_dict(model, optimizers)  # the layout to load into (sharded or not)
-    layout = {"model": model_sd, "optim": optim_sd}
+    aliases = tied_aliases(model)
+    layout = {"model": {k: v for k, v in model_sd.items() if k not in aliases}, "optim": optim_sd}
     tensors, _ = split_state(layout)
     with _single_process_quiet():
         dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(ckpt / DCP_DIR)),
                  no_dist=not dist.is_initialized())
     restored = merge_state(layout, state["plain"], ckpt)
+    for alias, name in aliases.items():  # a tied name gets the tensor its first name loaded
+        if name in restored["model"]:
+            restored["model"][alias] = restored["model"][name]
     set_state_dict(model, optimizers, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
     torch.set_rng_state(state["rng_cpu"])
     if state["rng_cuda"] is not None and device.type == "cuda":
