@@ -87,3 +87,14 @@ def test_thread_count_is_explicit_and_recorded(tmp_path):
         assert got == max(1, usable_cpus() // 2)
     # rerunning with another --jobs is allowed: the thread count is how a run executes, not what it is
     assert run_sweep(spec, tmp_path / "sweep", jobs=1, report=False, quiet=True) == 0
+
+
+def test_train_threads_apply_to_the_run_only(tmp_path):
+    """train() with train.threads=2 leaves the caller's thread count as it was (tests run with 1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    cfg = resolve_config({**BASE, "train.steps": 2, "train.threads": before + 1, "data.cache_dir": str(tmp_path / "c")})
+    train(cfg, tmp_path / "run", quiet=True)
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["threads"] == before + 1
+    assert torch.get_num_threads() == before

@@ -758,12 +758,16 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
     ``TrainingDiverged`` when the health guard stops the run, ``TrainingFailed`` for an ``OSError`` during
     training (a full disk) and ``Preempted`` after SIGTERM; the last three leave a resumable run.
     """
-    trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet, init=init)
+    threads = torch.get_num_threads()  # train.threads applies to this run only, not to the caller after it
     try:
-        return trainer.fit(stop_at=stop_at)
+        trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet, init=init)
+        try:
+            return trainer.fit(stop_at=stop_at)
+        finally:
+            trainer.close_tracker()
+            distributed.teardown(trainer.dist)
     finally:
-        trainer.close_tracker()
-        distributed.teardown(trainer.dist)
+        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------------------- CLI
