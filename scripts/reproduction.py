@@ -51,7 +51,8 @@ def analyse(rows: list[dict]) -> dict:
         by_strategy[r["strategy"]].append(r)
     for strategy, rs in by_strategy.items():
         curve = {float(r["lr"]): _loss(r) for r in rs if r["seed"] == "0"}
-        unfinished = [r for r in rs if r["status"] not in ("done", "diverged")]
+        # an unfinished tuning run leaves the pick open; an unfinished confirmation seed is just not counted yet
+        unfinished = [r for r in rs if r["status"] not in ("done", "diverged") and r["seed"] == "0"]
         if not curve or unfinished:
             continue
         try:
