@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+from scalevec.train import cpu_model
 
 GOLDEN = Path(__file__).with_name("losses.json")
 STEPS = 20
@@ -36,17 +37,6 @@ CASES: dict[str, dict] = {
 }
 BASE = {"train.steps": STEPS, "train.threads": 1, "train.batch_size": 4, "train.seq_len": 64, "train.log_every": 1,
         "train.eval_every": STEPS, "schedule.warmup": 5, "optim.lr": 1e-2, "data.val_tokens": 4096}
-
-
-def cpu_name() -> str:
-    """The CPU model as the kernel reports it (``model name`` in /proc/cpuinfo), else ``platform``'s word."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key() -> str:
@@ -82,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<24} first {values[0]:.6f}  last train {values[-2]:.6f}  val {values[-1]:.6f}")
     if args.update:
         data = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
-        data[machine_key()] = {"cpu": cpu_name(),
+        data[machine_key()] = {"cpu": cpu_model(),
                                "losses": {k: [float.hex(v) for v in vs] for k, vs in losses.items()}}
         GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"wrote {GOLDEN} [{machine_key()}]")
