@@ -500,9 +500,9 @@ LEGEND = ("Final validation loss in nats/token on the same validation tokens for
           "with a two-sided 95 % t interval; `*` marks an interval that excludes 0 (our significance rule). "
           "Token eff. = tokens the baseline needs to reach its final loss ÷ tokens the strategy needs "
           "(seed-averaged validation curves, interpolated; > 1 is better; ≥ when reached by the first evaluation, "
-          "'not reached' when never). Step time is the median seconds "
-          "per optimizer step relative to the baseline (runs trained in parallel share the CPU: compare "
-          "with care). † marks a tuned value at the edge of its grid.")
+          "'not reached' when never). Step time is the process CPU time per optimizer step relative to the "
+          "baseline (wall clock for runs that did not log it); a busy machine still inflates it through shared "
+          "caches, so compare with care. † marks a tuned value at the edge of its grid.")
 
 
 SCALING_LEGEND = (
