@@ -131,7 +131,9 @@ def _jsonl_documents(path: Path) -> list[str]:
     return docs
 
 
-def _parquet_documents(path: Path) -> list[str]:
+def open_parquet_text(path: Path):
+    """A ``pyarrow.parquet.ParquetFile`` with a ``text`` column; ``ValueError`` naming the fix for an empty or
+    unreadable file, a missing pyarrow or a missing column (shared by the in-memory and the prepared path)."""
     if path.stat().st_size == 0:
         raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
     try:
@@ -145,6 +147,11 @@ def _parquet_documents(path: Path) -> list[str]:
     names = pf.schema_arrow.names
     if "text" not in names:
         raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(names)}); name the text column 'text'")
+    return pf
+
+
+def _parquet_documents(path: Path) -> list[str]:
+    pf = open_parquet_text(path)
     return _text_values(pf.read(columns=["text"]).column("text").to_pylist(), f"data file {path} column 'text'")
 
 

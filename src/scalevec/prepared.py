@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from .data import (
+    open_parquet_text,
     BUNDLED,
     DOC_SEP,
     SOURCE_HELP,
@@ -175,20 +176,7 @@ def _jsonl_stream(path: Path) -> Iterator[str]:
 
 
 def _parquet_stream(path: Path) -> Iterator[str]:
-    if path.stat().st_size == 0:
-        raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ValueError(f"reading {path} needs pyarrow, which is not installed; pip install pyarrow") from None
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError types for a corrupt file
-        raise ValueError(f"data file {path} is not a readable parquet file ({e}); "
-                         f"rewrite it with pyarrow or pandas") from None
-    if "text" not in pf.schema_arrow.names:
-        raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(pf.schema_arrow.names)}); "
-                         f"name the text column 'text'")
+    pf = open_parquet_text(path)
     for batch in pf.iter_batches(columns=["text"], batch_size=1024):
         for v in batch.column(0).to_pylist():
             if v is None:
