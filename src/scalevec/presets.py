@@ -18,11 +18,12 @@ count matches the name. CPU presets use the bytes vocabulary (256) and head_dim 
 | llama-2b     |    2304 |       28 |      36 | 6144 | 50304 | 2.016B |
 
 The CPU ladder of the reproduction study (docs/reproduction.md) names each rung by its non-embedding
-parameters (bytes vocabulary, head_dim 16 or 32, ``d_ff = floor(8/3 · d_model)``); a budget of 20 tokens
+parameters (bytes vocabulary, head_dim 10, 16 or 32, ``d_ff = floor(8/3 · d_model)``); a budget of 20 tokens
 per parameter is 0.8M tokens at ``cpu-25k`` and 21M at ``cpu-1m``:
 
 | preset       | d_model | n_layers | n_heads | d_ff | total params | non-embedding | notes |
 |--------------|--------:|---------:|--------:|-----:|-------------:|--------------:|-------|
+| cpu-10k      |      20 |        2 |       2 |   53 |       19,900 |         9,660 | head_dim 10 |
 | cpu-25k      |      32 |        2 |       2 |   85 |       41,056 |        24,672 | |
 | cpu-80k      |      48 |        3 |       3 |  128 |      107,856 |        83,280 | |
 | cpu-200k     |      64 |        4 |       2 |  170 |      229,440 |       196,672 | = tiny |
@@ -74,6 +75,7 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-1b": _llama(1792, 22),
     "llama-2b": _llama(2304, 28),
     # the CPU model ladder of the reproduction study (docs/reproduction.md): one knob per rung, ~×2.5-4 apart
+    "cpu-10k": _llama(20, 2, vocab=256, head_dim=10, max_seq_len=256),
     "cpu-25k": _llama(32, 2, vocab=256, head_dim=16, max_seq_len=256),
     "cpu-80k": _llama(48, 3, vocab=256, head_dim=16, max_seq_len=256),
     "cpu-200k": _llama(64, 4, vocab=256, head_dim=32, max_seq_len=256),
