@@ -19,6 +19,7 @@ for pass in 1 2; do
   study c5-cpu-25k-shakespeare cpu-25k-shakespeare                 # C5 shares C6's baseline runs
   study c4-cpu-25k-shakespeare c4-cpu-25k-shakespeare              # peri + QK-norm, wd on which scales
   for combo in adamw-wsd muon-cosine muon-wsd; do study "c7-cpu-25k-shakespeare-$combo" "c7-cpu-25k-shakespeare-$combo"; done
+  for cell in cpu-10k-shakespeare cpu-25k-shakespeare cpu-25k-kjv; do study "c6-$cell-seeds" "$cell"; done  # 10 seeds
   study c6-moe-cpu-60k-shakespeare moe-cpu-60k-shakespeare
   study c6-cpu-25k-shakespeare-tpp100 cpu-25k-shakespeare-tpp100
   study c6-cpu-200k-shakespeare cpu-200k-shakespeare               # a fourth size (~10 min a run)
