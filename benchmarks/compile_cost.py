@@ -20,7 +20,7 @@ import torch
 
 from scalevec.bench import make_candidate, quiet_stderr
 from scalevec.config import OptimConfig
-from scalevec.flops import cpu_name
+from scalevec.model.flops import cpu_name
 from scalevec.presets import get_preset
 
 

@@ -4,7 +4,7 @@
                                                    --threads 1 --hf]
 
 For each strategy a freshly built (random-init, seed 0) model of ``--preset`` samples ``--new-tokens``
-greedy tokens after a 7-token prompt (``--prompt-len``), through ``scalevec.generate.sample``: once rerunning the whole
+greedy tokens after a 7-token prompt (``--prompt-len``), through ``scalevec.hf.generate.sample``: once rerunning the whole
 context every step (no cache, what ``scalevec generate --no-cache`` does), once with
 ``Transformer.decode`` and its KV cache. Both must give the same ids (checked). With ``--hf`` the model
 is also exported (plain Llama family or the custom architecture) and timed through transformers'
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from scalevec import ScaleConfig, build_model
-from scalevec.generate import sample
-from scalevec.model import KVCache
+from scalevec.hf.generate import sample
+from scalevec.model.transformer import KVCache
 from scalevec.presets import get_preset
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     if a.prompt_len == 7:
         prompt = list(b"\nROMEO:")
     else:
-        from scalevec.data import load_documents
+        from scalevec.data.documents import load_documents
 
         prompt = list(load_documents("shakespeare")[-1].encode("utf-8"))[:a.prompt_len]
     print(f"preset {a.preset} (d_model {cfg.d_model}, {cfg.n_layers} layers, max_seq_len {cfg.max_seq_len}), "
@@ -91,7 +91,7 @@ def time_transformers(model, prompt: list[int], n: int) -> tuple[float, float, b
     """As ``time_scalevec`` for the export of ``model`` through transformers' ``generate(use_cache=...)``."""
     from transformers import AutoModelForCausalLM
 
-    from scalevec.export import export_model
+    from scalevec.hf.export import export_model
 
     with tempfile.TemporaryDirectory() as d:
         out = export_model(model, Path(d) / "hf")

@@ -33,9 +33,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from scalevec import rundir
 from scalevec.config import to_dict
-from scalevec.train import make_config, train
+from scalevec.training import rundir
+from scalevec.training.trainer import make_config, train
 
 
 def config(steps: int, cache: Path):

@@ -13,7 +13,7 @@
 #   PYTHON=<interpreter> (default .venv/bin/python) TIMEOUT=<seconds per stage, default 1200>
 # Tokenizer: bytes (256 ids) trains the preset unchanged (its vocab_size stays 50304, so the FLOPs are
 # those of a 50k-vocabulary run); a bpe:N or tokenizer.json must have at most 50304 ids.
-# MFU = FLOPs per token · tokens/s / peak, FLOPs per token from scalevec.flops (6 · the matmul parameters
+# MFU = FLOPs per token · tokens/s / peak, FLOPs per token from scalevec.model.flops (6 · the matmul parameters
 # a token uses, LM head included, embedding lookup excluded, + attention's 12 · n_layers · seq_len ·
 # n_heads · head_dim, PaLM appendix B). tokens/s is the median step after the first 5 (compile excluded).
 # Exit status: 0 if both stages passed, 1 if one failed, 2 if no CUDA device is visible.
@@ -60,8 +60,8 @@ from pathlib import Path
 
 import torch
 
-from scalevec.flops import flops_per_token, peak_flops
-from scalevec.train import load_run_config
+from scalevec.model.flops import flops_per_token, peak_flops
+from scalevec.training.trainer import load_run_config
 
 run = Path(sys.argv[1])
 cfg = load_run_config(run)

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from scalevec.stats import paired_delta, pick_lr, seeds_needed  # noqa: E402
+from scalevec.experiments.stats import paired_delta, pick_lr, seeds_needed  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
 # claim -> (strategy, the paper's direction of strategy − baseline: +1 worse, -1 better, the statement)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scalevec import ModelConfig
-from scalevec.params import SCALE_ROLES
+from scalevec.model.params import SCALE_ROLES
 
 torch.set_num_threads(1)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def arm(where: str, at: int) -> None:
-    from scalevec import checkpoint, rundir
-    from scalevec import train as train_mod
+    from scalevec.training import checkpoint, rundir
+    from scalevec.training import trainer as train_mod
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)

@@ -78,7 +78,7 @@ def test_out_below_a_file_names_the_file(tmp_path, capsys):
 
 def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, capsys, monkeypatch):
     """Ctrl-C mid-run saves the completed steps (exit 130); --resume then finishes the run."""
-    from scalevec import train as train_mod
+    from scalevec.training import trainer as train_mod
 
     out = tmp_path / "run"
     real_step = train_mod.Trainer.train_step

@@ -1,4 +1,4 @@
-"""Tests for scalevec.compare: the command line -> a strategy × seed sweep -> the paired table."""
+"""Tests for scalevec.experiments.compare: the command line -> a strategy × seed sweep -> the paired table."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from scalevec import compare, sweep
 from scalevec.cli import main
 from scalevec.config import to_dict
-from scalevec.sweep import expand, spec_from_dict
+from scalevec.experiments import compare, sweep
+from scalevec.experiments.sweep import expand, spec_from_dict
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
 

@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from scalevec import data as D
 from scalevec.config import DataConfig
+from scalevec.data import corpus as corpus_mod
+from scalevec.data.cache import cache_root
+from scalevec.data.corpus import prepare_data
+from scalevec.data.documents import DOC_SEP, load_documents, split_documents
+from scalevec.data.sampler import TrainSampler, bits_per_byte, val_batches
+from scalevec.data.tokenizer import BOS, EOS, ByteTokenizer, load_tokenizer, load_tokenizer_dir
+from scalevec.data.tokens import token_dtype
 
 DOCS = [
     "First document.\nIt has two lines about the quick brown fox.",
@@ -22,7 +28,7 @@ DOCS = [
 
 def write_txt(tmp_path, docs=DOCS, name="corpus.txt"):
     path = tmp_path / name
-    path.write_text(D.DOC_SEP.join(docs) + "\n", encoding="utf-8")
+    path.write_text(DOC_SEP.join(docs) + "\n", encoding="utf-8")
     return path
 
 
@@ -35,22 +41,22 @@ def cfg(tmp_path, source, tokenizer="bytes", val_frac=0.25):
 
 def test_bundled_corpora_have_their_documents():
     """The bundled Shakespeare has 42 works and the KJV 66 books, none containing the separator."""
-    shakespeare, kjv = D.load_documents("shakespeare"), D.load_documents("kjv")
+    shakespeare, kjv = load_documents("shakespeare"), load_documents("kjv")
     assert (len(shakespeare), len(kjv)) == (42, 66)
     assert shakespeare[0].startswith("ALL'S WELL THAT ENDS WELL") and kjv[0].startswith("Genesis")
-    assert not any(D.DOC_SEP in d for d in shakespeare + kjv)
+    assert not any(DOC_SEP in d for d in shakespeare + kjv)
 
 
 def test_txt_file_splits_on_blank_lines(tmp_path):
     """A .txt file with "\\n\\n\\n" separators gives one document per part, newlines trimmed."""
-    assert D.load_documents(str(write_txt(tmp_path))) == DOCS
+    assert load_documents(str(write_txt(tmp_path))) == DOCS
 
 
 def test_txt_file_without_separator_is_one_document(tmp_path):
     """A .txt file without "\\n\\n\\n" is one document."""
     path = tmp_path / "one.txt"
     path.write_text("line one\n\nline three\n")
-    assert D.load_documents(str(path)) == ["line one\n\nline three"]
+    assert load_documents(str(path)) == ["line one\n\nline three"]
 
 
 def test_folder_gives_one_document_per_txt_file_sorted(tmp_path):
@@ -61,7 +67,7 @@ def test_folder_gives_one_document_per_txt_file_sorted(tmp_path):
     (tmp_path / "sub" / "c.txt").write_text("sea\n\n\nstill one file")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "notes.md").write_text("ignored")
-    assert D.load_documents(str(tmp_path)) == ["ay", "bee", "sea\n\n\nstill one file"]
+    assert load_documents(str(tmp_path)) == ["ay", "bee", "sea\n\n\nstill one file"]
 
 
 def test_jsonl_reads_text_field(tmp_path):
@@ -69,7 +75,7 @@ def test_jsonl_reads_text_field(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps({"text": "one", "id": 1}) + "\n\n" + json.dumps({"text": "two\u2028lines"}, ensure_ascii=False) + "\n",
                     encoding="utf-8")
-    assert D.load_documents(str(path)) == ["one", "two\u2028lines"]
+    assert load_documents(str(path)) == ["one", "two\u2028lines"]
 
 
 def test_parquet_reads_text_column(tmp_path):
@@ -77,7 +83,7 @@ def test_parquet_reads_text_column(tmp_path):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"id": [1, 2, 3], "text": ["alpha", None, "gamma"]}), path)
-    assert D.load_documents(str(path)) == ["alpha", "gamma"]
+    assert load_documents(str(path)) == ["alpha", "gamma"]
 
 
 def test_hf_source_uses_datasets_train_split(monkeypatch):
@@ -95,7 +101,7 @@ def test_hf_source_uses_datasets_train_split(monkeypatch):
         return FakeDataset()
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    assert D.load_documents("hf:someone/corpus:small") == ["doc one", "doc two"]
+    assert load_documents("hf:someone/corpus:small") == ["doc one", "doc two"]
     assert calls == [("someone/corpus", "small", "train")]
 
 
@@ -103,14 +109,14 @@ def test_hf_source_errors_are_clear(monkeypatch):
     """hf: without the datasets package, or offline, is a one-line ValueError naming the fix."""
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ValueError, match="pip install datasets"):
-        D.load_documents("hf:someone/corpus")
+        load_documents("hf:someone/corpus")
 
     def offline(*args, **kwargs):
         raise ConnectionError("no network\nsecond line")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
     with pytest.raises(ValueError, match="online") as e:
-        D.load_documents("hf:someone/corpus")
+        load_documents("hf:someone/corpus")
     assert "\n" not in str(e.value)
 
 
@@ -121,7 +127,7 @@ def test_parquet_without_pyarrow_says_pip_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(ValueError, match="pip install pyarrow"):
-        D.load_documents(str(path))
+        load_documents(str(path))
 
 
 @pytest.mark.parametrize("case, error, message", [
@@ -170,7 +176,7 @@ def test_bad_sources_raise_one_line_errors(tmp_path, case, error, message):
     elif case == "suffix":
         path.write_text("a,b\n")
     with pytest.raises(error, match=message) as e:
-        D.load_documents(str(path))
+        load_documents(str(path))
     assert "\n" not in str(e.value) and ";" in str(e.value)  # one line: the problem; the fix
 
 
@@ -180,17 +186,17 @@ def test_bad_sources_raise_one_line_errors(tmp_path, case, error, message):
 def test_split_holds_out_last_documents():
     """Validation is the last documents holding >= val_frac of the characters; train/val are disjoint, in order."""
     docs = ["a" * 50, "b" * 30, "c" * 12, "d" * 8]
-    train, val, note = D.split_documents(docs, 0.15)
+    train, val, note = split_documents(docs, 0.15)
     assert (train, val) == (docs[:2], docs[2:])  # last 1 doc holds 8 % < 15 %, last 2 hold 20 %
     assert "last 2 of 4 documents" in note
-    train, val, _ = D.split_documents(docs, 0.99)
+    train, val, _ = split_documents(docs, 0.99)
     assert train == docs[:1] and val == docs[1:]  # at least one training document
 
 
 def test_bundled_shakespeare_validation_is_last_four_plays():
     """On the bundled Shakespeare at val_frac 0.1 validation is the last 4 whole plays (Troilus ... Winter's Tale)."""
-    docs = D.load_documents("shakespeare")
-    train, val, _ = D.split_documents(docs, 0.1)
+    docs = load_documents("shakespeare")
+    train, val, _ = split_documents(docs, 0.1)
     assert len(val) == 4 and val[0].startswith("THE HISTORY OF TROILUS") and val[-1].startswith("THE WINTER'S TALE")
     assert train + val == docs
 
@@ -198,11 +204,11 @@ def test_bundled_shakespeare_validation_is_last_four_plays():
 def test_single_document_splits_at_line_boundary():
     """One document is cut at the start of a line near 1 - val_frac, and the note says so."""
     text = "".join(f"line {i:02d}\n" for i in range(20))  # 8 chars per line
-    train, val, note = D.split_documents([text], 0.25)
+    train, val, note = split_documents([text], 0.25)
     assert train[0] + val[0] == text and train[0].endswith("\n") and val[0].startswith("line 15")
     assert "one document" in note
     with pytest.raises(ValueError, match="line break"):
-        D.split_documents(["no line break here at all"], 0.1)
+        split_documents(["no line break here at all"], 0.1)
 
 
 # --------------------------------------------------------------------------------------------- tokenizers
@@ -210,7 +216,7 @@ def test_single_document_splits_at_line_boundary():
 
 def test_bytes_tokenizer_ids_are_utf8_bytes():
     """bytes: vocab exactly 256, no BOS/EOS, ids are the UTF-8 bytes, decode inverts encode."""
-    tok = D.load_tokenizer("bytes")
+    tok = load_tokenizer("bytes")
     text = "héllo wörld 🙂\n"
     assert tok.vocab_size == 256 and tok.bos_id is None and tok.eos_id is None
     assert tok.encode(text) == list(text.encode("utf-8"))
@@ -221,18 +227,18 @@ def test_bytes_tokenizer_ids_are_utf8_bytes():
 def test_saved_bytes_tokenizer_loads_in_transformers(tmp_path):
     """The saved bytes tokenizer loads in PreTrainedTokenizerFast and maps text to the same 256 byte ids."""
     transformers = pytest.importorskip("transformers")
-    D.ByteTokenizer().save(tmp_path)
+    ByteTokenizer().save(tmp_path)
     hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
     text = "To be, or not to be: Ünïcödé 🙂\n\n"
     assert hf(text)["input_ids"] == list(text.encode("utf-8"))
     assert hf.decode(list(text.encode("utf-8"))) == text and len(hf) == 256
-    assert isinstance(D.load_tokenizer_dir(tmp_path), D.ByteTokenizer)
+    assert isinstance(load_tokenizer_dir(tmp_path), ByteTokenizer)
 
 
 def test_bpe_round_trips_through_transformers(tmp_path):
     """bpe:N has <|bos|>=0 and <|eos|>=1; saved, transformers gives [BOS] + our ids and decodes them back."""
     transformers = pytest.importorskip("transformers")
-    tok = D.load_tokenizer("bpe:300", DOCS, tmp_path / "cache")
+    tok = load_tokenizer("bpe:300", DOCS, tmp_path / "cache")
     assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 300)
     text = "the quick brown fox, héllo 🙂"
     ids = tok.encode(text)
@@ -241,50 +247,50 @@ def test_bpe_round_trips_through_transformers(tmp_path):
     hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path / "saved"))
     assert hf(text)["input_ids"] == [tok.bos_id] + ids
     assert hf(text, add_special_tokens=False)["input_ids"] == ids
-    assert hf.decode(ids) == text and hf.bos_token == D.BOS and hf.eos_token == D.EOS
-    again = D.load_tokenizer_dir(tmp_path / "saved")
+    assert hf.decode(ids) == text and hf.bos_token == BOS and hf.eos_token == EOS
+    again = load_tokenizer_dir(tmp_path / "saved")
     assert again.spec == "bpe:300" and again.encode(text) == ids and again.eos_id == 1
 
 
 def test_bpe_is_cached_and_keyed_by_data_and_size(tmp_path):
     """bpe:N is written once to the cache and reloaded; other data or another N gives another file."""
     cache = tmp_path / "cache"
-    a = D.load_tokenizer("bpe:300", DOCS, cache)
+    a = load_tokenizer("bpe:300", DOCS, cache)
     files = sorted((cache / "tokenizers").glob("*.json"))
     assert len(files) == 1
-    assert D.load_tokenizer("bpe:300", DOCS, cache).identity() == a.identity()
-    D.load_tokenizer("bpe:290", DOCS, cache)
-    D.load_tokenizer("bpe:300", DOCS[:2], cache)
+    assert load_tokenizer("bpe:300", DOCS, cache).identity() == a.identity()
+    load_tokenizer("bpe:290", DOCS, cache)
+    load_tokenizer("bpe:300", DOCS[:2], cache)
     assert len(list((cache / "tokenizers").glob("*.json"))) == 3
     assert not list((cache / "tokenizers").glob(".*tmp"))
 
 
 def test_bpe_is_trained_on_training_split_only(tmp_path):
     """prepare_data trains BPE without the validation documents: a string only in val gets no merge."""
-    data = D.prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300", val_frac=0.25))
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300", val_frac=0.25))
     assert data.meta["val_docs"] == 1 and "qqqq" in DOCS[-1] and "qq" not in "".join(DOCS[:-1])
     vocab = data.tokenizer.hf.get_vocab()
     assert "qq" not in vocab and "Ġqq" not in vocab
-    assert D.load_tokenizer("bpe:300", DOCS, tmp_path / "other").hf.get_vocab().keys() >= {"qq"}  # control
+    assert load_tokenizer("bpe:300", DOCS, tmp_path / "other").hf.get_vocab().keys() >= {"qq"}  # control
 
 
 def test_tokenizer_json_path_and_errors(tmp_path):
     """A tokenizer.json path loads (BOS/EOS from its config); missing, invalid and bad specs raise clearly."""
-    tok = D.load_tokenizer("bpe:300", DOCS, tmp_path / "cache")
+    tok = load_tokenizer("bpe:300", DOCS, tmp_path / "cache")
     tok.save(tmp_path / "t")
-    loaded = D.load_tokenizer(str(tmp_path / "t" / "tokenizer.json"))
+    loaded = load_tokenizer(str(tmp_path / "t" / "tokenizer.json"))
     assert loaded.encode(DOCS[0]) == tok.encode(DOCS[0]) and (loaded.bos_id, loaded.eos_id) == (0, 1)
     with pytest.raises(FileNotFoundError, match="bpe:N"):
-        D.load_tokenizer(str(tmp_path / "missing.json"))
+        load_tokenizer(str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a valid tokenizer.json"):
-        D.load_tokenizer(str(tmp_path / "bad.json"))
+        load_tokenizer(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match=">= 258"):
-        D.load_tokenizer("bpe:100", DOCS)
+        load_tokenizer("bpe:100", DOCS)
     with pytest.raises(ValueError, match="integer"):
-        D.load_tokenizer("bpe:lots", DOCS)
+        load_tokenizer("bpe:lots", DOCS)
     with pytest.raises(FileNotFoundError):
-        D.load_tokenizer_dir(tmp_path / "nothing")
+        load_tokenizer_dir(tmp_path / "nothing")
 
 
 # --------------------------------------------------------------------------------------------- token cache
@@ -292,15 +298,15 @@ def test_tokenizer_json_path_and_errors(tmp_path):
 
 def test_bytes_streams_are_the_documents_joined(tmp_path):
     """bytes (no BOS/EOS): each split's stream is its documents joined by "\\n\\n\\n", as UTF-8 bytes, in uint16."""
-    data = D.prepare_data(cfg(tmp_path, write_txt(tmp_path)))
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path)))
     assert data.train.dtype == np.uint16 and isinstance(data.train, np.memmap)
-    assert bytes(data.train.astype(np.uint8)) == D.DOC_SEP.join(DOCS[:3]).encode("utf-8")
+    assert bytes(data.train.astype(np.uint8)) == DOC_SEP.join(DOCS[:3]).encode("utf-8")
     assert bytes(data.val.astype(np.uint8)) == DOCS[3].encode("utf-8")
 
 
 def test_bpe_streams_wrap_every_document_in_bos_eos(tmp_path):
     """With BOS/EOS every document is [BOS] + ids + [EOS], documents back to back, train/val disjoint by document."""
-    data = D.prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300"))
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300"))
     tok = data.tokenizer
     expected = lambda docs: [i for d in docs for i in [tok.bos_id, *tok.encode(d), tok.eos_id]]
     assert data.train.tolist() == expected(DOCS[:3])
@@ -310,15 +316,15 @@ def test_bpe_streams_wrap_every_document_in_bos_eos(tmp_path):
 def test_cache_hit_and_key_changes(tmp_path):
     """A second prepare_data reads the cache; val_frac, tokenizer or file content changes give a new entry."""
     source = write_txt(tmp_path)
-    first = D.prepare_data(cfg(tmp_path, source))
-    again = D.prepare_data(cfg(tmp_path, source))
+    first = prepare_data(cfg(tmp_path, source))
+    again = prepare_data(cfg(tmp_path, source))
     assert not first.from_cache and again.from_cache and again.cache_path == first.cache_path
     assert np.array_equal(again.train, first.train)
     paths = {first.cache_path,
-             D.prepare_data(cfg(tmp_path, source, val_frac=0.5)).cache_path,
-             D.prepare_data(cfg(tmp_path, source, "bpe:300")).cache_path}
+             prepare_data(cfg(tmp_path, source, val_frac=0.5)).cache_path,
+             prepare_data(cfg(tmp_path, source, "bpe:300")).cache_path}
     write_txt(tmp_path, DOCS[:3] + [DOCS[3] + " changed"])
-    changed = D.prepare_data(cfg(tmp_path, source))
+    changed = prepare_data(cfg(tmp_path, source))
     assert not changed.from_cache
     assert len(paths | {changed.cache_path}) == 4
     assert not [p for p in (tmp_path / "cache" / "tokens").iterdir() if p.name.startswith(".")]
@@ -327,31 +333,31 @@ def test_cache_hit_and_key_changes(tmp_path):
 def test_cache_dir_falls_back_to_env(tmp_path, monkeypatch):
     """cache_dir "" uses $SCALEVEC_CACHE; an explicit cache_dir wins."""
     monkeypatch.setenv("SCALEVEC_CACHE", str(tmp_path / "env"))
-    assert D.cache_root("") == tmp_path / "env" and D.cache_root(tmp_path / "x") == tmp_path / "x"
+    assert cache_root("") == tmp_path / "env" and cache_root(tmp_path / "x") == tmp_path / "x"
 
 
 def test_interrupted_cache_write_leaves_nothing(tmp_path, monkeypatch):
     """If tokenizing dies midway, no cache entry and no temporary folder remain; the next call rebuilds."""
     source = write_txt(tmp_path)
-    real = D._write_stream
+    real = corpus_mod._write_stream
 
     def dies_on_val(path, *args, **kwargs):
         if path.name == "val.bin":
             raise KeyboardInterrupt
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(D, "_write_stream", dies_on_val)
+    monkeypatch.setattr(corpus_mod, "_write_stream", dies_on_val)
     with pytest.raises(KeyboardInterrupt):
-        D.prepare_data(cfg(tmp_path, source))
+        prepare_data(cfg(tmp_path, source))
     assert list((tmp_path / "cache" / "tokens").iterdir()) == []
-    monkeypatch.setattr(D, "_write_stream", real)
-    assert not D.prepare_data(cfg(tmp_path, source)).from_cache
+    monkeypatch.setattr(corpus_mod, "_write_stream", real)
+    assert not prepare_data(cfg(tmp_path, source)).from_cache
 
 
 def test_failed_prepare_writes_nothing(tmp_path):
     """A bad source fails before anything is written to the cache."""
     with pytest.raises(FileNotFoundError):
-        D.prepare_data(cfg(tmp_path, tmp_path / "missing.txt", "bpe:300"))
+        prepare_data(cfg(tmp_path, tmp_path / "missing.txt", "bpe:300"))
     assert not (tmp_path / "cache").exists()
 
 
@@ -359,14 +365,14 @@ def test_token_dtype_switches_to_uint32_above_65536(tmp_path):
     """Ids are stored as uint16 up to vocab 65536 and as uint32 above (end to end with a 70k-word tokenizer)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    assert D.token_dtype(65536) == np.uint16 and D.token_dtype(65537) == np.uint32
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
     vocab = {f"w{i}": i for i in range(70000)}
     vocab["[UNK]"] = 70000
     hf = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     hf.save(str(tmp_path / "big.json"))
     write_txt(tmp_path, ["w1 w69999\nw2", "w3 w4\nw5"])
-    data = D.prepare_data(cfg(tmp_path, tmp_path / "corpus.txt", str(tmp_path / "big.json"), val_frac=0.4))
+    data = prepare_data(cfg(tmp_path, tmp_path / "corpus.txt", str(tmp_path / "big.json"), val_frac=0.4))
     assert data.train.dtype == np.uint32 and data.train.tolist()[:2] == [1, 69999]
 
 
@@ -375,43 +381,43 @@ def test_token_dtype_switches_to_uint32_above_65536(tmp_path):
 
 def test_val_batches_cover_the_first_targets_exactly(tmp_path):
     """val_batches: windows of T+1 at offsets 0, T, 2T; targets are val[1 : n*T + 1], each once; deterministic."""
-    data = D.prepare_data(cfg(tmp_path, "shakespeare"))
-    batches, n_bytes = D.val_batches(data, seq_len=64, n_tokens=1000, batch_size=4)
+    data = prepare_data(cfg(tmp_path, "shakespeare"))
+    batches, n_bytes = val_batches(data, seq_len=64, n_tokens=1000, batch_size=4)
     assert [x.shape[0] for x, _ in batches] == [4, 4, 4, 3]  # 1000 // 64 = 15 windows
     x = torch.cat([b[0] for b in batches]).flatten()
     y = torch.cat([b[1] for b in batches]).flatten()
     assert x.dtype == torch.int64 and x.tolist() == data.val[:960].tolist() and y.tolist() == data.val[1:961].tolist()
     assert n_bytes == 960  # bytes: one byte per target
-    again, _ = D.val_batches(data, seq_len=64, n_tokens=1000, batch_size=4)
+    again, _ = val_batches(data, seq_len=64, n_tokens=1000, batch_size=4)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
 
 
 def test_val_batches_errors_when_too_short(tmp_path):
     """A val stream shorter than one window, or n_tokens below seq_len, is a ValueError."""
-    data = D.prepare_data(cfg(tmp_path, write_txt(tmp_path)))
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path)))
     with pytest.raises(ValueError, match="fewer than one window"):
-        D.val_batches(data, seq_len=len(data.val), n_tokens=10**6, batch_size=2)
+        val_batches(data, seq_len=len(data.val), n_tokens=10**6, batch_size=2)
     with pytest.raises(ValueError, match="val_tokens"):
-        D.val_batches(data, seq_len=16, n_tokens=8, batch_size=2)
+        val_batches(data, seq_len=16, n_tokens=8, batch_size=2)
 
 
 def test_bits_per_byte_equals_nats_over_ln2_for_bytes(tmp_path):
     """For the bytes tokenizer bpb = mean nats per target / ln 2, from the returned byte count."""
-    data = D.prepare_data(cfg(tmp_path, write_txt(tmp_path)))
-    batches, n_bytes = D.val_batches(data, seq_len=8, n_tokens=40, batch_size=2)
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path)))
+    batches, n_bytes = val_batches(data, seq_len=8, n_tokens=40, batch_size=2)
     logits = torch.randn(5, 8, 256, generator=torch.Generator().manual_seed(0))
     y = torch.cat([b[1] for b in batches])
     nats = torch.nn.functional.cross_entropy(logits.view(-1, 256), y.view(-1), reduction="sum").item()
     assert n_bytes == y.numel() == 40
-    assert D.bits_per_byte(nats, n_bytes) == pytest.approx(nats / y.numel() / math.log(2), rel=1e-12)
+    assert bits_per_byte(nats, n_bytes) == pytest.approx(nats / y.numel() / math.log(2), rel=1e-12)
     with pytest.raises(ValueError):
-        D.bits_per_byte(1.0, 0)
+        bits_per_byte(1.0, 0)
 
 
 def test_bpe_target_bytes_equal_the_decoded_text(tmp_path):
     """For BPE the byte count of the val targets equals the UTF-8 length of their text, specials counting 0."""
-    data = D.prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300", val_frac=0.5))
-    batches, n_bytes = D.val_batches(data, seq_len=5, n_tokens=10**6, batch_size=3)
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300", val_frac=0.5))
+    batches, n_bytes = val_batches(data, seq_len=5, n_tokens=10**6, batch_size=3)
     targets = torch.cat([b[1] for b in batches]).flatten().tolist()
     specials = {data.tokenizer.bos_id, data.tokenizer.eos_id}
     assert data.meta["val_docs"] == 2 and specials <= set(targets)  # EOS and BOS between the two val documents
@@ -426,11 +432,11 @@ def test_bpe_target_bytes_equal_the_decoded_text(tmp_path):
 def test_sampler_is_a_function_of_seed_and_step():
     """Same (seed, step) gives the same batch in any call order; another seed gives another batch; y = x shifted."""
     tokens = np.arange(1000, dtype=np.uint16)
-    a, b = D.TrainSampler(tokens, 8, 4, seed=1), D.TrainSampler(tokens, 8, 4, seed=1)
+    a, b = TrainSampler(tokens, 8, 4, seed=1), TrainSampler(tokens, 8, 4, seed=1)
     xa = [a.batch(s)[0] for s in (0, 1, 2, 50)]
     xb = [b.batch(s)[0] for s in (50, 2, 1, 0)][::-1]
     assert all(torch.equal(p, q) for p, q in zip(xa, xb))
-    assert not torch.equal(D.TrainSampler(tokens, 8, 4, seed=2).batch(0)[0], xa[0])
+    assert not torch.equal(TrainSampler(tokens, 8, 4, seed=2).batch(0)[0], xa[0])
     x, y = a.batch(3)
     assert x.shape == (4, 8) and x.dtype == torch.int64 and torch.equal(y, x + 1)  # consecutive tokens
     assert (x[:, 0] % 8 == 0).all()  # windows start at multiples of seq_len (non-overlapping)
@@ -439,7 +445,7 @@ def test_sampler_is_a_function_of_seed_and_step():
 def test_sampler_epoch_is_a_permutation_of_windows():
     """Within an epoch every window is drawn exactly once (batches may straddle epochs)."""
     tokens = np.arange(10 * 5 + 3, dtype=np.uint32)  # 10 windows of 5 (+1)
-    s = D.TrainSampler(tokens, 5, 4, seed=0)
+    s = TrainSampler(tokens, 5, 4, seed=0)
     drawn = np.concatenate([s.windows(step) for step in range(5)])  # 20 samples = 2 epochs
     assert sorted(drawn[:10]) == list(range(10)) and sorted(drawn[10:]) == list(range(10))
     assert not np.array_equal(drawn[:10], drawn[10:])  # a fresh permutation per epoch
@@ -448,7 +454,7 @@ def test_sampler_epoch_is_a_permutation_of_windows():
 def test_sampler_rank_slices_partition_the_global_batch():
     """Rank r takes rows [r*B/W, (r+1)*B/W) of the global batch: disjoint, and their union is the batch."""
     tokens = np.arange(5000, dtype=np.uint16)
-    s = D.TrainSampler(tokens, 16, 8, seed=3)
+    s = TrainSampler(tokens, 16, 8, seed=3)
     x, y = s.batch(7)
     parts = [s.batch(7, rank=r, world_size=4) for r in range(4)]
     assert all(p[0].shape == (2, 16) for p in parts)
@@ -459,10 +465,10 @@ def test_sampler_rank_slices_partition_the_global_batch():
 
 def test_sampler_errors():
     """Indivisible batch, bad rank and a corpus shorter than one window raise ValueError."""
-    s = D.TrainSampler(np.arange(100), 8, 6, seed=0)
+    s = TrainSampler(np.arange(100), 8, 6, seed=0)
     with pytest.raises(ValueError, match="divisible"):
         s.batch(0, rank=0, world_size=4)
     with pytest.raises(ValueError, match="rank"):
         s.batch(0, rank=3, world_size=3)
     with pytest.raises(ValueError, match="fewer than one window"):
-        D.TrainSampler(np.arange(8), 8, 2, seed=0)
+        TrainSampler(np.arange(8), 8, 2, seed=0)

@@ -29,8 +29,8 @@ def _sharded_vs_whole(rank: int) -> dict[str, float]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from scalevec.distributed import ShardedMuon, shard_aware_optimizers
-    from scalevec.optim import Muon
+    from scalevec.training.distributed import ShardedMuon, shard_aware_optimizers
+    from scalevec.training.optim import Muon
 
     mesh = init_device_mesh("cpu", (2,))
     out = {}

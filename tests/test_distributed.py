@@ -31,12 +31,12 @@ import torch
 import torch.distributed as dist
 
 from dist_harness import run_distributed
-from scalevec import distributed
 from scalevec.cli import main
 from scalevec.config import TrainConfig
-from scalevec.model import build_model
-from scalevec.moe import MoE
-from scalevec.train import Trainer, load_run_model, make_config
+from scalevec.model.moe import MoE
+from scalevec.model.transformer import build_model
+from scalevec.training import distributed
+from scalevec.training.trainer import Trainer, load_run_model, make_config
 
 TOL = 1e-5
 W_TOL = 5e-5  # weights and scale statistics after 10 AdamW steps (see the module docstring)

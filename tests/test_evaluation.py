@@ -8,7 +8,7 @@ import pytest
 
 from scalevec import ScaleConfig, build_model
 from scalevec.cli import main
-from scalevec.evaluation import SHAKESPEARE_TASK, eval_columns, evaluate, write_eval, write_shakespeare_task
+from scalevec.hf.evaluation import SHAKESPEARE_TASK, eval_columns, evaluate, write_eval, write_shakespeare_task
 
 ACC = "acc,none"
 
@@ -27,7 +27,7 @@ def test_report_reads_eval_json_into_runs_csv(tmp_path):
     """eval.json written by `scalevec eval` becomes eval.<task>.<metric> columns of report's runs.csv rows."""
     import fakerun
     from scalevec.config import RunConfig, to_dict
-    from scalevec.report import load_runs, runs_frame
+    from scalevec.experiments.report import load_runs, runs_frame
 
     fakerun.write_run(tmp_path / "runs" / "r0", to_dict(RunConfig(strategy="unified")))
     write_eval(tmp_path / "runs" / "r0", {"hellaswag": {"acc,none": 0.31, "acc_stderr,none": 0.01,
@@ -40,7 +40,7 @@ def test_report_reads_eval_json_into_runs_csv(tmp_path):
 
 def test_shakespeare_task_is_four_way_with_the_true_next_line(tmp_path):
     """Every item has 4 distinct candidates, one of them (at ``label``) the line that follows the passage."""
-    from scalevec.data import load_documents
+    from scalevec.data.documents import load_documents
 
     yaml = write_shakespeare_task(tmp_path, n_items=20)
     assert f"task: {SHAKESPEARE_TASK}" in yaml.read_text()
@@ -73,7 +73,7 @@ def test_run_and_export_score_the_same(tmp_path, make_cfg, perturb_scales, expor
 @pytest.mark.slow
 def test_a_bpe_tokenizer_export_evaluates(tmp_path, make_cfg, perturb_scales, export_fixtures):
     """A model with a BPE tokenizer (BOS/EOS, no pad) evaluates; eval.json keeps earlier tasks when merging."""
-    from scalevec.export import export_model
+    from scalevec.hf.export import export_model
 
     tok = export_fixtures._tokenizer_dir(tmp_path / "tok", vocab_size=300)
     model = build_model(make_cfg(vocab_size=320, max_seq_len=256), ScaleConfig.preset("dnp"), seed=0)

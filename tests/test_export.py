@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from scalevec import MoEConfig, RunConfig, ScaleConfig, build_model  # noqa: E402
 from scalevec.cli import main  # noqa: E402
 from scalevec.config import DataConfig, TrainConfig, save_yaml  # noqa: E402
-from scalevec.data import load_tokenizer  # noqa: E402
-from scalevec.export import VerifyError, export_model, verify  # noqa: E402
+from scalevec.data.tokenizer import load_tokenizer  # noqa: E402
+from scalevec.hf.export import VerifyError, export_model, verify  # noqa: E402
 
 FOLDABLE = ("baseline", "hg", "dp", "or", "unified_foldable", "none")
 MOE = MoEConfig(n_experts=4, top_k=2, d_expert=16)

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from scalevec import MoEConfig, ScaleConfig, build_model  # noqa: E402
 from scalevec.cli import main  # noqa: E402
-from scalevec.export import REMOTE_FILES, export_model, verify  # noqa: E402
+from scalevec.hf.export import REMOTE_FILES, export_model, verify  # noqa: E402
 
 MOE = MoEConfig(n_experts=4, top_k=2, d_expert=16)
 CASES = {  # name: (strategy, model overrides)
@@ -76,7 +76,7 @@ def test_modeling_file_needs_only_torch_and_transformers():
     from importlib import resources
 
     for name in REMOTE_FILES:
-        tree = ast.parse(resources.files("scalevec.hf_remote").joinpath(name).read_text())
+        tree = ast.parse(resources.files("scalevec.hf.remote").joinpath(name).read_text())
         roots = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

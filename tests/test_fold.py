@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model, fold_scales
-from scalevec.params import SCALE_ROLES
+from scalevec.model.params import SCALE_ROLES
 
 FOLDABLE = ("none", "baseline", "iwd", "hg", "dp", "or", "er", "unified_foldable")
 

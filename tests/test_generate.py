@@ -9,8 +9,8 @@ from safetensors.torch import save_model
 from scalevec import RunConfig, ScaleConfig, build_model
 from scalevec.cli import main
 from scalevec.config import save_yaml
-from scalevec.data import load_tokenizer
-from scalevec.generate import generate_ids, sample
+from scalevec.data.tokenizer import load_tokenizer
+from scalevec.hf.generate import generate_ids, sample
 
 V = 16
 
@@ -134,7 +134,7 @@ def _cache_model(make_cfg, perturb_scales, strategy, overrides):
 
 def test_causal_mask_lets_new_queries_see_every_cached_key():
     """2 new queries after 3 cached tokens: query 0 sees keys 0..3, query 1 keys 0..4 (not top-left 0..0, 0..1)."""
-    from scalevec.model import causal_mask
+    from scalevec.model.transformer import causal_mask
 
     assert causal_mask(2, 5, torch.device("cpu")).tolist() == [[True, True, True, True, False], [True] * 5]
     assert torch.equal(causal_mask(4, 4, torch.device("cpu")), torch.ones(4, 4, dtype=torch.bool).tril())
@@ -143,7 +143,7 @@ def test_causal_mask_lets_new_queries_see_every_cached_key():
 @pytest.mark.parametrize("strategy, overrides", CACHE_CASES, ids=lambda c: str(c))
 def test_decode_in_pieces_gives_the_forward_logits(make_cfg, perturb_scales, strategy, overrides):
     """Feeding a sequence as 5 + 1 + 1 + rest tokens through the KV cache gives forward()'s logits (fp32 rounding)."""
-    from scalevec.model import KVCache
+    from scalevec.model.transformer import KVCache
 
     m = _cache_model(make_cfg, perturb_scales, strategy, overrides)
     x = torch.randint(0, m.cfg.vocab_size, (2, m.cfg.max_seq_len), generator=torch.Generator().manual_seed(5))
@@ -161,7 +161,7 @@ def test_decode_in_pieces_gives_the_forward_logits(make_cfg, perturb_scales, str
 @pytest.mark.parametrize("strategy, overrides", CACHE_CASES, ids=lambda c: str(c))
 def test_cached_greedy_equals_uncached(make_cfg, perturb_scales, strategy, overrides):
     """Greedy ids with the KV cache equal the uncached path's, also past the context (16) where the cache is dropped."""
-    from scalevec.model import KVCache
+    from scalevec.model.transformer import KVCache
 
     m = _cache_model(make_cfg, perturb_scales, strategy, overrides)
 
@@ -180,7 +180,7 @@ def test_cached_greedy_equals_uncached(make_cfg, perturb_scales, strategy, overr
 
 def test_cached_sampling_is_the_uncached_sampling(model):
     """With temperature and top-k the cache changes nothing: the same seed draws the same ids."""
-    from scalevec.model import KVCache
+    from scalevec.model.transformer import KVCache
 
     def cached(x, cache):
         cache = cache if cache is not None else KVCache(model.cfg.n_layers)

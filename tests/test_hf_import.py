@@ -18,10 +18,10 @@ import transformers  # a dev dependency: missing it fails these tests, never ski
 
 from scalevec import ScaleConfig, build_model
 from scalevec.config import ModelConfig, RopeScalingConfig, RunConfig, apply_overrides, to_dict
-from scalevec.export import export_model
-from scalevec.hf_import import import_hf, load_plain, model_config_from_hf, plain_from_model, read_hf, set_scale
-from scalevec.model import rope_cos_sin
-from scalevec.scales import ScaleVector
+from scalevec.hf.export import export_model
+from scalevec.hf.hf_import import import_hf, load_plain, model_config_from_hf, plain_from_model, read_hf, set_scale
+from scalevec.model.scales import ScaleVector
+from scalevec.model.transformer import rope_cos_sin
 
 FOLDABLE = ("baseline", "hg", "dp", "or", "er", "unified_foldable")
 TOL = 1e-5  # see the module docstring

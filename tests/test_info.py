@@ -10,7 +10,7 @@ import torch
 from scalevec import ScaleConfig, build_model, get_preset
 from scalevec.cli import main
 from scalevec.info import info
-from scalevec.params import count_params
+from scalevec.model.params import count_params
 from scalevec.presets import PRESETS
 
 STRATEGIES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")

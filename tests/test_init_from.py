@@ -14,9 +14,9 @@ import torch
 import transformers  # a dev dependency: missing it fails these tests, never skips
 
 from scalevec.cli import main
-from scalevec.init_from import resolve
-from scalevec.report import _parent_curves
-from scalevec.train import Trainer, make_config, train
+from scalevec.experiments.report import _parent_curves
+from scalevec.training.init_from import resolve
+from scalevec.training.trainer import Trainer, make_config, train
 
 TOL = 1e-5  # fp32 logits, two orders of the same operations (tests/test_hf_import.py)
 
@@ -46,7 +46,7 @@ def hf_llama(tmp_path_factory):
 
 
 def _hf_config(tmp_path, hf_dir, strategy):
-    from scalevec.init_from import base_sections
+    from scalevec.training.init_from import base_sections
 
     init = resolve(hf_dir)
     cfg = make_config("small", strategy, tiny_items(tmp_path), base_sections(init, None, strategy, None))
@@ -104,12 +104,12 @@ def test_branch_continue_reproduces_the_parent(tmp_path):
 @pytest.mark.slow
 def test_branch_into_another_strategy_keeps_the_function(tmp_path):
     """A parent run's final model converted into OR computes the parent's logits; the optimizer starts fresh."""
-    from scalevec.train import load_run_model
+    from scalevec.training.trainer import load_run_model
 
     parent = tmp_path / "parent"
     main(["train", "--preset", "tiny", "--strategy", "dp", "--out", str(parent), "--quiet", *tiny_items(tmp_path)])
     init = resolve(parent)
-    from scalevec.init_from import base_sections
+    from scalevec.training.init_from import base_sections
 
     cfg = make_config("tiny", "or", [], base_sections(init, None, "or", None))
     trainer = Trainer(cfg, tmp_path / "branch", quiet=True, init=init)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck, gradgradcheck
 
 from scalevec import ScaleConfig, build_model
-from scalevec.kernels import _DNPSwiGLU, _FoldedLinear, _MagDir
-from scalevec.scales import NormLinear, init_params, rms_norm
+from scalevec.model.kernels import _DNPSwiGLU, _FoldedLinear, _MagDir
+from scalevec.model.scales import NormLinear, init_params, rms_norm
 
 EPS = 1e-6
 

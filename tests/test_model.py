@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model
-from scalevec.params import ROLES, SCALE_ROLES
-from scalevec.scales import ScaleVector, scale_vectors
+from scalevec.model.params import ROLES, SCALE_ROLES
+from scalevec.model.scales import ScaleVector, scale_vectors
 
 STRATEGIES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
 FOLDABLE = ("none", "baseline", "iwd", "hg", "dp", "or", "er", "unified_foldable")

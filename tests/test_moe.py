@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset, optim
+from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset
 from scalevec.config import OptimConfig
-from scalevec.moe import MoE, load_balancing_loss, route, router_z_loss
-from scalevec.params import SCALE_ROLES
-from scalevec.scales import init_params, param_roles
+from scalevec.model.moe import MoE, load_balancing_loss, route, router_z_loss
+from scalevec.model.params import SCALE_ROLES
+from scalevec.model.scales import init_params, param_roles
+from scalevec.training import optim
 
 EPS = 1e-6
 STRATEGIES = ["none", "baseline", "iwd", "hg", "hg+per_expert", "dp", "dnp", "or", "er", "unified",

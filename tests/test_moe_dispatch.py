@@ -14,8 +14,8 @@ import torch
 
 from scalevec import ModelConfig, ScaleConfig
 from scalevec.config import MoEConfig
-from scalevec.moe import MoE, grouped_linear, grouped_linear_offsets
-from scalevec.scales import init_params
+from scalevec.model.moe import MoE, grouped_linear, grouped_linear_offsets
+from scalevec.model.scales import init_params
 
 STRATEGIES = ["baseline", "hg+per_expert", "dp", "unified"]
 
@@ -69,7 +69,7 @@ def test_moe_block_same_numbers_as_the_loop(strategy, monkeypatch):
         return y.detach(), aux.detach(), {n: p.grad for n, p in layer.named_parameters()}
 
     new = run()
-    monkeypatch.setattr("scalevec.moe.grouped_linear_offsets", reference_offsets)
+    monkeypatch.setattr("scalevec.model.moe.grouped_linear_offsets", reference_offsets)
     old = run()
     assert torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])
     assert new[2].keys() == old[2].keys()

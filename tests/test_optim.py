@@ -8,7 +8,7 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.config import PRESET_NAMES, OptimConfig
-from scalevec.optim import (
+from scalevec.training.optim import (
     Group,
     Muon,
     adamw_fused,
@@ -182,7 +182,7 @@ def test_adamw_kernel_choice():
 def test_resume_is_bitwise_exact_under_fused_adamw(tmp_path):
     """With optim.fused=true (CPU fused AdamW), 8 steps straight equal 4 steps + resume + 4 steps, bitwise,
     and the run differs from foreach only by rounding (measured 1e-6 nats over 8 steps; bound 1e-4)."""
-    from scalevec.train import make_config, train
+    from scalevec.training.trainer import make_config, train
 
     def cfg(fused):
         items = {"train.steps": 8, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 4,

@@ -2,9 +2,11 @@
 
 import pytest
 
-from scalevec import ScaleConfig, build_model, get_preset, info, optim, scales
+from scalevec import ScaleConfig, build_model, get_preset, info
 from scalevec.config import PRESET_NAMES, OptimConfig
-from scalevec.params import EMBEDDING_ROLES, ROLES, SCALE_ROLES, count_params
+from scalevec.model import scales
+from scalevec.model.params import EMBEDDING_ROLES, ROLES, SCALE_ROLES, count_params
+from scalevec.training import optim
 
 
 def test_one_role_list():

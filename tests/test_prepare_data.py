@@ -7,10 +7,14 @@ import types
 import numpy as np
 import pytest
 
-from scalevec import data as D
-from scalevec import prepared as P
 from scalevec.cli import main
-from scalevec.train import make_config, train
+from scalevec.config import DataConfig
+from scalevec.data import prepared as P
+from scalevec.data.corpus import prepare_data
+from scalevec.data.documents import DOC_SEP, load_documents
+from scalevec.data.sampler import TrainSampler, feistel_permutation, val_batches
+from scalevec.data.tokens import TokenData
+from scalevec.training.trainer import make_config, train
 
 DOCS = [f"Document {i}: the quick brown fox {'jumps ' * (i % 5)}over the lazy dog.\nLine two of {i}, héllo 🙂."
         for i in range(23)]
@@ -39,7 +43,7 @@ def test_streamed_sources_equal_load_documents(tmp_path, monkeypatch):
     documents, in the same order, as the in-memory loader."""
     monkeypatch.setattr(P, "READ_CHARS", 7)
     txt = tmp_path / "c.txt"
-    txt.write_text("\n\n" + D.DOC_SEP.join(DOCS[:6]) + "\n\n\n\n\nlast\r\nline\n", encoding="utf-8")
+    txt.write_text("\n\n" + DOC_SEP.join(DOCS[:6]) + "\n\n\n\n\nlast\r\nline\n", encoding="utf-8")
     folder = tmp_path / "folder"
     (folder / "sub").mkdir(parents=True)
     for i, d in enumerate(DOCS[:4]):
@@ -49,8 +53,8 @@ def test_streamed_sources_equal_load_documents(tmp_path, monkeypatch):
     pq.write_table(pa.table({"text": [DOCS[0], None, DOCS[1], "  "]}), tmp_path / "c.parquet")
     sources.append(tmp_path / "c.parquet")
     for s in sources:
-        assert list(P.iter_documents(str(s))) == D.load_documents(str(s)), s
-    assert list(P.iter_documents("shakespeare")) == D.load_documents("shakespeare")
+        assert list(P.iter_documents(str(s))) == load_documents(str(s)), s
+    assert list(P.iter_documents("shakespeare")) == load_documents("shakespeare")
 
 
 def test_hf_source_streams(monkeypatch):
@@ -89,8 +93,8 @@ def test_shards_hold_the_stream_of_data_prepare_data(tmp_path):
     assert (m["train"]["docs"], m["val"]["docs"], m["documents"]) == (len(train_docs), len(val_docs), len(DOCS))
     data = P.load_prepared(tmp_path / "p")
     assert len(data.train.shards) > 2  # several shards: the test covers the cut between them
-    assert bytes(concat(data.train).astype(np.uint8)) == D.DOC_SEP.join(train_docs).encode()
-    assert bytes(concat(data.val).astype(np.uint8)) == D.DOC_SEP.join(val_docs).encode()
+    assert bytes(concat(data.train).astype(np.uint8)) == DOC_SEP.join(train_docs).encode()
+    assert bytes(concat(data.val).astype(np.uint8)) == DOC_SEP.join(val_docs).encode()
     assert data.train.dtype == np.uint16 and all(isinstance(s, np.memmap) for s in data.train.shards)
     assert m["tokenizer"] == "bytes" and m["dtype"] == "uint16" and m["vocab_size"] == 256
     assert (tmp_path / "p" / "tokenizer" / "tokenizer.json").is_file()
@@ -173,7 +177,7 @@ def test_verify_and_lazy_load(tmp_path, monkeypatch):
     P.prepare_shards("shakespeare", "bytes", tmp_path / "p")
     assert P.verify(tmp_path / "p") == []
     monkeypatch.setattr(P, "_file_sha256", lambda *a: pytest.fail("load_prepared must not hash the shards"))
-    data = D.prepare_data(D.DataConfig(source=str(tmp_path / "p")))  # the trainer's entry point
+    data = prepare_data(DataConfig(source=str(tmp_path / "p")))  # the trainer's entry point
     assert data.from_cache and data.meta["train_docs"] == 38 and data.meta["val_docs"] == 4
     monkeypatch.undo()
     shard = tmp_path / "p" / "train-00000.bin"
@@ -227,17 +231,17 @@ def test_memmap_sampler_equals_in_memory_sampler(tmp_path):
     P.prepare_shards("shakespeare", "bytes", tmp_path / "p", shard_tokens=100_003)
     data = P.load_prepared(tmp_path / "p")
     assert len(data.train.shards) > 20  # documents stay whole, so a shard holds at least one play
-    mem = D.TokenData(train=concat(data.train), val=concat(data.val), tokenizer=data.tokenizer,
+    mem = TokenData(train=concat(data.train), val=concat(data.val), tokenizer=data.tokenizer,
                       token_bytes=data.token_bytes, meta=data.meta)
-    assert D.TrainSampler(data.train, 256, 64, seed=3).order == "feistel"  # the shards' default
+    assert TrainSampler(data.train, 256, 64, seed=3).order == "feistel"  # the shards' default
     for order in ("feistel", "permutation"):
-        a = D.TrainSampler(data.train, 256, 64, seed=3, order=order)
-        b = D.TrainSampler(mem.train, 256, 64, seed=3, order=order)
+        a = TrainSampler(data.train, 256, 64, seed=3, order=order)
+        b = TrainSampler(mem.train, 256, 64, seed=3, order=order)
         for step in (0, 1, 7, a.n_windows // 64 + 2):  # the last one is in the second epoch
             for rank in (0, 1):
                 for x, y in zip(a.batch(step, rank, 2), b.batch(step, rank, 2)):
                     assert x.equal(y)
-    (va, na), (vb, nb) = D.val_batches(data, 64, 4096, 8), D.val_batches(mem, 64, 4096, 8)
+    (va, na), (vb, nb) = val_batches(data, 64, 4096, 8), val_batches(mem, 64, 4096, 8)
     assert na == nb and all(x.equal(y) for p, q in zip(va, vb) for x, y in zip(p, q))
 
 
@@ -263,13 +267,13 @@ def test_feistel_order_is_a_fresh_permutation_per_epoch():
     window once per epoch, in another order each epoch and seed, and does not keep neighbours together."""
     keys = np.arange(1, 7, dtype=np.uint64)
     for n in (1, 2, 3, 5, 64, 1000, 4097):
-        assert sorted(D.feistel_permutation(np.arange(n), n, keys).tolist()) == list(range(n))
+        assert sorted(feistel_permutation(np.arange(n), n, keys).tolist()) == list(range(n))
     tokens = np.arange(1000 * 8 + 1) % 256
-    s = D.TrainSampler(tokens, 8, 100, seed=0, order="feistel")
+    s = TrainSampler(tokens, 8, 100, seed=0, order="feistel")
     epoch0 = np.concatenate([s.windows(k) for k in range(10)])
     epoch1 = np.concatenate([s.windows(k) for k in range(10, 20)])
     assert sorted(epoch0.tolist()) == sorted(epoch1.tolist()) == list(range(1000))
     assert not np.array_equal(epoch0, epoch1)
-    assert not np.array_equal(epoch0, np.concatenate([D.TrainSampler(tokens, 8, 100, seed=1, order="feistel").windows(k)
+    assert not np.array_equal(epoch0, np.concatenate([TrainSampler(tokens, 8, 100, seed=1, order="feistel").windows(k)
                                                       for k in range(10)]))
     assert np.mean(np.abs(np.diff(epoch0)) == 1) < 0.01  # a shuffle, not a shifted range

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from scalevec.progress import GridProgress, format_seconds, last_train_row
-from scalevec.sweep import run_sweep, spec_from_dict
+from scalevec.experiments.progress import GridProgress, format_seconds, last_train_row
+from scalevec.experiments.sweep import run_sweep, spec_from_dict
 
 
 class Clock:

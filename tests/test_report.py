@@ -1,4 +1,4 @@
-"""Tests for scalevec.report: run folders -> tables, lr picks, paired deltas, token efficiency, scaling fits."""
+"""Tests for scalevec.experiments.report: run folders -> tables, lr picks, paired deltas, token efficiency, scaling fits."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import csv
 import math
 from pathlib import Path
 
-import fakerun
 import numpy as np
 import pytest
 import yaml
 
+import fakerun
 from scalevec.cli import main
 from scalevec.config import to_dict
-from scalevec.report import analyze, load_runs, write_report
-from scalevec.sweep import expand, run_sweep, spec_from_dict
+from scalevec.experiments.report import analyze, load_runs, write_report
+from scalevec.experiments.sweep import expand, run_sweep, spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"train": {"batch_size": 4, "seq_len": 32, "steps": 100}}
@@ -138,7 +138,7 @@ def test_report_cli_on_empty_folder_fails_cleanly(tmp_path, capsys):
 @pytest.mark.slow
 def test_smoke_sweep_end_to_end_and_report(tmp_path, capsys):
     """sweeps/smoke.yaml trains for real (2 jobs), and `scalevec report` renders every file from the folder."""
-    from scalevec.sweep import load_spec
+    from scalevec.experiments.sweep import load_spec
 
     out = tmp_path / "smoke"
     assert run_sweep(load_spec(ROOT / "sweeps" / "smoke.yaml"), out, jobs=2, report=False, quiet=True) == 0

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from scalevec.config import to_dict, usable_cpus
-from scalevec.sweep import resolve_config, run_sweep, spec_from_dict
-from scalevec.train import train
+from scalevec.experiments.sweep import resolve_config, run_sweep, spec_from_dict
+from scalevec.training.trainer import train
 
 BASE = {"preset": "tiny", "strategy": "unified", "train.steps": 8, "train.batch_size": 4, "train.seq_len": 32,
         "train.log_every": 1, "train.eval_every": 8, "schedule.warmup": 2, "data.val_tokens": 2048}

@@ -27,12 +27,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from scalevec import checkpoint, rundir
-from scalevec import train as train_mod
 from scalevec.cli import main
 from scalevec.config import to_dict
-from scalevec.sweep import expand, run_status, spec_from_dict
-from scalevec.train import TrainingDiverged, make_config, train
+from scalevec.experiments.sweep import expand, run_status, spec_from_dict
+from scalevec.training import checkpoint, rundir
+from scalevec.training import trainer as train_mod
+from scalevec.training.trainer import TrainingDiverged, make_config, train
 
 STEPS = 8
 ITEMS = {"train.steps": STEPS, "train.batch_size": 2, "train.seq_len": 16, "train.eval_every": 4, "train.log_every": 1,
@@ -425,7 +425,7 @@ def test_unusable_target_is_one_line_exit_2(env, capsys, monkeypatch):
     monkeypatch.setattr(os, "open", real_open)
 
     full = env["root"] / "full-setup"
-    from scalevec.data import Tokenizer
+    from scalevec.data.tokenizer import Tokenizer
 
     def no_space(self, directory):
         raise enospc(Path(directory) / "tokenizer.json")

@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from scalevec import ScaleConfig
-from scalevec.scales import (
+from scalevec.experiments.theory.magdir import make as make_scale_vector
+from scalevec.experiments.theory.magdir import perturb, preconditioner, predicted, spectrum
+from scalevec.model.scales import (
     NormLinear,
     OutputNorm,
     ScaleVector,
@@ -17,8 +19,6 @@ from scalevec.scales import (
     rms_norm,
     scale_vectors,
 )
-from scalevec.theory.magdir import make as make_scale_vector
-from scalevec.theory.magdir import perturb, preconditioner, predicted, spectrum
 
 EPS = 1e-6
 

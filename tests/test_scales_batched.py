@@ -11,12 +11,12 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.config import MoEConfig
-from scalevec.scales import ScaleVector, batched_scales
+from scalevec.model.scales import ScaleVector, batched_scales
 
 
 def loss_and_grads(cfg, scfg, tokens, batched: bool, monkeypatch):
     if not batched:
-        monkeypatch.setattr("scalevec.model.batched_scales", lambda module: nullcontext())
+        monkeypatch.setattr("scalevec.model.transformer.batched_scales", lambda module: nullcontext())
     model = build_model(cfg, scfg, seed=0)
     with torch.no_grad():  # scale parameters away from their init, so that a misplaced γ would show
         g = torch.Generator().manual_seed(5)

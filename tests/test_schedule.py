@@ -5,7 +5,7 @@ import math
 import pytest
 
 from scalevec.config import ScheduleConfig
-from scalevec.schedule import lr_at
+from scalevec.training.schedule import lr_at
 
 
 def test_cosine_warmup_exact_values():

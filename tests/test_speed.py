@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model, get_preset
-from scalevec.autocompile import CUDA_MIN_STEPS, normalize, resolve
 from scalevec.config import MoEConfig, TrainConfig, from_dict
-from scalevec.flops import flops_per_token, matmul_params_per_token, peak_flops
-from scalevec.train import make_config, train
+from scalevec.model.flops import flops_per_token, matmul_params_per_token, peak_flops
+from scalevec.training.autocompile import CUDA_MIN_STEPS, normalize, resolve
+from scalevec.training.trainer import make_config, train
 
 MATMUL_ROLES = ("matrix", "lm_head", "router")
 

@@ -1,4 +1,4 @@
-"""Tests for scalevec.stats: paired comparison, power-law fits, compute multiplier, token efficiency, lr picker."""
+"""Tests for scalevec.experiments.stats: paired comparison, power-law fits, compute multiplier, token efficiency, lr picker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from scalevec.stats import (
+from scalevec.experiments.stats import (
     compute_multiplier,
     fit_power_law,
     fit_shared_power_law,
@@ -140,7 +140,7 @@ def test_seeds_needed_is_where_the_interval_first_excludes_zero():
     """seeds_needed(d) = the smallest n whose t interval with d's mean and sd excludes 0 (checked by hand)."""
     from scipy import stats as scipy_stats
 
-    from scalevec.stats import seeds_needed
+    from scalevec.experiments.stats import seeds_needed
 
     d = [0.01, 0.03, -0.005, 0.02]  # mean 0.01375, sd ≈ 0.0149
     n = seeds_needed(d)

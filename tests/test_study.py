@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalevec.report import analyze, load_runs
-from scalevec.study import parse, run_study
-from scalevec.sweepdir import load_specs, write_spec
+from scalevec.experiments.report import analyze, load_runs
+from scalevec.experiments.study import parse, run_study
+from scalevec.experiments.sweepdir import load_specs, write_spec
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
 STUDY = {
@@ -90,8 +90,7 @@ def test_specs_of_several_sweeps_share_a_folder(tmp_path):
 def test_report_picks_the_lr_on_the_seeds_every_lr_has(tmp_path):
     """Seeds added at one lr confirm it but do not re-choose: the pick uses only the common seeds."""
     from fakerun import write_run
-
-    from scalevec.sweep import expand, spec_from_dict
+    from scalevec.experiments.sweep import expand, spec_from_dict
 
     grid = spec_from_dict({"name": "r", "base": {"preset": "tiny", "train": {"steps": 10}},
                            "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}})

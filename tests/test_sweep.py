@@ -1,4 +1,4 @@
-"""Tests for scalevec.sweep: grid expansion, stable names, token budgets, skip/resume, dry run (fake trainer)."""
+"""Tests for scalevec.experiments.sweep: grid expansion, stable names, token budgets, skip/resume, dry run (fake trainer)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.model import build_model
-from scalevec.params import count_params
+from scalevec.experiments.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
+from scalevec.model.params import count_params
+from scalevec.model.transformer import build_model
 from scalevec.presets import get_preset
-from scalevec.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def test_shipped_sweep_files_parse():
     files = sorted((ROOT / "sweeps").glob("*.yaml"))
     assert {f.name for f in files} >= {"smoke.yaml", "paper-cpu.yaml", "paper-gpu.yaml"}
     from scalevec.config import load_yaml
-    from scalevec.study import parse
+    from scalevec.experiments.study import parse
 
     for f in files:  # study files are sweep files with a `study` section (study.py)
         spec = parse(load_yaml(f), str(f))[0] if f.name.startswith("study-") else load_spec(f)
@@ -138,7 +138,7 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text(yaml.safe_dump({**SPEC, "grid": {**SPEC["grid"], "lr": [3e-3]}}, sort_keys=False))
     runs = expand(load_spec(spec_file))
-    code = ("import sys; from scalevec.sweep import load_spec, run_sweep; "
+    code = ("import sys; from scalevec.experiments.sweep import load_spec, run_sweep; "
             f"sys.exit(run_sweep(load_spec({str(spec_file)!r}), {str(out)!r}, train_cmd={FAKE!r}, report=False))")
     env = {**os.environ, "FAKE_LOG": str(log), "FAKE_SLEEP": "60"}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
@@ -167,7 +167,7 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
 @pytest.mark.slow  # real trainer subprocesses: ~2 s
 def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path):
     """A run stopped mid-way with a checkpoint gets --resume (not a restart) and ends with each step logged once."""
-    from scalevec.train import train
+    from scalevec.training.trainer import train
 
     spec = spec_from_dict({"base": {"preset": "tiny", "data.val_tokens": 2048,
                                     "train": {"steps": 6, "batch_size": 4, "seq_len": 32, "eval_every": 3,

@@ -14,19 +14,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from scalevec import MoEConfig, ScaleConfig, build_model
 from scalevec.cli import SUBCOMMANDS
-from scalevec.moe import MoE
-from scalevec.scales import NormLinear, OutputNorm
-from scalevec.theory import (
-    batch_loss,
-    expressivity,
-    lab,
-    magdir,
-    placement,
-    precondition,
-    probe_scales,
-    sharpness,
-    weight_decay,
-)
+from scalevec.experiments.theory import expressivity, lab, magdir, placement, precondition, weight_decay
+from scalevec.model.moe import MoE
+from scalevec.model.scales import NormLinear, OutputNorm
+from scalevec.training.probes import batch_loss, probe_scales, sharpness
 
 pytestmark = pytest.mark.slow  # runs the §4 experiments (module fixtures) and Hessian probes
 
@@ -182,7 +173,7 @@ def test_magdir_preconditioner_matches_formula_off_init(magdir_result):
 
 def test_theory_subcommand_writes_json_and_png_deterministically(tmp_path):
     """CLI: `theory magdir --out DIR --seed 1` writes magdir.json and magdir.png; same seed, same JSON."""
-    assert ("theory", "scalevec.theory.lab") in [(n, m) for n, m, _ in SUBCOMMANDS]
+    assert ("theory", "scalevec.experiments.theory.lab") in [(n, m) for n, m, _ in SUBCOMMANDS]
     parser = argparse.ArgumentParser()
     lab.add_arguments(parser)
     outputs = []

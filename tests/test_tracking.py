@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from scalevec import tracking
 from scalevec.cli import main
-from scalevec.train import make_config, train
+from scalevec.training import tracking
+from scalevec.training.trainer import make_config, train
 
 
 def tiny_run(tmp_path, steps=6, **over):

@@ -8,7 +8,14 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.cli import main
-from scalevec.train import TrainingDiverged, Trainer, accumulate_gradients, load_run_model, make_config, train
+from scalevec.training.trainer import (
+    Trainer,
+    TrainingDiverged,
+    accumulate_gradients,
+    load_run_model,
+    make_config,
+    train,
+)
 
 
 def tiny_run(tmp_path, strategy="baseline", steps=10, **over):
@@ -189,7 +196,7 @@ def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
 def test_config_diff_ignores_execution_fields(tmp_path):
     """Resuming may change how a run executes (dist, device, compile) but not what it computes."""
     from scalevec.config import apply_overrides
-    from scalevec.train import config_diff
+    from scalevec.training.trainer import config_diff
 
     cfg = tiny_run(tmp_path)
     moved = apply_overrides(cfg, ["train.dist=ddp", "train.device=cpu", "train.compile=true"])

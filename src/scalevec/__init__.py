@@ -3,10 +3,10 @@
 See DESIGN.md for the math and the layout; the public entry points are re-exported here.
 """
 
-from .config import ModelConfig, MoEConfig, RunConfig, ScaleConfig
-from .fold import fold_scales
-from .model import Transformer, build_model
-from .presets import PRESETS, get_preset
+from scalevec.config import ModelConfig, MoEConfig, RunConfig, ScaleConfig
+from scalevec.model.fold import fold_scales
+from scalevec.model.transformer import Transformer, build_model
+from scalevec.presets import PRESETS, get_preset
 
 __version__ = "0.1.0"
 

@@ -44,14 +44,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import __version__
-from .config import PRESET_NAMES, ModelConfig, OptimConfig, ScaleConfig
-from .distributed import resolve_device
-from .flops import cpu_name, flops_per_token, gpu_spec_peak, matmul_peak
-from .fold import fold_scales
-from .model import Transformer, build_model
-from .optim import build_optimizers, param_groups
-from .presets import PRESETS, get_preset
+from scalevec import __version__
+from scalevec.config import PRESET_NAMES, ModelConfig, OptimConfig, ScaleConfig
+from scalevec.model.flops import cpu_name, flops_per_token, gpu_spec_peak, matmul_peak
+from scalevec.model.fold import fold_scales
+from scalevec.model.transformer import Transformer, build_model
+from scalevec.presets import PRESETS, get_preset
+from scalevec.training.distributed import resolve_device
+from scalevec.training.optim import build_optimizers, param_groups
 
 HF = "hf-llama"
 DENSE = "dense-active"  # an MoE preset's dense twin with the same active matmul parameters (less the router)
@@ -495,7 +495,7 @@ def format_report(r: dict) -> str:
         f"· torch {r['torch']}",
         f"load average (1/5/15 min) at start {'/'.join(f'{v:.2f}' for v in r['loadavg_start'])}, "
         f"at end {'/'.join(f'{v:.2f}' for v in r['loadavg_end'])}",
-        f"FLOPs per token {r['flops_per_token']:,.0f} (scalevec.flops: 6 N_active + attention); MFU against a matmul "
+        f"FLOPs per token {r['flops_per_token']:,.0f} (scalevec.model.flops: 6 N_active + attention); MFU against a matmul "
         f"peak of {r['peak_tflops']:.3f} TFLOP/s ({r['peak_source']})"
         + (f", and against the GPU's dense bf16 spec {r['spec_peak_tflops']:.0f} TFLOP/s"
            if r.get("spec_peak_tflops") else ""),

@@ -376,7 +376,7 @@ class TrainConfig:
             raise ValueError(f"train.guard_dead_steps={self.guard_dead_steps} must be >= 0, train.guard_spike_window="
                              f"{self.guard_spike_window} >= 2 and train.guard_spike_ratio={self.guard_spike_ratio} "
                              f"0 (off) or > 1 (defaults 10, 50, 2.0)")
-        from .autocompile import normalize
+        from scalevec.training.autocompile import normalize
 
         self.compile = normalize(self.compile)  # older runs stored a YAML boolean
         if self.peak_flops < 0:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from .config import PRESET_NAMES, ScaleConfig
-from .model import build_model
-from .params import count_params
-from .presets import PRESETS, get_preset
+from scalevec.config import PRESET_NAMES, ScaleConfig
+from scalevec.model.params import count_params
+from scalevec.model.transformer import build_model
+from scalevec.presets import PRESETS, get_preset
 
 
 def info(preset: str, strategy: str) -> dict:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import MoEConfig, ModelConfig
+from scalevec.config import ModelConfig, MoEConfig
 
 
 def _llama(d_model: int, n_layers: int, vocab: int = 50304, head_dim: int = 64, max_seq_len: int = 2048) -> ModelConfig:

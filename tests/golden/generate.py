@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from scalevec.train import cpu_model
+from scalevec.training.trainer import cpu_model
 
 GOLDEN = Path(__file__).with_name("losses.json")
 STEPS = 20
@@ -46,8 +46,8 @@ def machine_key() -> str:
 
 def case_losses(name: str, cache_dir: str) -> list[float]:
     """The per-step training losses (nats/token) and the final validation loss of one case, one thread."""
-    from scalevec.sweep import resolve_config
-    from scalevec.train import train
+    from scalevec.experiments.sweep import resolve_config
+    from scalevec.training.trainer import train
 
     assign = {"preset": "tiny", **BASE, "data.cache_dir": cache_dir, **CASES[name]}
     cfg = resolve_config(assign)

@@ -1,0 +1,97 @@
+"""``prepare_data(DataConfig) -> TokenData``: the corpus the trainer reads, tokenized once and cached (DESIGN.md §8).
+
+    prepare_data(DataConfig)          -> TokenData   train / val token streams as memmaps, cached on disk
+                                                     (or a `prepare-data` folder's shards: prepared.py)
+
+Token streams: every document is ``[BOS] + encode(doc) + [EOS]`` where the tokenizer has those tokens.
+A tokenizer without EOS (``bytes``) sees documents joined by ``DOC_SEP``, so the byte stream of a
+.txt corpus is the file itself (our choice).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from scalevec.config import DataConfig
+from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
+from scalevec.data.documents import DOC_SEP, load_documents, split_documents
+from scalevec.data.prepared import is_prepared, load_prepared
+from scalevec.data.tokenizer import Tokenizer, load_tokenizer
+from scalevec.data.tokens import TokenData, token_dtype
+
+
+def prepare_data(cfg: DataConfig) -> TokenData:
+    """Load, split, tokenize and cache a corpus (DESIGN.md §8); cheap on a cache hit.
+
+    The cache entry ``<cache>/tokens/<key>/`` (``train.bin``, ``val.bin``, ``meta.json``) is keyed by a
+    hash of (document contents, tokenizer identity, val_frac, FORMAT_VERSION) and written into a
+    temporary folder that is renamed into place, so a killed run never leaves a partial entry.
+    Documents are still read and hashed on every call (the content is the key); for a large corpus use
+    ``scalevec prepare-data`` instead: a ``source`` folder holding its ``manifest.json`` is opened by
+    memory map (``prepared.load_prepared``), its tokenizer and split fixed by the manifest. Raises what
+    ``load_documents``, ``split_documents`` and ``load_tokenizer`` raise; nothing is written before
+    the corpus and tokenizer spec have been validated.
+    """
+    cfg.validate()
+
+    if is_prepared(cfg.source):  # a `scalevec prepare-data` folder: memory-mapped shards, nothing re-read
+        return load_prepared(cfg.source, cfg.tokenizer)
+    cache = cache_root(cfg.cache_dir)
+    docs = load_documents(cfg.source)
+    train_docs, val_docs, split = split_documents(docs, cfg.val_frac)
+    tok = load_tokenizer(cfg.tokenizer, train_docs, cache)
+    key = content_key(FORMAT_VERSION, docs_hash(docs), tok.identity(), repr(float(cfg.val_frac)))[:24]
+    path = cache / "tokens" / key
+    from_cache = (path / "meta.json").is_file()
+    if not from_cache:
+        meta = {"format": FORMAT_VERSION, "source": cfg.source, "tokenizer": tok.spec, "vocab_size": tok.vocab_size,
+                "dtype": token_dtype(tok.vocab_size).name, "val_frac": cfg.val_frac, "split": split,
+                "train_docs": len(train_docs), "val_docs": len(val_docs)}
+        _write_cache(path, train_docs, val_docs, tok, meta)
+    meta = json.loads((path / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    return TokenData(train=np.memmap(path / "train.bin", dtype=dtype, mode="r"),
+                     val=np.memmap(path / "val.bin", dtype=dtype, mode="r"),
+                     tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta, cache_path=path, from_cache=from_cache)
+
+
+def _write_cache(path: Path, train_docs: list[str], val_docs: list[str], tok: Tokenizer, meta: dict) -> None:
+    """Tokenize both splits into a temporary folder beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.mkdir()
+    try:
+        dtype = np.dtype(meta["dtype"])
+        meta["train_tokens"] = _write_stream(tmp / "train.bin", train_docs, tok, dtype)
+        meta["val_tokens"] = _write_stream(tmp / "val.bin", val_docs, tok, dtype)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not (path / "meta.json").is_file():  # not a concurrent writer that finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_stream(path: Path, docs: list[str], tok: Tokenizer, dtype: np.dtype, chunk: int = 512) -> int:
+    """Append ``[BOS] + ids + [EOS]`` per document (``DOC_SEP`` between documents if no EOS); returns the length."""
+    bos = [tok.bos_id] if tok.bos_id is not None else []
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    sep = tok.encode(DOC_SEP) if tok.eos_id is None else []
+    n = 0
+    with open(path, "wb") as f:
+        for start in range(0, len(docs), chunk):
+            for i, ids in enumerate(tok.encode_batch(docs[start:start + chunk]), start):
+                arr = np.array(bos + ids + eos + (sep if i < len(docs) - 1 else []), dtype=dtype)
+                f.write(arr.tobytes())
+                n += arr.size
+        f.flush()
+        os.fsync(f.fileno())
+    return n

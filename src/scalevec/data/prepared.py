@@ -1,0 +1,633 @@
+"""Prepared data: a corpus tokenized once into memory-mapped shards and a manifest (DESIGN.md §8, issue 14).
+
+``scalevec prepare-data SOURCE --tokenizer T --out DIR`` streams the documents of SOURCE (a .txt file,
+a folder of .txt files, .jsonl, .parquet, a bundled corpus or ``hf:NAME[:CONFIG]`` with datasets'
+``streaming=True``), tokenizes them in ``--workers`` processes and appends them to token shards::
+
+    DIR/manifest.json             source, tokenizer, dtype, split rule, per shard: tokens, documents, SHA-256
+    DIR/tokenizer/                a copy of the tokenizer (tokenizer.json + tokenizer_config.json)
+    DIR/train-00000.bin ...       uint16 (vocab <= 65536) or uint32 token ids, documents back to back
+    DIR/train-00000.docs.npy      int64 start offset of each document in its shard, then the shard length
+    DIR/val-00000.bin ...         the validation split, the same layout
+
+Memory stays flat: documents are read, tokenized and written in chunks of about ``CHUNK_CHARS``
+characters, at most ``2 × workers`` chunks in flight; the main process writes chunks in document order,
+so any number of workers writes the same bytes. The token stream of a split is what ``data.prepare_data``
+writes for the same documents: ``[BOS] + ids + [EOS]`` per document, or documents joined by
+``DOC_SEP`` for a tokenizer without EOS (``bytes``).
+
+The validation split must be known while streaming, so it is a rule on the document index (our
+choice): document ``i`` (blank documents skipped, counted from 0) is validation when
+``floor((i + 1) · val_frac) > floor(i · val_frac)``, i.e. every 10th document at 0.1, spread evenly
+through the corpus. (The plain ``--data FILE`` path instead holds out the *last* documents; prepared
+and plain splits of one corpus therefore differ.) ``bpe:N`` is trained on a first streamed pass over
+the training documents.
+
+``train --data DIR`` opens the shards with ``np.memmap`` (``load_prepared``): nothing is read or
+hashed at start-up besides the manifest and the file sizes; ``prepare-data --verify DIR`` checks
+every SHA-256. ``ShardedTokens`` presents the shards of a split as one 1-D array to ``TrainSampler``
+and ``val_batches`` without concatenating them, and asks ``TrainSampler`` for its ``feistel`` order
+(a permutation computed per index, so memory does not grow with the number of windows either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from scalevec.data.documents import BUNDLED, DOC_SEP, SOURCE_HELP, load_documents, open_parquet_text
+from scalevec.data.tokenizer import (
+    TOKENIZER_HELP,
+    ByteTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    load_tokenizer_dir,
+    train_bpe,
+)
+from scalevec.data.tokens import TokenData, token_dtype
+
+MANIFEST = "manifest.json"
+FORMAT = "scalevec-prepared"
+VERSION = 1
+CHUNK_CHARS = 4 << 20  # characters per task sent to a worker (about 4 MB of text)
+CHUNK_DOCS = 4096  # at most this many documents per task
+READ_CHARS = 4 << 20  # a .txt file is read in pieces of this many characters
+DEFAULT_SHARD_TOKENS = 1 << 28  # a new shard starts after a document once a shard holds 2^28 tokens (512 MB as uint16)
+SPLIT_RULE = "document i is validation when floor((i+1)*val_frac) > floor(i*val_frac)"
+
+
+def is_prepared(source: str | os.PathLike) -> bool:
+    """True when ``source`` is a folder written by ``prepare-data`` (it holds ``manifest.json``)."""
+    p = Path(source).expanduser()
+    return p.is_dir() and (p / MANIFEST).is_file()
+
+
+def is_val_doc(i: int, val_frac: float) -> bool:
+    """Whether document ``i`` (0-based, blank documents not counted) belongs to the validation split."""
+    return math.floor((i + 1) * val_frac) > math.floor(i * val_frac)
+
+
+# --------------------------------------------------------------------------------------------- streaming documents
+
+
+def iter_documents(source: str) -> Iterator[str]:
+    """The documents of ``source`` one at a time, in the order ``data.load_documents`` gives them, blank
+    ones dropped, without holding the corpus in memory (a .txt file without any ``DOC_SEP`` is one
+    document and is held whole). Raises what ``load_documents`` raises, when the bad part is reached."""
+    if source in BUNDLED:
+        docs: Iterator[str] = iter(load_documents(source))  # bundled corpora are a few MB
+    elif source.startswith("hf:"):
+        docs = _hf_stream(source)
+    else:
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"data source {source!r} does not exist; {SOURCE_HELP}")
+        if is_prepared(path):
+            raise ValueError(f"{path} is already prepared data (it holds {MANIFEST}); train on it with --data {path}")
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*.txt") if f.is_file())
+            if not files:
+                raise ValueError(f"folder {path} has no .txt files; put one document per .txt file in it")
+            docs = (_read_text(f) for f in files)
+        elif path.suffix == ".txt":
+            if path.stat().st_size == 0:
+                raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
+            docs = _txt_stream(path)
+        elif path.suffix == ".jsonl":
+            docs = _jsonl_stream(path)
+        elif path.suffix == ".parquet":
+            docs = _parquet_stream(path)
+        else:
+            raise ValueError(f"data file {path} has unsupported type {path.suffix!r}; {SOURCE_HELP}")
+    return (d for d in docs if d.strip())
+
+
+def _not_utf8(path: Path, e: UnicodeDecodeError) -> ValueError:
+    return ValueError(f"data file {path} is not UTF-8 text ({e.reason}); "
+                      f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > fixed.txt")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
+
+
+def _txt_stream(path: Path) -> Iterator[str]:
+    """Documents of a .txt file split on ``DOC_SEP`` as ``str.split`` would, read ``READ_CHARS`` at a time."""
+    buf = ""
+    with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": no \r\n translation, as bytes.decode
+        while True:
+            try:
+                piece = f.read(READ_CHARS)
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, e) from None
+            if not piece:
+                break
+            buf += piece
+            start = 0
+            while (cut := buf.find(DOC_SEP, start)) >= 0:
+                yield buf[start:cut].strip("\n")
+                start = cut + len(DOC_SEP)
+            buf = buf[start:]
+    yield buf.strip("\n")
+
+
+def _jsonl_stream(path: Path) -> Iterator[str]:
+    with open(path, "rb") as f:  # binary lines split on b"\n" only (JSON strings may hold U+2028)
+        for i, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, e) from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
+                                 f"fix or remove that line") from None
+            if not isinstance(row, dict) or "text" not in row:
+                raise ValueError(f'data file {path} line {i} has no "text" field; '
+                                 f'every line must be an object like {{"text": "..."}}')
+            if not isinstance(row["text"], str):
+                raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, '
+                                 f'not a string; store the text as a string')
+            yield row["text"]
+
+
+def _parquet_stream(path: Path) -> Iterator[str]:
+    pf = open_parquet_text(path)
+    for batch in pf.iter_batches(columns=["text"], batch_size=1024):
+        for v in batch.column(0).to_pylist():
+            if v is None:
+                continue
+            if not isinstance(v, str):
+                raise ValueError(f"data file {path} column 'text' holds {type(v).__name__} values, not strings; "
+                                 f"store the text as strings")
+            yield v
+
+
+def _hf_stream(source: str) -> Iterator[str]:
+    """Rows of split ``train`` of a Hugging Face dataset, streamed (``load_dataset(..., streaming=True)``)."""
+    name, _, config = source[len("hf:"):].partition(":")
+    if not name:
+        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], "
+                         f"e.g. hf:roneneldan/TinyStories")
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"data source {source!r} needs the optional 'datasets' package; "
+                         f"pip install datasets") from None
+    try:
+        ds = datasets.load_dataset(name, config or None, split="train", streaming=True)
+        rows = iter(ds)
+        first = next(rows, None)
+    except Exception as e:  # offline, unknown name, bad config: the library raises many types
+        raise ValueError(f"could not stream Hugging Face dataset {source!r} ({type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); check the name and config, "
+                         f"and that the machine is online or the dataset is in the local HF cache") from None
+    if first is None:
+        return
+    if "text" not in first:
+        raise ValueError(f"Hugging Face dataset {source!r} has no 'text' column (columns: {', '.join(first)}); "
+                         f"pick a dataset with a 'text' column")
+    for row in _chain(first, rows):
+        v = row.get("text")
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise ValueError(f"Hugging Face dataset {source!r} column 'text' holds {type(v).__name__} values, "
+                             f"not strings")
+        yield v
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _chunks(docs: Iterator[str]) -> Iterator[list[str]]:
+    """Consecutive documents grouped into lists of about ``CHUNK_CHARS`` characters (at most ``CHUNK_DOCS``)."""
+    chunk, size = [], 0
+    for d in docs:
+        chunk.append(d)
+        size += len(d)
+        if size >= CHUNK_CHARS or len(chunk) >= CHUNK_DOCS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+# --------------------------------------------------------------------------------------------- tokenizing workers
+
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer_dir: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process: the workers are the parallelism
+    _WORKER["tok"] = load_tokenizer_dir(tokenizer_dir)
+
+
+def _encode_chunk(docs: list[str], tok: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, lengths)``: every document's ``[BOS] + ids + [EOS]`` back to back (uint32), and their lengths."""
+    tok = tok or _WORKER["tok"]
+    if isinstance(tok, ByteTokenizer):  # ids are the UTF-8 bytes: no per-token Python objects
+        parts = [np.frombuffer(d.encode("utf-8"), dtype=np.uint8) for d in docs]
+    else:
+        parts = [np.asarray(ids, dtype=np.uint32) for ids in tok.encode_batch(docs)]
+    bos = [tok.bos_id] if tok.bos_id is not None else []
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    if bos or eos:
+        b, e = np.asarray(bos, dtype=np.uint32), np.asarray(eos, dtype=np.uint32)
+        parts = [np.concatenate([b, p.astype(np.uint32), e]) for p in parts]
+    lengths = np.array([p.size for p in parts], dtype=np.int64)
+    ids = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, dtype=np.uint32)
+    return ids, lengths
+
+
+def _encoded(chunks: Iterator[list[str]], tok: Tokenizer, tokenizer_dir: Path,
+             workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+    """``(docs, ids, lengths)`` per chunk, in order; with ``workers > 1`` a process pool with at most
+    ``2 × workers`` chunks in flight (``Pool.imap`` would read the whole corpus ahead)."""
+    if workers <= 1:
+        for docs in chunks:
+            yield (docs, *_encode_chunk(docs, tok))
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
+        pending: collections.deque = collections.deque()
+        for docs in chunks:
+            pending.append((docs, pool.apply_async(_encode_chunk, (docs,))))
+            if len(pending) >= 2 * workers:
+                d, r = pending.popleft()
+                yield (d, *r.get())
+        while pending:
+            d, r = pending.popleft()
+            yield (d, *r.get())
+
+
+# --------------------------------------------------------------------------------------------- shard writing
+
+
+class _ShardWriter:
+    """Appends documents of one split to ``<split>-NNNNN.bin`` shards, hashing as it writes."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, sep: np.ndarray, shard_tokens: int):
+        self.dir, self.split, self.dtype, self.sep, self.shard_tokens = directory, split, dtype, sep, shard_tokens
+        self.shards: list[dict] = []
+        self.docs = self.tokens = 0
+        self._f = None
+
+    def _open(self) -> None:
+        name = f"{self.split}-{len(self.shards):05d}"
+        self._name, self._f, self._sha = name, open(self.dir / f"{name}.bin", "wb"), hashlib.sha256()
+        self._n, self._starts = 0, []
+
+    def _write(self, arr: np.ndarray) -> None:
+        b = arr.astype(self.dtype, copy=False).tobytes()
+        self._f.write(b)
+        self._sha.update(b)
+        self._n += arr.size
+
+    def add(self, ids: np.ndarray) -> None:
+        """Append one document (its ``[BOS] + ids + [EOS]``); the separator goes before every document but the first."""
+        if self._f is None:
+            self._open()
+        elif self._n >= self.shard_tokens:
+            self._close()
+            self._open()
+        if self.docs and self.sep.size:
+            self._write(self.sep)
+        self._starts.append(self._n)
+        self._write(ids)
+        self.docs += 1
+
+    def _close(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        self._f = None
+        starts = np.array([*self._starts, self._n], dtype=np.int64)
+        np.save(self.dir / f"{self._name}.docs.npy", starts)
+        self.shards.append({"file": f"{self._name}.bin", "tokens": self._n, "docs": len(self._starts),
+                            "sha256": self._sha.hexdigest(), "offsets": f"{self._name}.docs.npy",
+                            "offsets_sha256": _file_sha256(self.dir / f"{self._name}.docs.npy")})
+        self.tokens += self._n
+
+    def finish(self) -> dict:
+        if self._f is not None:
+            self._close()
+        return {"tokens": self.tokens, "docs": self.docs, "shards": self.shards}
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 1, val_frac: float = 0.1,
+                   shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False, progress: bool = False) -> dict:
+    """Tokenize ``source`` into shards and a manifest in ``out`` (module docstring); returns the manifest.
+
+    ``tokenizer``: ``bytes``, ``bpe:N`` (trained on a first streamed pass over the training documents)
+    or a tokenizer.json path. Everything is written into a temporary folder beside ``out`` that is
+    renamed into place at the end, so an interrupted run leaves nothing. Raises ``ValueError`` for bad
+    arguments, a bad source or a split left empty, ``FileExistsError`` if ``out`` is not empty (and
+    not prepared data with ``overwrite``), and what ``iter_documents`` / ``load_tokenizer`` raise.
+    """
+    if not 0 < val_frac < 1:
+        raise ValueError(f"--val-frac {val_frac} must be in (0, 1) (try 0.01 for a large corpus)")
+    if workers < 1 or shard_tokens < 1:
+        raise ValueError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
+    out = Path(out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not (overwrite and is_prepared(out)):
+            raise FileExistsError(f"{out} exists and is not empty; choose a new --out"
+                                  + (" or pass --overwrite" if is_prepared(out) else ""))
+    docs = iter_documents(source)  # validates the path / type before anything is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    tmp.mkdir()
+    t0 = time.perf_counter()
+    try:
+        tok = _prepare_tokenizer(tokenizer, source, val_frac, tmp / "tokenizer")
+        dtype = token_dtype(tok.vocab_size)
+        sep = np.asarray(tok.encode(DOC_SEP) if tok.eos_id is None else [], dtype=np.uint32)
+        writers = {s: _ShardWriter(tmp, s, dtype, sep, shard_tokens) for s in ("train", "val")}
+        bar = _progress_bar(source, progress)
+        i = 0
+        for chunk, ids, lengths in _encoded(_chunks(docs), tok, tmp / "tokenizer", workers):
+            ends = np.cumsum(lengths)
+            for k, end in enumerate(ends):
+                writers["val" if is_val_doc(i, val_frac) else "train"].add(ids[end - lengths[k]:end])
+                i += 1
+            if bar is not None:
+                bar.update(sum(len(d) for d in chunk))
+                n_tokens = writers["train"].tokens + writers["val"].tokens
+                bar.set_postfix(docs=f"{i:,}", tokens=f"{n_tokens:,}", refresh=False)
+        if bar is not None:
+            bar.close()
+        splits = {s: w.finish() for s, w in writers.items()}
+        if not splits["train"]["docs"] or not splits["val"]["docs"]:
+            empty = "training" if not splits["train"]["docs"] else "validation"
+            raise ValueError(f"data source {source!r} has {i} document(s): the {empty} "
+                             f"split would be empty at val_frac={val_frac} (every {1 / val_frac:g}th document is "
+                             f"validation); "
+                             f"use more documents (separate them with two blank lines) or raise --val-frac")
+        manifest = {
+            "format": FORMAT, "version": VERSION, "source": source, "tokenizer": tok.spec, "tokenizer_dir": "tokenizer",
+            "tokenizer_sha256": _file_sha256(tmp / "tokenizer" / "tokenizer.json"), "vocab_size": tok.vocab_size,
+            "dtype": dtype.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id, "separator": sep.tolist(),
+            "val_frac": val_frac, "split_rule": SPLIT_RULE, "documents": i, "shard_tokens": shard_tokens,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "train": splits["train"], "val": splits["val"],
+        }
+        _write_json(tmp / MANIFEST, manifest)
+        if out.exists():
+            shutil.rmtree(out) if is_prepared(out) else out.rmdir()
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    manifest["seconds"] = time.perf_counter() - t0
+    return manifest
+
+
+def _prepare_tokenizer(spec: str, source: str, val_frac: float, directory: Path) -> Tokenizer:
+    """The tokenizer of ``spec``, saved into ``directory`` (the prepared copy); ``bpe:N`` is trained here."""
+    if spec.startswith("bpe:"):
+        n = spec[len("bpe:"):]
+        if not n.isdigit() or int(n) < 258:
+            raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258 (256 bytes + <|bos|> + <|eos|>); "
+                             f"e.g. bpe:4096")
+        train_docs = (d for i, d in enumerate(iter_documents(source)) if not is_val_doc(i, val_frac))
+        from scalevec.data.tokenizer import BOS, EOS
+
+        tok = Tokenizer(train_bpe(int(n), train_docs), spec, BOS, EOS)
+    else:
+        tok = load_tokenizer(spec)
+    tok.save(directory)
+    return load_tokenizer_dir(directory)  # exactly what workers and `train --data DIR` load
+
+
+def _progress_bar(source: str, enabled: bool):
+    """A tqdm bar over characters (total = file size for a local source, else unknown), or None."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    p = Path(source).expanduser()
+    total = (p.stat().st_size if p.is_file() else
+             sum(f.stat().st_size for f in p.rglob("*.txt")) if p.is_dir() else None)
+    return tqdm(total=total, unit="char", unit_scale=True, dynamic_ncols=True, desc="tokenizing")
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+class ShardedTokens:
+    """The shards of one split as a single read-only 1-D token array, never concatenated in memory.
+
+    Supports ``len``, ``dtype``, integer indexing, slices (a copy of that range) and integer arrays of
+    any shape (``TrainSampler``'s ``(B, T+1)`` windows; a window may cross a shard boundary). Every
+    shard is an ``np.memmap``: only the pages a batch touches are read. ``sample_order = "feistel"``
+    makes ``TrainSampler`` shuffle windows without holding a permutation of them in memory.
+    """
+
+    sample_order = "feistel"
+
+    def __init__(self, shards: list[np.ndarray]):
+        if not shards:
+            raise ValueError("a split needs at least one shard")
+        self.shards = shards
+        self.dtype = shards[0].dtype
+        self.ends = np.cumsum([len(s) for s in shards]).astype(np.int64)  # exclusive end of each shard
+        self.starts = self.ends - np.array([len(s) for s in shards], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                return self[np.arange(start, stop, step)]
+            if stop <= start:
+                return np.zeros(0, dtype=self.dtype)
+            first, last = np.searchsorted(self.ends, [start, stop - 1], side="right")
+            parts = [np.asarray(self.shards[k][max(start - self.starts[k], 0):
+                                               min(stop - self.starts[k], len(self.shards[k]))])
+                     for k in range(first, last + 1)]
+            return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        if isinstance(key, (int, np.integer)):
+            k = int(key) + (len(self) if key < 0 else 0)
+            if not 0 <= k < len(self):
+                raise IndexError(f"index {key} is out of range for {len(self)} tokens")
+            s = int(np.searchsorted(self.ends, k, side="right"))
+            return self.shards[s][k - self.starts[s]]
+        idx = np.asarray(key, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"indices outside [0, {len(self)})")
+        which = np.searchsorted(self.ends, idx, side="right")
+        out = np.empty(idx.shape, dtype=self.dtype)
+        for s in np.unique(which):
+            mask = which == s
+            out[mask] = self.shards[s][idx[mask] - self.starts[s]]
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self[:]
+        return arr.astype(dtype) if dtype is not None else arr
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The manifest of a prepared folder; ``ValueError`` if it is not one this version reads."""
+    p = Path(path).expanduser() / MANIFEST
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist; "
+                                f"write prepared data with `scalevec prepare-data SOURCE --out {path}`")
+    try:
+        m = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p} is not valid JSON ({e}); prepare the data again") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
+        raise ValueError(f"{p} is not a {FORMAT} v{VERSION} manifest; prepare the data again with this scalevec")
+    return m
+
+
+def _open_split(root: Path, m: dict, split: str) -> ShardedTokens:
+    dtype = np.dtype(m["dtype"])
+    shards = []
+    for s in m[split]["shards"]:
+        f = root / s["file"]
+        expected = s["tokens"] * dtype.itemsize
+        if not f.is_file() or f.stat().st_size != expected:
+            got = f"{f.stat().st_size} bytes" if f.is_file() else "missing"
+            raise ValueError(f"shard {f} is {got}, the manifest says {expected} bytes; prepare the data again "
+                             f"(or check it with scalevec prepare-data --verify {root})")
+        shards.append(np.memmap(f, dtype=dtype, mode="r") if expected else np.zeros(0, dtype=dtype))
+    return ShardedTokens(shards)
+
+
+def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
+    """``TokenData`` over a prepared folder, by memory map: reads the manifest and stats the shards only.
+
+    ``tokenizer`` is the run's ``data.tokenizer``: the manifest's tokenizer is used; a different value
+    other than the default ``bytes`` is an error (the data was tokenized with the manifest's one).
+    Raises ``FileNotFoundError`` / ``ValueError`` for a missing or inconsistent folder.
+    """
+    root = Path(path).expanduser()
+    m = read_manifest(root)
+    if tokenizer not in ("bytes", m["tokenizer"]):
+        raise ValueError(f"prepared data {root} was tokenized with {m['tokenizer']!r}, not {tokenizer!r}; "
+                         f"drop --tokenizer or prepare the data again with --tokenizer {tokenizer}")
+    tok = load_tokenizer_dir(root / m["tokenizer_dir"])
+    train, val = _open_split(root, m, "train"), _open_split(root, m, "val")
+    meta = {"format": m["version"], "source": str(path), "prepared_from": m["source"], "tokenizer": m["tokenizer"],
+            "vocab_size": m["vocab_size"], "dtype": m["dtype"], "val_frac": m["val_frac"],
+            "split": f"prepared: {m['split_rule']} (val_frac {m['val_frac']})", "train_docs": m["train"]["docs"],
+            "val_docs": m["val"]["docs"], "train_tokens": m["train"]["tokens"], "val_tokens": m["val"]["tokens"],
+            "manifest_sha256": hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()}
+    return TokenData(train=train, val=val, tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta,
+                     cache_path=root, from_cache=True)
+
+
+def verify(path: str | Path) -> list[str]:
+    """Re-hash every shard, offsets file and the tokenizer against the manifest; returns the problems (empty = fine)."""
+    root = Path(path).expanduser()
+    m = read_manifest(root)
+    problems = []
+    files = [(m["tokenizer_dir"] + "/tokenizer.json", m["tokenizer_sha256"])]
+    for split in ("train", "val"):
+        for s in m[split]["shards"]:
+            files += [(s["file"], s["sha256"]), (s["offsets"], s["offsets_sha256"])]
+    for name, sha in files:
+        f = root / name
+        if not f.is_file():
+            problems.append(f"{name}: missing")
+        elif _file_sha256(f) != sha:
+            problems.append(f"{name}: SHA-256 differs from the manifest")
+    return problems
+
+
+def document_offsets(path: str | Path, split: str, shard: int) -> np.ndarray:
+    """``(docs + 1,)`` int64: where each document of a shard starts, then the shard's length (tokens)."""
+    m = read_manifest(path)
+    return np.load(Path(path).expanduser() / m[split]["shards"][shard]["offsets"])
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", nargs="?", help=SOURCE_HELP.replace("use ", "corpus: ", 1))
+    p.add_argument("--tokenizer", default="bytes", help=f"{TOKENIZER_HELP} (default bytes)")
+    p.add_argument("--out", help="folder to write (must be new or empty)")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1),
+                   help="tokenizing processes (default: CPU cores - 1)")
+    p.add_argument("--val-frac", type=float, default=0.1,
+                   help="fraction of documents held out for validation (default 0.1)")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                   help="tokens per shard before a new one starts")
+    p.add_argument("--overwrite", action="store_true", help="replace existing prepared data in --out")
+    p.add_argument("--verify", metavar="DIR",
+                   help="re-hash the shards of a prepared folder against its manifest, write nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verify:
+        if args.source or args.out:
+            raise ValueError("--verify DIR checks a prepared folder; give no SOURCE or --out with it")
+        problems = verify(args.verify)
+        for p in problems:
+            print(f"{args.verify}: {p}")
+        if not args.quiet and not problems:
+            m = read_manifest(args.verify)
+            n = sum(len(m[s]["shards"]) for s in ("train", "val"))
+            print(f"{args.verify}: {n} shards, "
+                  f"{m['train']['tokens'] + m['val']['tokens']:,} tokens: every SHA-256 matches the manifest")
+        return 1 if problems else 0
+    if not args.source or not args.out:
+        raise ValueError("give a SOURCE and --out DIR "
+                         "(e.g. scalevec prepare-data corpus.jsonl --tokenizer bpe:4096 --out data/corpus)")
+    m = prepare_shards(args.source, args.tokenizer, args.out, workers=args.workers, val_frac=args.val_frac,
+                       shard_tokens=args.shard_tokens, overwrite=args.overwrite, progress=not args.quiet)
+    if not args.quiet:
+        print(f"wrote {args.out}: {m['documents']:,} documents, tokenizer {m['tokenizer']} (vocab {m['vocab_size']}, "
+              f"{m['dtype']}); train {m['train']['tokens']:,} tokens / {m['train']['docs']:,} docs in "
+              f"{len(m['train']['shards'])} shard(s), val {m['val']['tokens']:,} tokens / {m['val']['docs']:,} docs; "
+              f"{m['seconds']:.1f} s with {args.workers} worker(s)")
+    return 0
+
+
+__all__ = ["ShardedTokens", "document_offsets", "is_prepared", "is_val_doc", "iter_documents", "load_prepared",
+           "prepare_shards", "read_manifest", "verify"]

@@ -1,0 +1,45 @@
+"""The tokenized corpus every data path returns: ``TokenData`` and the dtype of its token ids (DESIGN.md §8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from scalevec.data.tokenizer import Tokenizer
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits (vocab_size <= 65536), else ``uint32``."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+@dataclass
+class TokenData:
+    """The tokenized corpus (DESIGN.md §8), from ``prepare_data``.
+
+    ``train`` / ``val``: 1-D read-only memmaps (uint16 or uint32) of token ids, documents back to back.
+    ``token_bytes``: ``(vocab_size,)`` UTF-8 bytes per token (special tokens 0), for bits-per-byte.
+    ``meta``: source, tokenizer spec, split note, document and token counts. ``from_cache``: whether
+    the streams were read from an existing cache entry at ``cache_path``.
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    tokenizer: Tokenizer
+    token_bytes: np.ndarray
+    meta: dict = field(default_factory=dict)
+    cache_path: Path | None = None
+    from_cache: bool = False
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def describe(self) -> str:
+        """One line for logs: corpus, tokenizer, token counts and how validation was split."""
+        m = self.meta
+        return (f"data {m['source']!r}, tokenizer {m['tokenizer']} (vocab {self.vocab_size}): "
+                f"train {len(self.train):,} tokens / {m['train_docs']} docs, val {len(self.val):,} tokens / "
+                f"{m['val_docs']} docs; split {m['split']}")

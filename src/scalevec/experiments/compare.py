@@ -1,0 +1,191 @@
+"""``scalevec compare``: strategies × seeds on one config, each strategy at its own tuned lr (DESIGN.md §9).
+
+A comparison is an ordinary sweep whose grid is strategy × (lr) × seed: this module only turns the
+command line into a ``sweep.SweepSpec``, runs it with ``sweep.run_sweep`` (finished runs are skipped,
+so rerunning the same command resumes) and prints the table that ``report`` builds from the run
+directories. The same seed gives every strategy the same data order, validation tokens and initial
+matrices (the trainer guarantees it), which is what makes the per-seed differences paired.
+
+``scalevec compare`` with no arguments is the project's main job; its settings are ``DEFAULTS`` below
+(the one place to change them). A fair comparison puts every strategy at its own best lr (issue 12):
+with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
+found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED_LR``, with the
+study file and results folder that found it); ``--lr 3e-3,1e-2`` tunes on the spot instead, and
+``--lr 1e-2`` puts every strategy at one lr (a test of lr tolerance, not of the strategies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+import yaml
+
+from scalevec.config import ScaleConfig
+from scalevec.experiments.report import LEGEND, cell_rows, text_table, write_report
+from scalevec.experiments.sweep import run_sweep, spec_from_dict
+
+# The main job (`scalevec compare` with no arguments): 3 strategies × 3 seeds of `cpu-80k` at 20 tokens
+# per parameter (2.16M tokens per run) on the bundled Shakespeare as bytes.
+DEFAULTS = {
+    "strategies": "baseline,none,unified",
+    "seeds": 3,  # a paired 95 % CI needs at least 3 seeds to say anything (t_0.975 = 4.3 with 2 dof)
+    "preset": "cpu-80k",
+    "tokens_per_param": 20.0,
+    "lr": "tuned",
+    "optimizer": "adamw",
+    "schedule": "cosine",
+    "batch_size": 16,
+    "seq_len": 128,
+    "eval_every": 100,
+    "out": "runs/compare",
+}
+
+# Each strategy's best lr per setting, from the reproduction study (docs/reproduction.md): the lr grid
+# grew by ×2 until the best value on seed 0 was inside it (`scalevec study`). Key: (preset, corpus,
+# tokenizer, optimizer, schedule, tokens per parameter) at batch 16 × 128 tokens and warmup 50.
+TUNED_LR: dict[tuple, dict[str, float]] = {
+    # sweeps/study-c6-cpu-25k-shakespeare.yaml -> results/cpu-25k-shakespeare/results.csv
+    ("cpu-25k", "shakespeare", "bytes", "adamw", "cosine", 20.0): {"baseline": 0.02, "none": 0.01, "unified": 0.08},
+    # sweeps/study-c6-cpu-80k-shakespeare.yaml -> results/cpu-80k-shakespeare/results.csv
+    ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0): {"baseline": 0.01, "none": 0.01, "unified": 0.04},
+}
+TUNED_AT = {"batch_size": 16, "seq_len": 128}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    p.add_argument("--strategies", default=d["strategies"],
+                   help=f"comma-separated; the first is the baseline of the Δ column (default {d['strategies']})")
+    p.add_argument("--seeds", type=int, default=d["seeds"], help=f"seeds 0..N-1 per strategy (default {d['seeds']})")
+    p.add_argument("--preset", default=d["preset"], help=f"model preset (default {d['preset']})")
+    p.add_argument("--tokens-per-param", type=float, default=None,
+                   help=f"token budget per (baseline) parameter (default {d['tokens_per_param']:g}, DESIGN.md §9)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run instead of a tokens-per-parameter budget")
+    p.add_argument("--lr", default=d["lr"],
+                   help="'tuned' (default: each strategy at the study's best lr for this setting), a comma list "
+                        "to tune per strategy now, or one lr for every strategy")
+    p.add_argument("--optimizer", default=d["optimizer"], choices=["adamw", "muon"])
+    p.add_argument("--schedule", default=d["schedule"], choices=["cosine", "wsd", "linear", "constant"])
+    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=d["seq_len"])
+    p.add_argument("--data", help="corpus (default: the bundled Shakespeare); see `scalevec train --help`")
+    p.add_argument("--tokenizer", help="bytes (default), bpe:N or a tokenizer.json")
+    p.add_argument("--out", default=d["out"], help=f"output folder (default {d['out']}); rerun to resume")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--dry-run", action="store_true", help="print the runs (with each one's lr) and the token budget")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.qk_norm=true")
+
+
+def _list(text: str, what: str) -> list[str]:
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise ValueError(f"--{what} is empty; give a comma-separated list")
+    if len(set(items)) != len(items):
+        raise ValueError(f"--{what} lists a value twice ({text}); give each once")
+    return items
+
+
+def tuned_lrs(args: argparse.Namespace, strategies: list[str], tpp: float | None) -> dict[str, float]:
+    """Each strategy's tuned lr for the command line's setting. ``ValueError`` naming the fix when the
+    study has none for it (a setting it did not cover, or a changed batch)."""
+    key = (args.preset, args.data or "shakespeare", args.tokenizer or "bytes", args.optimizer, args.schedule,
+           float(tpp) if tpp is not None else None)
+    table = TUNED_LR.get(key)
+    changed = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in TUNED_AT.items() if getattr(args, k) != v]
+    if table is None or changed or any(o.split("=")[0] in ("optim.lr", "schedule.warmup") for o in args.overrides):
+        known = "; ".join(f"{k[0]} {k[1]} {k[2]} {k[3]} {k[4]} {k[5]:g} tokens/param" for k in TUNED_LR)
+        why = f"it was tuned at batch 16 × 128 and you gave {', '.join(changed)}" if changed and table else \
+            "the study has no tuned lr for this setting"
+        raise ValueError(f"--lr tuned: {why} (tuned settings: {known}); pass --lr with a comma list to tune now "
+                         f"(e.g. --lr 5e-3,1e-2,2e-2) or run `scalevec study`")
+    missing = [s for s in strategies if s not in table]
+    if missing:
+        raise ValueError(f"--lr tuned: no tuned lr for {', '.join(missing)} in this setting (tuned: {', '.join(table)}); "
+                         f"drop it from --strategies or pass --lr with a comma list to tune now")
+    return {s: table[s] for s in strategies}
+
+
+def build_spec(args: argparse.Namespace) -> dict:
+    """The sweep mapping of a compare command line. Raises ``ValueError`` for bad values."""
+    strategies = _list(args.strategies, "strategies")
+    for strategy in strategies:
+        ScaleConfig.preset(strategy)  # an unknown name is named before any lr lookup
+    if args.seeds < 1:
+        raise ValueError(f"--seeds {args.seeds} must be >= 1 (2 or more give a confidence interval)")
+    tpp = getattr(args, "tokens_per_param", None)
+    if tpp is not None and args.steps is not None:
+        raise ValueError("--steps and --tokens-per-param both set the budget; give one of them")
+    if tpp is None and args.steps is None:
+        tpp = DEFAULTS["tokens_per_param"]
+    base = {"preset": args.preset, "optim.name": args.optimizer, "schedule.name": args.schedule,
+            "train.batch_size": args.batch_size, "train.seq_len": args.seq_len, "train.eval_every": DEFAULTS["eval_every"]}
+    if args.steps is not None:
+        base["train.steps"] = args.steps
+        base["train.eval_every"] = min(DEFAULTS["eval_every"], args.steps)
+    else:
+        base["tokens_per_param"] = tpp
+    if args.data:
+        base["data.source"] = args.data
+    if args.tokenizer:
+        base["data.tokenizer"] = args.tokenizer
+    for item in args.overrides:
+        if "=" not in item:
+            raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.qk_norm=true)")
+        key, value = item.split("=", 1)
+        base[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    grid: dict = {}
+    if str(args.lr).strip() == "tuned":
+        lrs = tuned_lrs(args, strategies, tpp if args.steps is None else None)
+        grid["strategy"] = [{"name": s, "strategy": s, "optim.lr": lr} for s, lr in lrs.items()]
+        tune = ["optim.lr"]  # one value per strategy: the report shows it in the "best lr" column
+    else:
+        lr_items = _list(args.lr, "lr")
+        try:
+            values = [float(x) for x in lr_items]
+        except ValueError:
+            raise ValueError(f"--lr {args.lr!r} is 'tuned', a number or a comma list of numbers (e.g. 3e-3,1e-2)") from None
+        grid["strategy"] = strategies
+        if len(values) > 1:
+            grid["lr"] = values
+        else:
+            base["optim.lr"] = values[0]
+        tune = ["optim.lr"] if len(values) > 1 else []
+    grid["seed"] = list(range(args.seeds))
+    return {"name": "compare", "base": base, "grid": grid, "baseline": strategies[0], "tune": tune}
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_dict(build_spec(args), where="compare")
+    rc = run_sweep(spec, args.out, jobs=args.jobs, dry_run=args.dry_run, report=False)
+    if args.dry_run:
+        if str(args.lr).strip() == "tuned":
+            lrs = {v["strategy"]: v["optim.lr"] for v in dict(spec.axes)["strategy"]}
+            print("lr per strategy (tuned, TUNED_LR in compare.py): " + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()))
+        return rc
+    analysis = write_report(args.out, quiet=True)
+    for cell in analysis.cells:
+        print(f"\n{cell.label}\n{text_table(*cell_rows(cell))}")
+        print(per_seed_table(cell))
+    print("\n" + textwrap.fill(LEGEND, 110))
+    for w in analysis.warnings:
+        print(f"warning: {w}")
+    out = Path(args.out)
+    print(f"\nwrote {out / 'report.md'}, {out / 'results.csv'}, {out / 'loss_curves.png'}")
+    return rc
+
+
+def per_seed_table(cell) -> str:
+    """Final validation loss of every seed, one row per strategy (the values behind mean ± std and the CI)."""
+    seeds = sorted({r.seed for res in cell.results for r in res.runs})
+    header = ["strategy", "lr"] + [f"seed {s}" for s in seeds]
+    rows = []
+    for res in cell.results:
+        by_seed = {r.seed: r.final_loss for r in res.runs}
+        lr = f"{res.pick.lr:g}" if res.pick else f"{res.runs[0].flat.get('optim.lr'):g}"
+        rows.append([res.strategy, lr] + [f"{by_seed[s]:.4f}" if s in by_seed else "—" for s in seeds])
+    return "per seed (final val loss, nats/token):\n" + text_table(header, rows)
+
+
+__all__ = ["DEFAULTS", "TUNED_LR", "add_arguments", "build_spec", "per_seed_table", "run", "tuned_lrs"]

@@ -1,0 +1,194 @@
+"""``scalevec study``: learning-rate tuning a reviewer accepts, on top of ``sweep`` (issue 12, DESIGN.md §9).
+
+A study file is a sweep file (``sweep.py``) whose grid has an ``lr`` axis and a ``seed`` axis (the
+tuning seeds, usually ``[0]``), plus a ``study`` section::
+
+    study:
+      extend: 2.0          # factor of each step past a grid edge (the grid is spaced by this factor)
+      max_extensions: 4    # per strategy and cell; the report warns if the best lr is still at an edge
+      confirm_seeds: [1, 2]   # seeds added at each strategy's tuned lr, per cell
+
+It runs in three phases, each an ordinary sweep into the same folder (finished runs are skipped, so
+rerunning the command resumes and makes the same decisions from the same results):
+
+1. the grid as written (every strategy × lr × tuning seed × the other axes);
+2. per cell (a combination of the other axes) and strategy: while the best lr on the tuning seeds
+   is the smallest or largest value tried, add the next value past it (× or ÷ ``extend``); a
+   diverged run counts as an infinitely bad lr, so a grid that diverges on one side grows the other;
+3. the ``confirm_seeds`` at each strategy's tuned lr.
+
+The report (``report.py``) picks each strategy's lr on the tuning seeds (the seeds every lr value has)
+and averages every seed at that lr, so the added seeds confirm the pick without re-choosing it.
+The study's spec is stored as the folder's spec (``sweepdir``); the follow-up grids are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from scalevec.config import load_yaml
+from scalevec.experiments import stats, sweepdir
+from scalevec.experiments.sweep import Run, SweepSpec, expand, run_sweep, spec_from_dict
+from scalevec.training import rundir
+
+STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds")
+LR, SEED, STRATEGY = "optim.lr", "train.seed", "strategy"
+
+
+@dataclass
+class StudyPlan:
+    """The parsed ``study`` section: step factor, extension limit, confirmation seeds."""
+
+    extend: float = 2.0
+    max_extensions: int = 4
+    confirm_seeds: list[int] = field(default_factory=lambda: [1, 2])
+
+
+def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]:
+    """Split a study mapping into its sweep spec, its plan and the mapping to store. ``ValueError`` on a
+    bad key, a missing ``lr``/``seed`` axis, or a factor <= 1."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping (a sweep file with a 'study' section)")
+    plan_data = data.get("study") or {}
+    if not isinstance(plan_data, dict) or set(plan_data) - set(STUDY_KEYS):
+        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}")
+    spec = spec_from_dict({k: v for k, v in data.items() if k != "study"}, where)
+    plan = StudyPlan(float(plan_data.get("extend", 2.0)), int(plan_data.get("max_extensions", 4)),
+                     [int(s) for s in plan_data.get("confirm_seeds", [1, 2])])
+    if not plan.extend > 1:
+        raise ValueError(f"{where}.study.extend={plan.extend} must be > 1 (e.g. 2)")
+    if plan.max_extensions < 0:
+        raise ValueError(f"{where}.study.max_extensions={plan.max_extensions} must be >= 0")
+    keys = [k for k, _ in spec.axes]
+    for key, alias in ((LR, "lr"), (SEED, "seed"), (STRATEGY, "strategy")):
+        if key not in keys:
+            raise ValueError(f"{where}.grid needs a '{alias}' axis for a study (e.g. {alias}: [...])")
+    if spec.tune not in ([], [LR]) or (spec.tune == [] and len(dict(spec.axes)[LR]) > 1):
+        raise ValueError(f"{where}.tune must be [optim.lr] for a study")
+    tuning = set(dict(spec.axes)[SEED])
+    if tuning & set(plan.confirm_seeds):
+        raise ValueError(f"{where}.study.confirm_seeds {plan.confirm_seeds} overlap the grid's seeds; use other seeds")
+    spec = replace(spec, tune=[LR])
+    stored = {**spec.to_dict(), "study": {"extend": plan.extend, "max_extensions": plan.max_extensions,
+                                          "confirm_seeds": plan.confirm_seeds}}
+    return spec, plan, stored
+
+
+def _cell(run: Run) -> tuple:
+    """A run's cell: its values on every axis but strategy, lr and seed."""
+    return tuple((k, repr(v)) for k, v in run.values.items() if k not in (STRATEGY, LR, SEED))
+
+
+def narrowed(spec: SweepSpec, example: Run, strategy: str, lrs: list[float], seeds: list[int]) -> SweepSpec:
+    """``spec`` with every other axis fixed at ``example``'s value: the same run names as the full grid."""
+    axes = []
+    for key, values in spec.axes:
+        if key == STRATEGY:
+            axes.append((key, [strategy]))
+        elif key == LR:
+            axes.append((key, list(lrs)))
+        elif key == SEED:
+            axes.append((key, list(seeds)))
+        else:
+            axes.append((key, [example.values[key]]))
+    return replace(spec, axes=axes)
+
+
+def _final(runs_dir: Path, name: str) -> float | None:
+    """A run's final validation loss; ``inf`` when it diverged, None when it has not finished."""
+    d = runs_dir / name
+    status = rundir.state(d)
+    if status == "diverged":
+        return math.inf
+    if status != "done":
+        return None
+    return float(rundir.read_json(d / rundir.SUMMARY)["final_val_loss"])
+
+
+def _grow(lrs: list[float], losses: dict[float, list[float | None]], factor: float) -> float | None:
+    """The next lr to try past an edge winner, or None when the best lr is inside (or results are missing)."""
+    if any(v is None for vs in losses.values() for v in vs):
+        return None
+    try:
+        pick = stats.pick_lr({lr: vs for lr, vs in losses.items()})
+    except ValueError:  # every lr diverged: go lower
+        return min(lrs) / factor
+    if not pick.at_edge:
+        return None
+    return min(lrs) / factor if pick.lr == min(lrs) else max(lrs) * factor
+
+
+def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, jobs: int = 1,
+              dry_run: bool = False, train_cmd: tuple[str, ...] | None = None, quiet: bool = False) -> int:
+    """Run the three phases of the module docstring into ``out``; returns 0, or 1 if a run failed."""
+    out = Path(out)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if dry_run:
+        say("phase 1 (the grid); phases 2-3 depend on its results")
+        return run_sweep(spec, out, jobs=jobs, dry_run=True, train_cmd=train_cmd)
+    out.mkdir(parents=True, exist_ok=True)
+    sweepdir.write_spec(out, stored)
+    runs_dir = out / "runs"
+    rc = run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+    tuning = list(dict(spec.axes)[SEED])
+    groups: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
+    examples: dict[tuple, Run] = {}
+    for run in expand(spec):
+        cell, strategy = _cell(run), run.cfg.strategy
+        examples.setdefault(cell, run)
+        groups[cell].setdefault(strategy, [])
+        if run.values[LR] not in groups[cell][strategy]:
+            groups[cell][strategy].append(run.values[LR])
+    for cell, by_strategy in groups.items():
+        for strategy, lrs in by_strategy.items():
+            for _ in range(plan.max_extensions):
+                sub = narrowed(spec, examples[cell], strategy, lrs, tuning)
+                losses = {lr: [] for lr in lrs}
+                for run in expand(sub):
+                    losses[run.values[LR]].append(_final(runs_dir, run.name))
+                nxt = _grow(lrs, losses, plan.extend)
+                if nxt is None:
+                    break
+                nxt = float(f"{nxt:.6g}")
+                say(f"study: {strategy} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding {nxt:g}")
+                lrs.append(nxt)
+                rc |= run_sweep(narrowed(spec, examples[cell], strategy, [nxt], tuning), out, jobs=jobs,
+                                train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+            if not plan.confirm_seeds:
+                continue
+            losses = {lr: [_final(runs_dir, r.name) for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
+                      for lr in lrs}
+            if any(v is None for vs in losses.values() for v in vs):
+                continue
+            try:
+                best = stats.pick_lr(losses).lr
+            except ValueError:
+                continue
+            rc |= run_sweep(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds), out, jobs=jobs,
+                            train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+    from scalevec.experiments.report import write_report
+
+    try:
+        write_report(out, quiet=quiet)
+    except (ValueError, FileNotFoundError) as e:
+        say(f"no report: {e}")
+    return 1 if rc else 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="study YAML file: a sweep file with a 'study' section (see sweeps/study-*.yaml)")
+    p.add_argument("--out", help="output folder (default runs/<name>); rerun the command to resume")
+    p.add_argument("--dry-run", action="store_true", help="print the first phase's runs, train nothing")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec, plan, stored = parse(load_yaml(args.spec), where=str(args.spec))
+    return run_study(spec, plan, stored, args.out or f"runs/{spec.name}", jobs=args.jobs, dry_run=args.dry_run)
+
+
+__all__ = ["StudyPlan", "narrowed", "parse", "run_study"]

@@ -1,0 +1,568 @@
+"""``scalevec sweep``: a grid of runs from one YAML file, resumable, N at a time (DESIGN.md §9).
+
+A sweep file has a ``base`` (config fields shared by every run) and a ``grid`` (axes whose values are
+crossed); every combination becomes an ordinary run directory ``OUT/runs/NAME/`` trained by a
+subprocess ``python -m scalevec train --config OUT/runs/NAME.yaml --out OUT/runs/NAME``::
+
+    name: smoke
+    base:                        # any RunConfig fields, nested or dotted
+      train: {batch_size: 8, seq_len: 64, eval_every: 10}
+    grid:                        # axes, crossed in this order; the run name follows the same order
+      preset: [tiny]
+      strategy: [baseline, none, unified]
+      lr: [1.0e-3, 3.0e-3]       # aliases: lr optimizer schedule seed steps tokens tpp
+      tokens_per_param: [20]     # token budget = 20 × the baseline's total parameters of the preset
+      seed: [0, 1]
+    tune: [optim.lr]             # axes picked per strategy by the report (default: lr if it varies)
+    baseline: baseline           # the strategy others are compared with (default: baseline or the first)
+    command: [torchrun, --nproc_per_node=8, -m, scalevec, train]   # optional (default: python -m scalevec train)
+
+An axis value can also be a mapping of several fields (one "bundle", e.g. a size with its own batch
+size), named by its ``name`` key. Choices made here (ours): names are built from the run's values on
+the grid axes only, so they are stable across reruns and base edits are caught instead (a finished
+run whose stored config differs from the sweep's is an error naming the fix); a run directory with
+``DONE`` or ``DIVERGED`` is skipped, one with a checkpoint is resumed, one without is restarted, one
+that another process holds (its lock, ``rundir.RunLock``) is skipped with a message (nanochat's sweeps
+skip finished runs the same way); SIGINT or SIGTERM to the sweep sends SIGTERM to its trainers, which
+checkpoint at their next step and exit, and the sweep then stops (exit 130); the token budget of ``tokens_per_param`` uses the ``baseline``
+strategy's parameter count so that every strategy of a cell trains on the same tokens; ``wsd``
+decays to 0 unless ``schedule.min_lr_ratio`` is given (as ``scalevec train --schedule wsd``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalevec.config import (
+    EXECUTION_FIELDS,
+    RunConfig,
+    ScaleConfig,
+    apply_overrides,
+    from_dict,
+    load_yaml,
+    to_dict,
+    usable_cpus,
+)
+from scalevec.experiments import sweepdir
+from scalevec.presets import get_preset
+from scalevec.training import rundir
+
+ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
+           "steps": "train.steps", "tokens": "train.tokens", "tpp": "tokens_per_param"}
+SECTIONS = ("model", "scale", "optim", "schedule", "data", "train")
+NAME_PREFIX = {"optim.lr": "lr", "optim.muon_lr": "mlr", "train.seed": "s", "tokens_per_param": "tpp",
+               "train.tokens": "tok", "train.steps": "steps", "optim.weight_decay": "wd"}
+NAME_PLAIN = ("preset", "strategy", "optim.name", "schedule.name", "data.source", "model.layout")
+SPEC_KEYS = ("name", "base", "grid", "tune", "baseline", "command")
+DEFAULT_TRAIN_CMD = (sys.executable, "-m", "scalevec", "train")
+
+
+@dataclass
+class SweepSpec:
+    """A parsed sweep file: flat ``base`` assignments, ordered ``axes``, tuned keys, baseline strategy."""
+
+    name: str
+    base: dict[str, Any]
+    axes: list[tuple[str, list]]
+    tune: list[str]
+    baseline: str
+    command: tuple[str, ...] | None = None  # the trainer command line (default: python -m scalevec train)
+
+    def to_dict(self) -> dict:
+        """The spec as a YAML-safe mapping (what ``OUT/sweep.yaml`` stores)."""
+        out = {"name": self.name, "base": dict(self.base), "grid": {k: list(v) for k, v in self.axes},
+               "tune": list(self.tune), "baseline": self.baseline}
+        return {**out, "command": list(self.command)} if self.command else out
+
+
+@dataclass
+class Run:
+    """One point of the grid: its stable ``name``, resolved config and the axis values that made it."""
+
+    name: str
+    cfg: RunConfig
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------- parsing
+
+
+def canonical_key(key: str) -> str:
+    """``lr`` -> ``optim.lr`` etc.; ``moe.x`` -> ``model.moe.x``; other keys unchanged."""
+    key = ALIASES.get(key, key)
+    return "model." + key if key == "moe" or key.startswith("moe.") else key
+
+
+def _number(v: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` as a string; turn numeric strings into numbers, leave the rest."""
+    if isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return int(f) if f.is_integer() and re.fullmatch(r"[-+]?\d+", v.strip()) else f
+    return v
+
+
+def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
+    """Nested sections and dotted keys -> ``{canonical dotted key: value}``. ``ValueError`` on a bad key.
+
+    Aliases (``lr``, ``seed``, ...) apply to top-level keys only; ``{train: {steps: 10}}`` is ``train.steps``.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping of config fields (e.g. train: {{steps: 100}})")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = prefix + str(key)
+        if not prefix and not (full in SECTIONS and isinstance(value, dict)):  # `schedule: wsd` vs `schedule: {...}`
+            full = canonical_key(full)
+        if (full in SECTIONS or full == "model.moe") and isinstance(value, dict):
+            out.update(flatten(value, f"{where}.{full}", full + "."))
+        else:
+            out[full] = _number(value)
+    return out
+
+
+def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
+    """Parse a sweep mapping (module docstring). Raises ``ValueError`` naming the bad key and the fix."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping with keys {', '.join(SPEC_KEYS)}")
+    unknown = set(data) - set(SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SPEC_KEYS)}")
+    base = flatten(data.get("base") or {}, f"{where}.base")
+    grid = data.get("grid")
+    if not isinstance(grid, dict):
+        raise ValueError(f"{where}.grid must map axis names to lists of values (e.g. strategy: [baseline, none])")
+    if not grid:
+        raise ValueError(f"{where}.grid is empty; give at least one axis (e.g. strategy: [baseline, none])")
+    axes = []
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}.grid.{key} must be a non-empty list (write [value] for one value)")
+        if isinstance(values[0], dict):
+            if not all(isinstance(v, dict) for v in values):
+                raise ValueError(f"{where}.grid.{key} mixes mappings and plain values; use one kind")
+            values = [{**({"name": str(v["name"])} if "name" in v else {}),
+                       **flatten({k: x for k, x in v.items() if k != "name"}, f"{where}.grid.{key}")} for v in values]
+            axes.append((str(key), values))
+        else:
+            values = [_number(v) for v in values]
+            dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if dup is not None:
+                raise ValueError(f"{where}.grid.{key} lists {dup!r} twice; give each value once")
+            axes.append((canonical_key(str(key)), values))
+    keys = [k for k, _ in axes]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{where}.grid names an axis twice (after aliases: {keys}); merge them into one list")
+    strategies = _axis_values(axes, base, "strategy", "baseline")
+    varying = {k for k, v in axes if len(v) > 1}
+    tune = data.get("tune") if data.get("tune") is not None else (["optim.lr"] if "optim.lr" in varying else [])
+    tune = [canonical_key(str(t)) for t in ([tune] if isinstance(tune, str) else tune)]
+    if len(tune) > 1:
+        raise ValueError(f"{where}.tune lists {tune}; tune one numeric axis at a time (usually optim.lr)")
+    in_bundles = {k for _, values in axes for v in values if isinstance(v, dict) for k in v}
+    for t in tune:  # a tuned field may vary inside bundles (compare: each strategy at its own tuned lr)
+        if t not in keys and t not in in_bundles:
+            raise ValueError(f"{where}.tune names {t!r}, which is not a grid axis; add it to grid or drop it from tune")
+    baseline = str(data.get("baseline") or ("baseline" if "baseline" in strategies else strategies[0]))
+    if baseline not in strategies:
+        raise ValueError(f"{where}.baseline={baseline!r} is not among the strategies {strategies}; pick one of them")
+    command = data.get("command")
+    if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
+        raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, scalevec, train]")
+    return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None)
+
+
+def _axis_values(axes: list[tuple[str, list]], base: dict, key: str, default: Any) -> list:
+    """Every value ``key`` takes in the grid (plain axis or inside bundles), else its base/default value."""
+    for k, values in axes:
+        if k == key and not (values and isinstance(values[0], dict)):
+            return list(values)
+        if values and isinstance(values[0], dict) and any(key in v for v in values):
+            return [v.get(key, base.get(key, default)) for v in values]
+    return [base.get(key, default)]
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and parse a sweep YAML file (``ValueError`` if missing or malformed)."""
+    return spec_from_dict(load_yaml(path), where=str(path))
+
+
+# ----------------------------------------------------------------------------------------- expansion
+
+
+@cache
+def _count_params(model_yaml: str, scale_yaml: str) -> int:
+    """Total parameters of a model and scale config (given as YAML, for caching), built on the meta device."""
+    from scalevec.config import ModelConfig
+    from scalevec.model.params import count_params
+    from scalevec.model.transformer import build_model
+
+    model = from_dict(ModelConfig, yaml.safe_load(model_yaml))
+    scale = from_dict(ScaleConfig, yaml.safe_load(scale_yaml))
+    return count_params(build_model(model, scale, device="meta"))["params"]
+
+
+def run_params(cfg: RunConfig, strategy: str | None = None) -> int:
+    """Total parameters of ``cfg.model`` with ``cfg.scale`` (or the named ``strategy``)."""
+    scale = ScaleConfig.preset(strategy) if strategy else cfg.scale
+    return _count_params(yaml.safe_dump(to_dict(cfg.model)), yaml.safe_dump(to_dict(scale)))
+
+
+def baseline_params(cfg: RunConfig) -> int:
+    """Total parameters of ``cfg.model`` with the baseline strategy (the token budget's reference)."""
+    return run_params(cfg, "baseline")
+
+
+def resolve_config(assign: dict[str, Any]) -> RunConfig:
+    """A RunConfig from flat assignments: preset and strategy defaults, then fields, then the token budget.
+
+    Raises ``ValueError`` for unknown presets, strategies or fields and invalid values.
+    """
+    a = dict(assign)
+    preset, strategy = str(a.pop("preset", "small")), str(a.pop("strategy", "baseline"))
+    tpp = a.pop("tokens_per_param", None)
+    if a.get("schedule.name") == "wsd" and "schedule.min_lr_ratio" not in a:
+        a["schedule.min_lr_ratio"] = 0.0  # DESIGN.md §7: WSD decays to 0 (as `scalevec train --schedule wsd`)
+    cfg = RunConfig(preset=preset, strategy=strategy, model=get_preset(preset), scale=ScaleConfig.preset(strategy))
+    cfg = apply_overrides(cfg, [f"{k}={json.dumps(v)}" for k, v in a.items()])
+    if tpp is not None:
+        if not float(tpp) > 0:
+            raise ValueError(f"tokens_per_param={tpp} must be > 0 (e.g. 20)")
+        cfg = apply_overrides(cfg, [f"train.tokens={round(float(tpp) * baseline_params(cfg))}"])
+    cfg.validate()
+    return cfg
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def name_part(key: str, value: Any) -> str:
+    """The piece of a run name for one axis value: ``lr0.003``, ``s1``, ``baseline``, ``d_model256``."""
+    if isinstance(value, dict):
+        part = value.get("name") or "-".join(name_part(k, v) for k, v in value.items())
+    elif key in NAME_PLAIN:
+        part = _fmt(value)
+    else:
+        part = NAME_PREFIX.get(key, key.split(".")[-1]) + _fmt(value)
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", part).strip("-")
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """Every run of the grid, in axis order (the last axis varies fastest). Raises ``ValueError`` for an
+    invalid config or two runs with the same name."""
+    runs, seen = [], {}
+    for combo in itertools.product(*[values for _, values in spec.axes]):
+        assign, values = dict(spec.base), {}
+        for (key, _), value in zip(spec.axes, combo):
+            if isinstance(value, dict):
+                assign.update({k: v for k, v in value.items() if k != "name"})
+            else:
+                assign[key] = value
+            values[key] = value
+        name = "_".join(name_part(k, v) for k, v in values.items()) or "run"
+        if name in seen:
+            raise ValueError(f"two runs of the grid are both named {name!r}; give bundle values distinct 'name' keys")
+        try:
+            cfg = resolve_config(assign)
+        except ValueError as e:
+            raise ValueError(f"run {name}: {e}") from None
+        seen[name] = True
+        runs.append(Run(name, cfg, values))
+    return runs
+
+
+def run_tokens(cfg: RunConfig) -> int:
+    """Training tokens of a run: ``train.tokens`` rounded up to whole steps, else steps × batch × seq_len."""
+    per_step = cfg.train.batch_size * cfg.train.seq_len
+    steps = math.ceil(cfg.train.tokens / per_step) if cfg.train.tokens > 0 else cfg.train.steps
+    return steps * per_step
+
+
+# ----------------------------------------------------------------------------------------- state on disk
+
+
+DIVERGED_EXIT = 3  # `scalevec train` exit code when its health guard stopped the run (DIVERGED written)
+PREEMPTED_EXIT = 75  # `scalevec train` exit code after SIGTERM (checkpointed; resumable)
+
+
+def diverged(run_dir: Path) -> bool:
+    """True when the run stopped on its health guard (``rundir.is_diverged``)."""
+    return rundir.is_diverged(run_dir)
+
+
+def run_status(run: Run, runs_dir: Path) -> str:
+    """``done`` (DONE present), ``diverged`` (DIVERGED present: a result, not retried; ``--overwrite`` the
+    run or delete it to retry), ``locked`` (another process trains it now), ``resume`` (a checkpoint),
+    ``restart`` (a partial run without one) or ``new`` (``rundir.state``).
+
+    Raises ``ValueError`` when an existing run directory was made with a different config.
+    """
+    d = runs_dir / run.name
+    status = rundir.state(d)
+    if status == "new":
+        return "new"
+    if rundir.is_run(d):
+        stored = to_dict(rundir.load_config(d))
+        expected = to_dict(run.cfg)
+        diff = sorted(k for k in _diff_keys(stored, expected) if k.split(":")[0] not in EXECUTION_FIELDS)
+        if diff:
+            raise ValueError(f"{d} was trained with a different config ({', '.join(diff)}); use a new --out, "
+                             f"or delete that run directory to retrain it")
+    if status not in ("done", "diverged") and rundir.locked_by(d):
+        return "locked"
+    return status
+
+
+def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff_keys(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+write_atomic = rundir.write_atomic  # a per-process temporary file, then a rename
+
+_children: set[subprocess.Popen] = set()  # trainers running now (stopped together with the sweep)
+_children_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def stop_trainers(signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to every running trainer and start no new one (they checkpoint and exit)."""
+    _stopping.set()
+    with _children_lock:
+        for proc in _children:
+            try:
+                proc.send_signal(signum)
+            except OSError:
+                pass
+
+
+def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...], threads: int) -> int:
+    """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code (130 without
+    starting it when the sweep is stopping)."""
+    if _stopping.is_set():
+        return 130
+    cfg_path = runs_dir / f"{run.name}.yaml"
+    cfg = run.cfg if run.cfg.train.threads else apply_overrides(run.cfg, [f"train.threads={threads}"])
+    write_atomic(cfg_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]  # not --quiet: the log holds its output
+    cmd += {"resume": ["--resume"], "restart": ["--overwrite"]}.get(status, [])
+    env = dict(os.environ)
+    with open(runs_dir / f"{run.name}.log", "a") as log:
+        log.write(f"\n$ {' '.join(cmd)}\n")
+        log.flush()
+        with _children_lock:
+            if _stopping.is_set():
+                return 130
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            _children.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            with _children_lock:
+                _children.discard(proc)
+        log.write(f"[exit {rc}]\n")
+        return rc
+
+
+def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
+    """A started ``progress.GridProgress`` over the runs to train: each run's step and loss from its
+    metrics.jsonl, an ETA for the grid weighted by 6·N·D (one refreshing line on a TTY, else a plain
+    line every minute)."""
+    from scalevec.experiments.progress import GridProgress
+
+    items = []
+    for run, _ in todo:
+        tokens = run_tokens(run.cfg)
+        items.append((run.name, runs_dir / run.name, tokens // (run.cfg.train.batch_size * run.cfg.train.seq_len),
+                      6.0 * run_params(run.cfg) * tokens))
+    return GridProgress(items).start()
+
+
+def _final_loss(run_dir: Path) -> str:
+    try:
+        s = rundir.read_json(run_dir / rundir.SUMMARY)
+        return f"val_loss {s['final_val_loss']:.4f}"
+    except (ValueError, KeyError, TypeError):
+        return "no summary"
+
+
+# ----------------------------------------------------------------------------------------- the sweep
+
+
+def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
+    """The run list with status, lr, steps, tokens and parameters, and the total token budget."""
+    lines = [f"{'run':<48} {'status':<8} {'lr':>9} {'steps':>7} {'tokens':>12} {'params':>12}"]
+    total = todo = flops = 0
+    for run, status in zip(runs, statuses):
+        tokens, params = run_tokens(run.cfg), run_params(run.cfg)
+        steps = tokens // (run.cfg.train.batch_size * run.cfg.train.seq_len)
+        total += tokens
+        if status != "done":
+            todo += tokens
+            flops += 6 * params * tokens
+        lines.append(f"{run.name:<48} {status:<8} {run.cfg.optim.lr:>9g} {steps:>7,} {tokens:>12,} {params:>12,}")
+    n_todo = sum(s != "done" for s in statuses)
+    lines.append(f"{len(runs)} runs ({n_todo} to train); total token budget {total:,} tokens "
+                 f"({todo:,} still to train, about {flops:.2e} FLOP at 6·N·D)")
+    return "\n".join(lines)
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = False,
+              train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False,
+              record_spec: bool = True) -> int:
+    """Expand ``spec``, skip finished runs, train the rest ``jobs`` at a time, then write the report.
+
+    ``record_spec=False`` trains into ``out`` without storing ``spec`` there (``study``: its narrowed
+    follow-up grids belong to the study's own spec, which is stored; ``sweepdir``).
+
+    Everything is validated before anything is written. Returns 0 when every run finished, 1 when a run
+    failed (the others still run; rerun the same command to retry). Raises ``ValueError`` for an invalid
+    spec, a config mismatch with an existing run, or ``jobs < 1``. ``train_cmd`` (default: the spec's
+    ``command``, else ``python -m scalevec train``) gets ``--config FILE --out DIR`` appended; its output
+    goes to ``OUT/runs/NAME.log``, and unless ``quiet`` a live status (``live_progress``) shows on stdout.
+    """
+    train_cmd = tuple(train_cmd or spec.command or DEFAULT_TRAIN_CMD)
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs} must be >= 1")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
+    if (out / "config.yaml").is_file():
+        raise FileExistsError(f"{out} is a single training run (config.yaml), not a sweep folder; choose another --out")
+    runs = expand(spec)
+    runs_dir = out / "runs"
+    statuses = [run_status(r, runs_dir) for r in runs]
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if dry_run:
+        print(dry_run_text(runs, statuses))
+        return 0
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    if record_spec:
+        sweepdir.write_spec(out, spec.to_dict())
+    todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")]
+    n_div = statuses.count("diverged")
+    say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
+        f"{f'{n_div} diverged before (not retried; --overwrite or delete the run to retry), ' if n_div else ''}"
+        f"{len(todo)} to train ({jobs} at a time) in {runs_dir}")
+    for r, s in zip(runs, statuses):
+        if s == "locked":
+            say(f"skipped {r.name}: in use by process {rundir.locked_by(runs_dir / r.name)} (another sweep or train); "
+                f"rerun this sweep when it is done")
+    threads = max(1, usable_cpus() // jobs)  # each run gets an explicit share (train.threads), never torch's guess
+    failed: list[str] = []
+    progress = None if quiet else live_progress(todo, runs_dir)
+    say = progress.say if progress else say
+
+    def one(item: tuple[int, tuple[Run, str]]) -> None:
+        i, (run, status) = item
+        t0 = time.perf_counter()
+        if progress:
+            progress.started(run.name, resumed=status == "resume")
+        rc = train_one(run, runs_dir, status, tuple(train_cmd), threads)
+        if progress:
+            progress.finished(run.name)
+        head = f"[{i + 1}/{len(todo)}] {run.name}:"
+        if rc == 0 and rundir.is_done(runs_dir / run.name):
+            say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
+        elif rc == DIVERGED_EXIT and diverged(runs_dir / run.name):  # a result (this lr is too high), not a failure
+            div = rundir.read_diverged(runs_dir / run.name) or {}
+            say(f"{head} diverged ({div.get('reason', 'health guard')}); the report counts it as a failed lr")
+        elif _stopping.is_set():
+            say(f"{head} stopped with the sweep (exit {rc}); rerun the same command to resume it")
+        elif rundir.locked_by(runs_dir / run.name):
+            say(f"{head} skipped: in use by process {rundir.locked_by(runs_dir / run.name)}; rerun this sweep later")
+        else:
+            failed.append(run.name)
+            say(f"{head} FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
+
+    def on_signal(signum, frame):  # SIGINT / SIGTERM: the trainers checkpoint and stop, then the sweep stops
+        stop_trainers(signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    for s in old:
+        signal.signal(s, on_signal)
+    _stopping.clear()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for future in [pool.submit(one, item) for item in enumerate(todo)]:
+            future.result()
+    except KeyboardInterrupt:  # start no new run; wait for the running trainers to checkpoint and exit
+        stop_trainers(signal.SIGTERM)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    pool.shutdown()
+    if progress:
+        progress.stop()
+    if report:
+        from scalevec.experiments.report import write_report
+
+        try:
+            write_report(out, quiet=quiet)
+        except (ValueError, FileNotFoundError) as e:
+            say(f"no report: {e}")
+    if failed:
+        say(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them")
+        return 1
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="sweep YAML file (see sweeps/smoke.yaml)")
+    p.add_argument("--out", help="output folder (default runs/<sweep name>); rerun the command to resume")
+    p.add_argument("--dry-run", action="store_true", help="print the runs and the total token budget, train nothing")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (threads split between them)")
+    p.add_argument("--no-report", action="store_true", help="skip `scalevec report` at the end")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    out = args.out or f"runs/{spec.name}"
+    return run_sweep(spec, out, jobs=args.jobs, dry_run=args.dry_run, report=not args.no_report)
+
+
+__all__ = [
+    "Run",
+    "SweepSpec",
+    "baseline_params",
+    "canonical_key",
+    "dry_run_text",
+    "expand",
+    "load_spec",
+    "name_part",
+    "resolve_config",
+    "run_status",
+    "run_sweep",
+    "run_tokens",
+    "spec_from_dict",
+]

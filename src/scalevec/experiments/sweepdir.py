@@ -1,0 +1,82 @@
+"""The sweep folder's own files: the specs of the sweeps that trained into it (DESIGN.md §9).
+
+A sweep folder ``OUT/`` holds ``runs/NAME/`` (ordinary run directories, see ``rundir``) and the spec
+of every sweep that trained into it: ``OUT/sweep.yaml`` for the first one (and any rerun of it, under
+the same ``name``), ``OUT/sweeps/NAME.yaml`` for each further sweep of another name (several sweeps
+may share a folder, e.g. the lr grid of a study and its added seeds, issue 12). ``scalevec report``
+reads them all with ``load_specs``: the tuned axis and the baseline must agree, and the strategy order
+is the order of first appearance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import yaml
+
+from scalevec.config import load_yaml
+
+SPEC_FILE = "sweep.yaml"
+MORE_SPECS = "sweeps"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def spec_path(out: Path, name: str) -> Path:
+    """Where the spec of sweep ``name`` lives in folder ``out`` (module docstring)."""
+    first = out / SPEC_FILE
+    if not first.is_file():
+        return first
+    try:
+        first_name = str(load_yaml(first).get("name") or "")
+    except ValueError:
+        first_name = ""
+    if first_name == name:
+        return first
+    return out / MORE_SPECS / (re.sub(r"[^A-Za-z0-9._+-]+", "-", name) + ".yaml")
+
+
+def write_spec(out: Path, spec: dict) -> Path:
+    """Store ``spec`` (a sweep mapping with a ``name``) in ``out`` without touching other sweeps' specs."""
+    path = spec_path(out, str(spec.get("name") or "sweep"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def load_specs(out: Path) -> dict | None:
+    """The merged spec of every sweep stored in ``out`` (None when there is none).
+
+    Returns ``{"name", "tune", "baseline", "grid": {"strategy": [...]}}`` as ``report.analyze`` reads it.
+    Raises ``ValueError`` when two specs tune different axes or name different baselines (the report
+    would have to pick one): keep such sweeps in separate folders.
+    """
+    paths = ([out / SPEC_FILE] if (out / SPEC_FILE).is_file() else []) + sorted((out / MORE_SPECS).glob("*.yaml"))
+    if not paths:
+        return None
+    specs = [(p, load_yaml(p)) for p in paths]
+    merged: dict = {"name": specs[0][1].get("name"), "grid": {"strategy": []}}
+    for key in ("tune", "baseline"):
+        values = {p: s.get(key) for p, s in specs if s.get(key) is not None}
+        if len({repr(v) for v in values.values()}) > 1:
+            listed = ", ".join(f"{p.name}: {v}" for p, v in values.items())
+            raise ValueError(f"the sweeps in {out} disagree on {key!r} ({listed}); put them in separate --out folders")
+        if values:
+            merged[key] = next(iter(values.values()))
+    for _, s in specs:
+        grid = s.get("grid") or {}
+        for strategy in grid.get("strategy") or []:
+            if isinstance(strategy, dict):  # a bundle (e.g. a strategy with its own lr)
+                strategy = strategy.get("strategy", strategy.get("name"))
+            if strategy not in merged["grid"]["strategy"]:
+                merged["grid"]["strategy"].append(strategy)
+    return merged
+
+
+__all__ = ["load_specs", "spec_path", "write_spec"]

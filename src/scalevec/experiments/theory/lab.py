@@ -1,0 +1,59 @@
+"""``scalevec theory NAME --out DIR [--seed S]``: run a §4 experiment, write NAME.json and NAME.png.
+
+Experiments (DESIGN.md §4): ``fold`` (expressivity on the real model), ``precondition`` (Theorem 2.2),
+``weight-decay`` (Input-Norm vs Output-Norm), ``placement`` (Theorem 3.1), ``magdir`` (Theorem 3.2),
+or ``all``. Each is deterministic given the seed and takes seconds on one CPU core. The JSON holds
+the setup, every figure and the printed summary; it holds no timings, so that two runs with the same
+seed write identical files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+from pathlib import Path
+
+# name -> module in scalevec.experiments.theory with compute(seed) -> dict, summarize(dict) -> list[str], plot(dict, path)
+EXPERIMENTS = {
+    "fold": "expressivity",
+    "precondition": "precondition",
+    "weight-decay": "weight_decay",
+    "placement": "placement",
+    "magdir": "magdir",
+}
+
+
+def run_experiment(name: str, out: str | Path, seed: int = 0) -> dict:
+    """Run experiment ``name``, write ``out/name.json`` and ``out/name.png``; return the result dict
+    (``{"experiment", "seed", "summary": [lines], **figures}``). Raises ``ValueError`` for an unknown name."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown theory experiment {name!r}; choose one of: {', '.join(EXPERIMENTS)}, all")
+    module = importlib.import_module(f"scalevec.experiments.theory.{EXPERIMENTS[name]}")
+    figures = module.compute(seed)
+    result = {"experiment": name, "seed": seed, "summary": module.summarize(figures), **figures}
+    out = Path(out)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    module.plot(figures, str(out / f"{name}.png"))
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=[*EXPERIMENTS, "all"], help="which experiment (all: the five in turn)")
+    p.add_argument("--out", required=True, help="directory for NAME.json and NAME.png (created if missing)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory path (it is created if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in EXPERIMENTS if args.name == "all" else [args.name]:
+        start = time.perf_counter()
+        result = run_experiment(name, out, args.seed)
+        print(f"== {name} (seed {args.seed}, {time.perf_counter() - start:.1f} s) -> {out / name}.json, .png")
+        for line in result["summary"]:
+            print(f"  {line}")
+    return 0

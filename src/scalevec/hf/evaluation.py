@@ -1,0 +1,238 @@
+"""``scalevec eval``: downstream evaluation through lm-evaluation-harness (DESIGN.md §10, issue 15).
+
+Any model scalevec trains is scored with the tool the field uses: a run directory is first exported
+(``export.export_run``, float32, into a temporary directory: a plain Llama-family checkpoint, or the
+custom architecture for what cannot fold) and an exported directory is used as it is; lm-eval's own
+Hugging Face backend (``HFLM``, ``trust_remote_code=True``) then runs the tasks. So a run and its export
+are scored by the same code on the same weights, and what ``scalevec eval`` reports is what
+``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True`` reports. The export declares
+the BOS/pad/prefix tokens lm-eval needs, also for the ``bytes`` tokenizer (``export.tokenizer_specials``).
+
+Scores are merged into ``eval.json`` in the evaluated directory (one entry per task: every metric and
+its standard error, lm-eval's version, few-shot count, limit and the date); ``scalevec report`` adds
+them to ``runs.csv`` next to the losses as ``eval.<task>.<metric>`` columns (``eval_columns``).
+
+``scalevec_shakespeare`` is a small multiple-choice task built from the bundled corpus (pick the true
+next line of a Shakespeare passage among 4 lines), written in lm-eval's YAML task format
+(``write_shakespeare_task``): it needs no download, so it runs offline and in the tests. It is a smoke
+test of the pipeline, not a benchmark.
+
+Needs the optional dependency ``lm-eval`` (``pip install 'scalevec[eval]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import tempfile
+from pathlib import Path
+
+SHAKESPEARE_TASK = "scalevec_shakespeare"
+EVAL_FILE = "eval.json"
+STANDARD_TASKS = "hellaswag,arc_easy,arc_challenge,lambada_openai,piqa"
+
+
+def write_shakespeare_task(directory: str | Path, n_items: int = 48, seed: int = 0) -> Path:
+    """Write lm-eval task ``scalevec_shakespeare`` (YAML + JSON lines) into ``directory``; return the YAML.
+
+    Each item: a passage of 3 consecutive lines of the bundled Shakespeare (its last works, so mostly the
+    validation split of DESIGN.md §8), and 4 candidate next lines, the true one and 3 other lines of the
+    corpus drawn with ``seed``; the continuation is scored after a newline (``target_delimiter``), so
+    the model sees text laid out as in training. Metrics: ``acc`` and ``acc_norm`` (by byte length).
+    """
+    from scalevec.data.documents import load_documents
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [ln.strip() for doc in load_documents("shakespeare")[-3:] for ln in doc.splitlines()]
+    verse = sorted({ln for ln in lines if len(ln) >= 20})  # candidates: not speaker names or stage directions
+    # passages of 4 consecutive verse lines (3 of context, the 4th to find)
+    starts = [i for i in range(len(lines) - 3) if all(len(ln) >= 20 for ln in lines[i:i + 4])]
+    rng = random.Random(seed)
+    items = []
+    for start in rng.sample(starts, n_items):
+        context, answer = lines[start:start + 3], lines[start + 3]
+        others = rng.sample([ln for ln in verse if ln != answer], 3)
+        label = rng.randrange(4)
+        choices = others[:label] + [answer] + others[label:]
+        items.append({"context": "\n".join(context), "choices": choices, "label": label})
+    data = directory / f"{SHAKESPEARE_TASK}.jsonl"
+    data.write_text("".join(json.dumps(it) + "\n" for it in items), encoding="utf-8")
+    yaml = directory / f"{SHAKESPEARE_TASK}.yaml"
+    yaml.write_text(f"""task: {SHAKESPEARE_TASK}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {json.dumps(str(data.resolve()))}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+target_delimiter: "\\n"
+doc_to_choice: choices
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+""", encoding="utf-8")
+    return yaml
+
+
+def _import_lm_eval():
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError as e:
+        raise ValueError(f"scalevec eval needs lm-evaluation-harness ({e}); install it with "
+                         f"pip install 'scalevec[eval]'") from None
+    return lm_eval, HFLM, TaskManager
+
+
+def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | None = None,
+                    limit: int | float | None = None, batch_size: int = 8, device: str = "cpu",
+                    include_path: str | Path | None = None) -> dict:
+    """Run lm-eval ``tasks`` on an exported Hugging Face directory; return ``{task: {metric: value}}``.
+
+    Metric keys are lm-eval's (``"acc,none"``, ``"acc_stderr,none"``, ...). ``scalevec_shakespeare`` is
+    written to a temporary directory when asked for; ``include_path`` adds a folder of user task YAMLs.
+    Raises ``ValueError`` without lm-eval or for a task name lm-eval does not know.
+    """
+    lm_eval, HFLM, TaskManager = _import_lm_eval()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory(prefix="scalevec-tasks-") as tmp:
+        paths = [str(include_path)] if include_path else []
+        if SHAKESPEARE_TASK in tasks:
+            write_shakespeare_task(tmp)
+            paths.append(tmp)
+        # indexing lm-eval's thousands of built-in task files takes most of a minute on a small CPU: skip it
+        # when the local folders hold every task asked for
+        manager = TaskManager(include_path=paths, include_defaults=False) if paths else None
+        if manager is None or not all(manager.match_tasks([t]) for t in tasks):
+            manager = TaskManager(include_path=paths or None)
+        unknown = [t for t in tasks if not manager.match_tasks([t])]
+        if unknown:
+            raise ValueError(f"lm-eval knows no task {', '.join(unknown)}; see `lm_eval ls tasks` (standard: "
+                             f"{STANDARD_TASKS}; offline: {SHAKESPEARE_TASK}), or pass --include-path DIR")
+        lm = HFLM(pretrained=str(hf_dir), trust_remote_code=True, dtype="float32", device=device,
+                  batch_size=batch_size)
+        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                                      task_manager=manager, log_samples=False, bootstrap_iters=1000)
+    return {task: {k: v for k, v in metrics.items() if k != "alias"} for task, metrics in out["results"].items()}
+
+
+def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None, limit: int | float | None = None,
+             batch_size: int = 8, device: str = "cpu", include_path: str | Path | None = None,
+             write: bool = True) -> dict:
+    """Evaluate a run directory (exported to a temporary float32 directory first) or an exported HF
+    directory with ``evaluate_hf_dir``; with ``write``, merge the scores into ``path/eval.json``.
+    Returns ``{task: {metric: value}}``. Raises ``FileNotFoundError`` for a path that holds no model."""
+    path = Path(path)
+    if (path / "config.yaml").is_file():
+        from scalevec.hf.export import export_run
+
+        if not (path / "tokenizer" / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path} has no tokenizer/tokenizer.json, which lm-eval needs to turn task text "
+                                    f"into ids; evaluate a run trained by scalevec train (it saves its tokenizer)")
+
+        with tempfile.TemporaryDirectory(prefix="scalevec-eval-") as tmp:
+            hf_dir = export_run(path, Path(tmp) / "hf")
+            results = evaluate_hf_dir(hf_dir, tasks, num_fewshot, limit, batch_size, device, include_path)
+    elif (path / "config.json").is_file():
+        results = evaluate_hf_dir(path, tasks, num_fewshot, limit, batch_size, device, include_path)
+    else:
+        raise FileNotFoundError(f"{path} is neither a scalevec run directory (config.yaml) nor an exported Hugging "
+                                f"Face directory (config.json); pass one of those")
+    if write:
+        write_eval(path, results, num_fewshot, limit)
+    return results
+
+
+def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: int | float | None) -> Path:
+    """Merge ``results`` into ``directory/eval.json`` (``{"tasks": {task: {...}}}``; other tasks kept),
+    written atomically. Each task records its metrics, ``num_fewshot``, ``limit``, lm-eval's version, date."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        lm_eval_version = version("lm_eval")
+    except PackageNotFoundError:  # scores handed in by a caller, not computed here
+        lm_eval_version = None
+    file = directory / EVAL_FILE
+    data = json.loads(file.read_text()) if file.is_file() else {}
+    tasks = data.setdefault("tasks", {})
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for task, metrics in results.items():
+        tasks[task] = {"metrics": metrics, "num_fewshot": num_fewshot, "limit": limit,
+                       "lm_eval_version": lm_eval_version, "date": stamp}
+    tmp = file.with_name(f".{EVAL_FILE}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(file)
+    return file
+
+
+def eval_columns(directory: str | Path) -> dict[str, float]:
+    """``{"eval.<task>.<metric>": value}`` from ``directory/eval.json`` (``write_eval``), standard errors left
+    out; ``{}`` when the file is absent or unreadable. ``scalevec report`` puts them in runs.csv."""
+    file = Path(directory) / EVAL_FILE
+    try:
+        tasks = json.loads(file.read_text())["tasks"]
+        return {f"eval.{task}.{name}": value for task, entry in sorted(tasks.items())
+                for name, value, _ in main_metrics(entry["metrics"])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def main_metrics(metrics: dict) -> list[tuple[str, float, float | None]]:
+    """``[(metric, value, stderr or None)]`` of one task's lm-eval metrics (``"acc,none"`` -> ``"acc"``)."""
+    rows = []
+    for key, value in metrics.items():
+        name, _, flt = key.partition(",")
+        if name.endswith("_stderr") or not isinstance(value, (int, float)):
+            continue
+        stderr = metrics.get(f"{name}_stderr,{flt}")
+        rows.append((name if flt in ("none", "") else f"{name},{flt}", float(value),
+                     float(stderr) if isinstance(stderr, (int, float)) else None))
+    return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="RUN_DIR_OR_HF_DIR", help="a scalevec run directory or a `scalevec export` output")
+    p.add_argument("--tasks", required=True,
+                   help=f"comma-separated lm-eval tasks, e.g. {STANDARD_TASKS} (need a network once), or "
+                        f"{SHAKESPEARE_TASK} (bundled, offline)")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
+    p.add_argument("--limit", type=float, default=None, help="evaluate only the first N documents of each task")
+    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default 8)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAML files")
+    p.add_argument("--no-write", action="store_true", help=f"print the scores only (no {EVAL_FILE})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from scalevec.hf.generate import check_device
+
+    check_device(args.device)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError("--tasks is empty; pass e.g. --tasks hellaswag,arc_easy")
+    if args.limit is not None and not args.limit > 0:
+        raise ValueError(f"--limit={args.limit} must be > 0")
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    results = evaluate(args.path, tasks, args.num_fewshot, limit, args.batch_size, args.device, args.include_path,
+                       write=not args.no_write)
+    print(f"{'task':<24} {'metric':<14} {'value':>8} {'stderr':>8}")
+    for task, metrics in results.items():
+        for name, value, stderr in main_metrics(metrics):
+            print(f"{task:<24} {name:<14} {value:8.4f} {'' if stderr is None else f'{stderr:8.4f}':>8}")
+    if not args.no_write:
+        print(f"scores written to {Path(args.path) / EVAL_FILE}")
+    return 0

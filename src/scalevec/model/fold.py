@@ -1,0 +1,60 @@
+"""Fold every foldable scale vector into the adjacent linear weights (DESIGN.md §1, §4, §10).
+
+In a ``pre`` model an Input-Norm scale is redundant: ``W (γ ⊙ u) = (W diag γ) u`` and likewise
+``s ⊙ (W u) = (diag(s) W) u``. ``fold_scales`` returns the equivalent model without them (strategy
+``none``; QK-norm scales stay, as Qwen3's q_norm/k_norm), which is a plain Llama/Qwen3 for export.
+It refuses what cannot fold: DNP's output normalization and the Output-Norms of the ``peri`` layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from scalevec.config import ScaleConfig
+from scalevec.model.transformer import Transformer, build_model
+
+
+def unfoldable_scales(model: Transformer) -> list[str]:
+    """Names of the norms/scales that have no slot in a plain Llama (DNP output norms, peri output norms)."""
+    names = [name for name, m in model.named_modules() if getattr(m, "out_norm", False)]
+    if model.cfg.layout == "peri":
+        names += [f"layers.{i}.{n}" for i in range(model.cfg.n_layers) for n in ("attn_out", "mlp_out")]
+    return names
+
+
+def fold_scales(model: Transformer) -> Transformer:
+    """The equivalent scale-free model: ``W' = diag(s) W diag(γ)`` for every foldable scale (§4 fold).
+
+    Magnitude-direction scales are materialized first. With tied embeddings the LM head is untied
+    (``head = E diag(γ_final)``) and the embedding is copied bitwise. The result is on the same device
+    and dtype, has ``ScaleConfig(scale='none', folded=True)`` and no scale parameters except QK-norm's.
+    Raises ``ValueError`` naming the scales that cannot fold (DNP output norms, ``peri`` output norms).
+    """
+    bad = unfoldable_scales(model)
+    if bad:
+        why = []
+        if model.cfg.layout == "peri":
+            why.append("the peri layout's output norms sit on the residual branch, with no linear map after them")
+        if not model.scfg.foldable:
+            why.append("DNP normalizes the outputs of W_gate/W_up, which no linear map can absorb")
+        shown = ", ".join(bad[:6]) + (f", ... ({len(bad)} in all)" if len(bad) > 6 else "")
+        raise ValueError(f"cannot fold {shown}: {'; '.join(why)}. Foldable strategies: none, baseline, iwd, hg, "
+                         f"dp, or, er, unified_foldable (the exportable form of unified), in the pre layout")
+    cfg = dataclasses.replace(model.cfg, tie_embeddings=False)
+    ref = next(model.parameters())
+    # a seeded build (fork of the RNG): folding must not advance the caller's global RNG stream
+    folded = build_model(cfg, ScaleConfig(scale="none", folded=True), seed=0, device=ref.device).to(ref.dtype)
+    state = folded.state_dict()
+    old = model.state_dict()
+    with torch.no_grad():
+        for key in state:
+            if key in old:
+                state[key] = old[key]
+        for name, module in model.named_modules():
+            if hasattr(module, "folded_state"):
+                for key, value in module.folded_state().items():
+                    state[f"{name}.{key}" if name else key] = value.detach()
+    folded.load_state_dict(state, strict=True)
+    return folded

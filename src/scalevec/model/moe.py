@@ -1,0 +1,304 @@
+"""The mixture-of-experts MLP with every scale-vector strategy (DESIGN.md §3, §6).
+
+One Input-Norm feeds the router and every expert's gate and up projections::
+
+    x ──n──> u ──(γ)──┬──(γ_router)── W_router ── softmax ── top-k ── renormalize ──> w_t1..w_tk
+                      │                                                        (which experts, how much)
+                      ├──(γ_gate[e])── W_gate[e] ──(s_gate[e])──> g ─┐
+                      ├──(γ_up[e])──── W_up[e] ────(s_up[e])──> v ───┴─ silu(g)·v ── W_down[e] ──> y_e
+                      └── shared experts (optional): an always-on SwiGLU reading the same u
+
+    MoE(x) = Σ_j w_tj · y_{e_tj}(u_t)  (+ shared experts' output)
+
+Scale vectors follow the §3 switches exactly as in a dense ``scales.NormLinear``: ``shared`` puts one γ on
+the norm; ``branch`` (HG) gives γ_router, γ_gate and γ_up (shared by all experts, or one per expert with
+``per_expert``: shape ``(E, d_model)``); ``dual`` (DP) adds an output scale s per expert, shape
+``(E, d_expert)``, on gate and up (foldable into the expert's rows); ``dual_norm`` (DNP) computes
+``s ⊙ n(W_e u)`` with n over d_expert. The router never gets an output scale. ``magdir``/``magdir_exp``
+reparameterize every γ and s (per expert: one magnitude per expert).
+
+Expert weights are 3-D banks ``(E, d_out, d_in)`` with role ``matrix`` (Muon treats each expert slice as
+its own matrix, DESIGN.md §5); the router weight ``(E, d_model)`` has role ``router``. Scales are always
+folded into the banks on the fly (``W'_e = diag(s_e) W_e diag(γ γ_e)``, cost E·d_expert·d_model per step,
+below the tokens·k·(d_model + d_expert) of scaling activations at every preset), so ``ScaleConfig.apply``
+does not change this module.
+
+Routing (Mixtral convention): softmax over all experts, top-k, the k weights renormalized to sum to 1.
+Dispatch is dropless: the (token, slot) assignments are sorted by expert, each expert runs once on its
+contiguous segment (cost ∝ tokens·k; the segment ends stay on the device, ``grouped_linear_offsets``),
+and the weighted outputs are scatter-added back. The auxiliary loss
+is ``lb_coef · E Σ_i f_i P_i + z_loss_coef · mean(logsumexp(logits)²)``.
+
+This module builds no Transformer (``model.py`` puts an ``MoE`` in a block) and no optimizer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from scalevec.config import ModelConfig, ScaleConfig
+from scalevec.model.scales import Branch, Linear, make_scale, new_param, normal_init, rms_norm
+
+# ------------------------------------------------------------------------------------ routing and losses
+
+
+def route(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Top-k routing, Mixtral convention (DESIGN.md §6).
+
+    ``logits: (N, E)`` (float32) -> ``probs (N, E)`` softmax over all experts, ``idx (N, k)`` the k most
+    probable experts (descending), ``weights (N, k)`` their probabilities renormalized to sum to 1.
+    """
+    probs = logits.softmax(dim=-1)
+    top, idx = probs.topk(top_k, dim=-1)
+    return probs, idx, top / top.sum(dim=-1, keepdim=True)
+
+
+def expert_counts(idx: Tensor, n_experts: int) -> Tensor:
+    """Assignments per expert, ``(n_experts,)`` int64, of the expert ids in ``idx`` (any shape).
+
+    ``bincount(minlength=E)`` counts the same, but its output length depends on the largest id (the data),
+    which ``torch.compile`` cannot trace without a graph break; ``scatter_add_`` into E zeros has a
+    static shape and reads nothing back to the host."""
+    flat = idx.flatten()
+    return flat.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def load_balancing_loss(probs: Tensor, idx: Tensor) -> Tensor:
+    """Switch-style load-balancing loss ``E · Σ_i f_i P_i`` (DESIGN.md §6), a float scalar.
+
+    ``probs: (N, E)`` router probabilities, ``idx: (N, k)`` chosen experts. ``f_i``: fraction of the N·k
+    (token, slot) assignments sent to expert i (no gradient); ``P_i``: mean probability of expert i over
+    the N tokens. Equals 1 for uniform probabilities (whatever the assignments) and E when every token
+    puts all its probability on one expert and goes there.
+    """
+    n_experts = probs.shape[-1]
+    f = expert_counts(idx, n_experts).to(probs.dtype) / idx.numel()  # (E,)
+    return n_experts * (f * probs.mean(dim=0)).sum()
+
+
+def router_z_loss(logits: Tensor) -> Tensor:
+    """Router z-loss ``mean_t logsumexp(logits_t)²`` (ST-MoE), a float scalar; ``logits: (N, E)``."""
+    return torch.logsumexp(logits, dim=-1).pow(2).mean()
+
+
+def grouped_linear(x: Tensor, weight: Tensor, counts: list[int]) -> Tensor:
+    """Each expert's rows times its matrix: ``x: (M, d_in)`` holds ``counts[e]`` contiguous rows for expert
+    e (in expert order), ``weight: (E, d_out, d_in)`` -> ``(M, d_out)``. Cost ∝ M, not M·E; an expert with
+    no rows costs nothing and gets a zero gradient. The reference form of ``grouped_linear_offsets``
+    (``counts`` are host integers: on a GPU, reading them is a device-to-host sync)."""
+    return torch.cat([F.linear(xe, we) for xe, we in zip(x.split(counts), weight)])
+
+
+def grouped_linear_offsets(x: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
+    """``grouped_linear`` with the segment ends on the device: ``offsets: (E,) int32``, ``offsets[e]`` the end
+    of expert e's rows (``cumsum`` of the counts), so that nothing is read back to the host in the step.
+
+    Runs ``torch.nn.functional.grouped_mm`` (public in recent torch, 2.13 here) where it has a kernel for
+    the inputs: on CPU (fp32, and bf16 under CPU autocast; there it multiplies segment by segment, the same
+    numbers as ``grouped_linear`` to the bit, tests/test_moe_dispatch.py) and on CUDA for bf16 (one grouped
+    GEMM). Elsewhere (fp32 on CUDA or under ``torch.compile``, whose tracing of grouped_mm accepts bf16
+    only; an older torch; float64; d_in / d_out rows not a multiple of 16 bytes, which grouped_mm requires)
+    it falls back to ``grouped_linear`` on host counts: a host sync and, under compile, a graph break.
+    Under autocast the matmul runs in the autocast dtype, as ``F.linear`` would.
+    """
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    grouped = getattr(F, "grouped_mm", None)
+    size = dtype.itemsize
+    aligned = (x.shape[-1] * size) % 16 == 0 and (weight.shape[-2] * size) % 16 == 0  # grouped_mm's stride rule
+    # grouped_mm's compile-time (meta) kernel accepts bf16 only, and CUDA has a kernel for bf16 only
+    bf16_only = device == "cuda" or torch.compiler.is_compiling()
+    supported = dtype == torch.bfloat16 or (dtype in (torch.float32, torch.float16) and not bf16_only)
+    if grouped is None or not aligned or not supported or device not in ("cpu", "cuda"):
+        counts = torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist()
+        return grouped_linear(x, weight, counts)
+    with torch.autocast(device, enabled=False):
+        return grouped(x.to(dtype), weight.to(dtype).transpose(-2, -1), offs=offsets)
+
+
+# ------------------------------------------------------------------------------------ modules
+
+
+def _output_side(cfg: ScaleConfig, has_scale: bool, site: str) -> tuple[bool, bool, str]:
+    """``(out_scale, out_norm, out_scale_role)`` of projection ``site`` (gate/up), by the same rule as
+    ``scales.NormLinear`` (DESIGN.md §3): DP/DNP on ``dual_sites``, DNP's norm on ``norm_sites``; DNP's s
+    on W_gate feeds SiLU (``output_scale``), on W_up it folds into W_down (``input_scale``)."""
+    dual = has_scale and cfg.placement != "input" and site in cfg.dual_sites
+    norm = dual and cfg.placement == "dual_norm" and site in cfg.norm_sites
+    return dual, norm, "output_scale" if norm and site == "gate" else "input_scale"
+
+
+class ExpertProj(nn.Module):
+    """A bank of E bias-free linear maps ``weight: (E, d_out, d_in)`` (role ``matrix``) with the §3 scales.
+
+    The expert analogue of ``scales.Branch``: expert e computes ``s_e ⊙ [n](W_e diag(γ_e) u)``.
+    ``in_scale``: HG's γ, shape ``(d_in,)`` shared by all experts or ``(E, d_in)`` with ``per_expert``.
+    ``out_scale``: DP/DNP's s, shape ``(E, d_out)``. ``out_norm``: DNP normalizes over d_out before s.
+    """
+
+    def __init__(self, n_experts: int, d_in: int, d_out: int, cfg: ScaleConfig, std: float,
+                 in_scale: bool = False, per_expert: bool = False, out_scale: bool = False,
+                 out_norm: bool = False, out_scale_role: str = "input_scale"):
+        super().__init__()
+        new_param(self, "weight", (n_experts, d_out, d_in), "matrix", normal_init(std))
+        in_shape = (n_experts, d_in) if per_expert else (d_in,)
+        self.in_scale = make_scale(cfg, in_shape, "input_scale") if in_scale else None
+        self.out_scale = make_scale(cfg, (n_experts, d_out), out_scale_role) if out_scale else None
+        self.out_norm = out_norm
+
+    def folded_weight(self, shared: Tensor | None = None) -> Tensor:
+        """``diag(s_e) W_e diag(γ_shared γ_e)`` for every e, ``(E, d_out, d_in)``; s is left out under
+        ``out_norm`` (it acts after the norm)."""
+        w = self.weight
+        g = self.in_scale() if self.in_scale is not None else None
+        if shared is not None:
+            g = shared if g is None else g * shared
+        if g is not None:
+            w = w * g.to(w.dtype).unsqueeze(-2)  # (d_in,) or (E, d_in) -> broadcast over d_out
+        if self.out_scale is not None and not self.out_norm:
+            w = self.out_scale().to(w.dtype).unsqueeze(-1) * w
+        return w
+
+    def finish(self, y: Tensor, expert: Tensor, eps: float) -> Tensor:
+        """DNP's ``s_e ⊙ n(y)`` on rows ``y: (M, d_out)`` computed by experts ``expert: (M,)``; else ``y``."""
+        if not self.out_norm:
+            return y
+        return rms_norm(y, eps) * self.out_scale()[expert].to(y.dtype)
+
+
+class Experts(nn.Module):
+    """E routed SwiGLU experts of width ``d_expert`` as banks ``gate, up: (E, d_expert, d_model)`` and
+    ``down: (E, d_model, d_expert)``, with dropless sorted dispatch (DESIGN.md §6).
+
+    ``forward(u: (N, d_model), idx: (N, k), weights: (N, k), shared γ (d_model,) or None) -> (N, d_model)``:
+    ``Σ_j weights[t, j] · expert_{idx[t, j]}(u_t)``. Every assignment is computed; none is dropped.
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig, has_scale: bool, branch: bool):
+        super().__init__()
+        moe, d = cfg.moe, cfg.d_model
+        self.n_experts, self.eps = moe.n_experts, cfg.norm_eps
+        per_expert = branch and scfg.per_expert
+        for site in ("gate", "up"):
+            dual, norm, role = _output_side(scfg, has_scale, site)
+            self.add_module(site, ExpertProj(moe.n_experts, d, moe.d_expert, scfg, cfg.init_std, in_scale=branch,
+                                             per_expert=per_expert, out_scale=dual, out_norm=norm,
+                                             out_scale_role=role))
+        self.down = ExpertProj(moe.n_experts, moe.d_expert, d, scfg, cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+
+    def forward(self, u: Tensor, idx: Tensor, weights: Tensor, shared: Tensor | None = None) -> Tensor:
+        k = idx.shape[1]
+        flat = idx.flatten()  # (N·k,) expert of each (token, slot), token-major
+        order = flat.argsort(stable=True)  # assignments grouped by expert
+        expert, token = flat[order], order // k  # (N·k,) each
+        # segment ends on the device (no host sync, no graph break under compile)
+        offsets = expert_counts(flat, self.n_experts).cumsum(0).to(torch.int32)
+        x = u[token]  # (N·k, d)
+        g = grouped_linear_offsets(x, self.gate.folded_weight(shared).to(x.dtype), offsets)  # (N·k, d_expert)
+        v = grouped_linear_offsets(x, self.up.folded_weight(shared).to(x.dtype), offsets)
+        h = F.silu(self.gate.finish(g, expert, self.eps)) * self.up.finish(v, expert, self.eps)
+        y = grouped_linear_offsets(h, self.down.weight.to(h.dtype), offsets)  # (N·k, d)
+        y = y * weights.flatten()[order].unsqueeze(-1).to(y.dtype)
+        return y.new_zeros(u.shape).index_add(0, token, y)  # (N, d)
+
+
+class SharedExperts(nn.Module):
+    """Always-on SwiGLU of width ``d_expert · n_shared_experts`` reading the MoE's normalized input (§6).
+
+    Its gate and up are ``scales.Branch``es with the same scale strategy as a dense MLP.
+    ``forward(u: (N, d_model), shared γ (d_model,) or None) -> (N, d_model)``.
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig, has_scale: bool, branch: bool):
+        super().__init__()
+        d, width = cfg.d_model, cfg.moe.d_expert * cfg.moe.n_shared_experts
+        self.eps = cfg.norm_eps
+        for site in ("gate", "up"):
+            dual, norm, role = _output_side(scfg, has_scale, site)
+            self.add_module(site, Branch(d, width, scfg, "matrix", cfg.init_std, in_scale=branch, out_scale=dual,
+                                         out_norm=norm, out_scale_role=role))
+        self.down = Linear(width, d, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+
+    def forward(self, u: Tensor, shared: Tensor | None = None) -> Tensor:
+        g, v = (b.finish(F.linear(u, b.folded_weight(shared).to(u.dtype)), self.eps) for b in (self.gate, self.up))
+        return self.down(F.silu(g) * v)
+
+
+class MoE(nn.Module):
+    """Mixture-of-experts MLP reading an Input-Norm (DESIGN.md §6; the sketch is in the module docstring).
+
+    ``forward(x: (B, T, d_model)) -> (y: (B, T, d_model), aux)``: ``aux`` is the float32 scalar
+    ``lb_coef · load_balancing_loss + z_loss_coef · router_z_loss`` for the training loss. Detached
+    telemetry of the last call is in ``last_stats``: ``load`` (E,) fraction of assignments per expert
+    (sums to 1), ``tokens_per_expert`` (E,) assignment counts (sum N·k), ``lb`` (raw, before lb_coef),
+    ``z_loss`` (raw), ``router_entropy`` (mean over tokens of the routing distribution's entropy, nats).
+    Parameters: ``scale`` (the norm's γ under scale=shared), ``router`` (``scales.Branch``, role
+    ``router``), ``experts`` (``Experts``), ``shared_experts`` (``SharedExperts`` or None).
+    """
+
+    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+        super().__init__()
+        moe = cfg.moe
+        self.n_experts, self.top_k, self.eps = moe.n_experts, moe.top_k, cfg.norm_eps
+        self.lb_coef, self.z_loss_coef = moe.lb_coef, moe.z_loss_coef
+        has_scale = scfg.scale != "none" and not scfg.folded
+        branch = has_scale and scfg.scale == "branch"
+        self.scale = make_scale(scfg, (cfg.d_model,), "input_scale") if has_scale and not branch else None
+        self.router = Branch(cfg.d_model, moe.n_experts, scfg, "router", cfg.init_std, in_scale=branch,
+                             out_scale=False, out_norm=False)
+        self.experts = Experts(cfg, scfg, has_scale, branch)
+        self.shared_experts = SharedExperts(cfg, scfg, has_scale, branch) if moe.n_shared_experts else None
+        self.last_stats: dict[str, Tensor] = {}
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        u = rms_norm(x, self.eps).flatten(0, -2)  # (N, d)
+        shared = self.scale() if self.scale is not None else None
+        logits = F.linear(u, self.router.folded_weight(shared).to(u.dtype)).float()  # (N, E)
+        probs, idx, weights = route(logits, self.top_k)
+        y = self.experts(u, idx, weights, shared)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(u, shared)
+        lb, z = load_balancing_loss(probs, idx), router_z_loss(logits)
+        self._record(probs, idx, lb, z)
+        return y.view(x.shape), self.lb_coef * lb + self.z_loss_coef * z
+
+    @torch.no_grad()
+    def _record(self, probs: Tensor, idx: Tensor, lb: Tensor, z: Tensor) -> None:
+        counts = expert_counts(idx, self.n_experts)
+        self.last_stats = {
+            "load": counts.float() / idx.numel(),
+            "tokens_per_expert": counts,
+            "lb": lb.detach(),
+            "z_loss": z.detach(),
+            "router_entropy": torch.special.entr(probs).sum(-1).mean(),
+        }
+
+    def folded_state(self) -> dict[str, Tensor]:
+        """Local state of the equivalent scale-free MoE (the fold protocol of ``fold.py``, DESIGN.md §4):
+        ``router.weight``, ``experts.{gate,up}.weight`` and ``shared_experts.{gate,up}.weight`` with every
+        scale folded in (``diag(s_e) W_e diag(γ γ_e)``); the down banks are unchanged.
+
+        Raises ``ValueError`` naming the projections whose DNP output normalization cannot fold.
+        """
+        bad = [name for name, m in self.named_modules() if getattr(m, "out_norm", False)]
+        if bad:
+            raise ValueError(f"DNP output normalization on {', '.join(bad)} cannot fold into a linear map")
+        shared = self.scale() if self.scale is not None else None
+        parts = {"router": self.router, "experts.gate": self.experts.gate, "experts.up": self.experts.up}
+        if self.shared_experts is not None:
+            parts.update({"shared_experts.gate": self.shared_experts.gate, "shared_experts.up": self.shared_experts.up})
+        return {f"{name}.weight": m.folded_weight(shared) for name, m in parts.items()}
+
+    def inactive_params(self) -> int:
+        """Parameters of the routed experts that one token does not use: ``(E - k)/E`` of every per-expert
+        tensor (banks, per-expert γ and s; their leading dim is E and they have ≥ 2 dims, while vectors
+        shared by all experts are 1-D). ``Transformer.active_params`` subtracts it (DESIGN.md §6)."""
+        per_expert = sum(p.numel() for p in self.experts.parameters() if p.dim() >= 2)
+        return per_expert // self.n_experts * (self.n_experts - self.top_k)
+
+
+__all__ = ["route", "expert_counts", "load_balancing_loss", "router_z_loss", "grouped_linear", "grouped_linear_offsets",
+           "ExpertProj", "Experts",
+           "SharedExperts", "MoE"]

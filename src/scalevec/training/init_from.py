@@ -1,0 +1,241 @@
+"""``train --init-from``: start a run from a Hugging Face model, or branch an existing run (issue 14; DESIGN.md §8).
+
+A source is one of
+
+- a Hugging Face model directory (``config.json`` + safetensors as transformers writes them): Llama,
+  Qwen3, Mixtral, Qwen3-MoE. The new run's model section is the checkpoint's shape and its tokenizer
+  (``tokenizer.json``) is used unless ``--tokenizer`` is given;
+- a scalevec run directory (its newest checkpoint) or one of its checkpoints,
+  ``RUN/checkpoints/step_N``: the new run starts from the parent's config, and any flag or
+  ``key=value`` changes it (``--strategy``, ``--schedule``, ``--steps``, ...).
+
+Weights go through ``hf_import``'s plain form when the strategy (or any parameter) differs, so every
+foldable strategy starts with the source's function; with the same parameters they load as they
+are. The optimizer state is carried over when the parameters match exactly, the optimizer is the
+same and ``--reset-optimizer`` is not given (hyperparameters come from the new config). The schedule
+restarts at step 0 (``--schedule-from restart``) or continues from the parent's step
+(``continue``: the new run's steps count from there, as in a WSD decay from a stable checkpoint).
+``meta.json`` records the parent under ``init_from``; ``report`` draws a branch on its parent's curve.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from scalevec.config import RunConfig, from_dict, load_yaml, to_dict
+from scalevec.hf.hf_import import function_preserved, is_hf_dir, load_plain, plain_from_model, read_hf
+from scalevec.presets import PRESETS
+
+SCHEDULE_FROM = ("restart", "continue")
+
+
+@dataclass
+class InitFrom:
+    """A resolved ``--init-from`` source. ``kind``: ``hf`` or ``run``; for a run, ``run_dir``, ``ckpt``
+    (a checkpoint directory), ``step`` (its completed steps) and ``parent`` (its ``RunConfig``)."""
+
+    source: Path
+    kind: str
+    reset_optimizer: bool = False
+    schedule_from: str = "restart"
+    run_dir: Path | None = None
+    ckpt: Path | None = None
+    step: int = 0
+    parent: RunConfig | None = None
+    family: str | None = None
+    info: dict = field(default_factory=dict)  # what happened, for meta.json (filled by load_weights)
+
+    @property
+    def start_step(self) -> int:
+        """The new run's first step: the parent's under ``--schedule-from continue``, else 0."""
+        return self.step if self.schedule_from == "continue" else 0
+
+
+def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: str = "restart") -> InitFrom:
+    """Classify ``source`` (module docstring). Raises ``FileNotFoundError`` for a missing or unknown
+    directory and ``ValueError`` for a bad ``schedule_from`` or ``continue`` from a Hugging Face model."""
+    from scalevec.training.checkpoint import latest_checkpoint
+
+    if schedule_from not in SCHEDULE_FROM:
+        raise ValueError(f"--schedule-from {schedule_from!r} is unknown; use restart or continue")
+    p = Path(source)
+    if not p.is_dir():
+        raise FileNotFoundError(f"--init-from {p} does not exist (give a Hugging Face model directory, a run "
+                                f"directory or RUN/checkpoints/step_N)")
+    if is_hf_dir(p):
+        if schedule_from == "continue":
+            raise ValueError("--schedule-from continue needs a scalevec run to continue; a Hugging Face model "
+                             "starts at step 0 (drop --schedule-from)")
+        return InitFrom(p, "hf", reset_optimizer, schedule_from)
+    if (p / "config.yaml").is_file():
+        run_dir, ckpt = p, latest_checkpoint(p)
+    elif (p / "model.safetensors").is_file() and (p.parent.parent / "config.yaml").is_file():
+        run_dir, ckpt = p.parent.parent, p
+    else:
+        raise FileNotFoundError(f"--init-from {p} is neither a Hugging Face model (config.json + safetensors), a "
+                                f"scalevec run directory (config.yaml) nor one of its checkpoints/step_N")
+    m = re.fullmatch(r"step_(\d+)", ckpt.name)
+    if m is None:
+        raise FileNotFoundError(f"{ckpt} is not a checkpoint directory (step_N)")
+    parent = from_dict(RunConfig, load_yaml(run_dir / "config.yaml"))
+    return InitFrom(p, "run", reset_optimizer, schedule_from, run_dir, ckpt, int(m.group(1)), parent)
+
+
+def base_sections(init: InitFrom, preset: str | None, strategy: str | None, tokenizer: str | None) -> dict:
+    """The config sections a run from ``init`` starts from, before ``--config``, flags and ``key=value``.
+
+    Run: the parent's config, less its ``scale`` section when ``--strategy`` is given and its ``model``
+    section when ``--preset`` is. Hugging Face: the checkpoint's model shape, its ``tokenizer.json``
+    unless ``--tokenizer`` is given.
+    """
+    if init.kind == "run":
+        data = to_dict(init.parent)
+        if data["preset"] not in PRESETS:  # e.g. hf-llama: the model section holds the shape
+            data["preset"] = "small"
+        if strategy:
+            data.pop("scale")
+            data.pop("strategy")
+        if preset:
+            data.pop("model")
+            data.pop("preset")
+        return data
+    _, plain = read_hf(init.source)
+    init.family = _family(init.source)
+    data = {"model": to_dict(plain.cfg)}
+    if not tokenizer and (init.source / "tokenizer.json").is_file():
+        data["data"] = {"tokenizer": str(init.source / "tokenizer.json")}
+    return data
+
+
+def preset_label(init: InitFrom, preset: str | None, resolved: str) -> str:
+    """The ``preset`` a run from ``init`` records: ``--preset`` if given, else ``hf-<family>`` for a Hugging
+    Face model and the parent's for a branch (a label: the model section holds the shape)."""
+    if preset:
+        return resolved
+    return f"hf-{init.family}" if init.kind == "hf" else init.parent.preset
+
+
+def _family(hf_dir: Path) -> str:
+    import json
+
+    return json.loads((hf_dir / "config.json").read_text())["model_type"]
+
+
+def _parent_model(init: InitFrom):
+    from safetensors.torch import load_model
+
+    from scalevec.model.transformer import build_model
+
+    model = build_model(init.parent.model, init.parent.scale, seed=0)
+    load_model(model, str(init.ckpt / "model.safetensors"))
+    return model
+
+
+def load_weights(init: InitFrom, cfg: RunConfig, model: torch.nn.Module, batch=None) -> list[str]:
+    """Load the source's weights into ``model`` (built from ``cfg``, not yet wrapped) in place; return the
+    lines to print. ``batch``: ``(x, y)`` on the model's device, for the step-0 loss before and after a
+    conversion that changes the function (DNP, or QK-norm γ under strategy ``none``). Fills ``init.info``.
+    Raises ``ValueError`` when shapes do not match or the source cannot convert (naming why)."""
+    lines, device = [], next(model.parameters()).device
+    if init.kind == "hf":
+        fmt, plain = read_hf(init.source)
+        init.family = fmt
+        exact, source_desc = False, f"{fmt} checkpoint {init.source}"
+        source_model = None
+    else:
+        source_model = _parent_model(init)
+        source_desc = f"run {init.run_dir} at step {init.step} (strategy {init.parent.strategy})"
+        same = _same_parameters(source_model, model) and to_dict(init.parent.scale) == to_dict(cfg.scale)
+        exact = same
+        plain = None if same else plain_from_model(source_model)
+    if exact:
+        model.load_state_dict(source_model.state_dict())
+        lost = []
+    else:
+        lost = load_plain(model, _to(plain, device))
+    preserved = exact or (function_preserved(cfg.scale) and not lost)
+    init.info = {"source": str(init.source.resolve()), "kind": init.kind,
+                 "weights": "as saved" if exact else "converted",
+                 "function_preserved": preserved}
+    if init.kind == "run":
+        init.info.update(run_dir=str(init.run_dir.resolve()), checkpoint=str(init.ckpt.resolve()), step=init.step,
+                         strategy=init.parent.strategy, schedule_from=init.schedule_from)
+    else:
+        init.info["family"] = init.family
+    how = "as saved" if exact else "converted through the plain form"
+    lines.append(f"init-from: {source_desc} -> strategy {cfg.strategy}: weights {how}; "
+                 + ("the function is unchanged" if preserved else "THE FUNCTION CHANGES"))
+    if not preserved:
+        why = ("DNP normalizes the outputs of W_gate/W_up, which the source does not" if not cfg.scale.foldable
+               else f"strategy {cfg.strategy} has no slot for the QK-norm γ of {', '.join(lost[:2])}")
+        lines.append(f"init-from: {why}")
+        if batch is not None:
+            before = _reference_loss(init, cfg, plain, source_model, batch)
+            after = _loss(model, batch)
+            init.info.update(loss_before=before, loss_after=after)
+            lines.append(f"init-from: loss at step 0 on the first validation batch: {before:.4f} (source) -> "
+                         f"{after:.4f} nats/token (converted)")
+    return lines
+
+
+def _to(plain, device):
+    plain.matrices = {k: v.to(device) for k, v in plain.matrices.items()}
+    plain.norms = {k: v.to(device) for k, v in plain.norms.items()}
+    return plain
+
+
+def _same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    pa = {k: tuple(v.shape) for k, v in a.state_dict().items()}
+    pb = {k: tuple(v.shape) for k, v in b.state_dict().items()}
+    return pa == pb
+
+
+@torch.no_grad()
+def _loss(model, batch) -> float:
+    x, y = batch
+    ce, n, _ = model(x, y)
+    return (ce / n).item()
+
+
+def _reference_loss(init, cfg, plain, source_model, batch) -> float:
+    """The source's loss: the parent model itself, or (Hugging Face) the plain weights in the baseline
+    strategy, which computes the HF model's function (tests/test_hf_import.py)."""
+    from scalevec.config import ScaleConfig
+    from scalevec.model.transformer import build_model
+
+    x, y = batch
+    if source_model is None:
+        ref = build_model(cfg.model, ScaleConfig.preset("baseline"), seed=0, device=x.device)
+        load_plain(ref, plain)
+    else:
+        ref = source_model.to(x.device)
+    return _loss(ref, batch)
+
+
+def carry_optimizer(init: InitFrom, cfg: RunConfig, model, optimizers: list, device) -> str:
+    """Load the parent's optimizer state into ``optimizers`` when allowed (module docstring); every
+    group's hyperparameters (lr, betas, weight decay, ...) stay the new config's. Returns what was done:
+    ``carried``, ``reset`` (``--reset-optimizer``) or ``fresh (why)``. All ranks call."""
+    from scalevec.training.checkpoint import load_checkpoint
+
+    if init.kind != "run":
+        return "fresh (a Hugging Face model has no optimizer state)"
+    if init.reset_optimizer:
+        return "reset"
+    if init.info.get("weights") != "as saved":
+        return "fresh (the parameters differ from the parent's)"
+    if init.parent.optim.name != cfg.optim.name:
+        return f"fresh (the parent used {init.parent.optim.name})"
+    hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
+    load_checkpoint(init.ckpt, model, optimizers, device)
+    for opt, groups in zip(optimizers, hyper):
+        for g, h in zip(opt.param_groups, groups):
+            g.update(h)
+    return "carried"
+
+
+__all__ = ["InitFrom", "SCHEDULE_FROM", "resolve", "base_sections", "preset_label", "load_weights", "carry_optimizer"]

@@ -1,0 +1,626 @@
+"""The run directory: its layout, markers, metrics, lock, checkpoints and their integrity (DESIGN.md §8).
+
+This module is the only one that knows where things live in a run directory; ``train``, ``sweep``,
+``compare``, ``report``, ``export`` and ``generate`` go through it. Layout::
+
+    RUN/config.yaml            the resolved RunConfig (YAML, read with safe_load)
+    RUN/meta.json              versions, code version, host, start time
+    RUN/optim_groups.txt       the optimizer group table
+    RUN/metrics.jsonl          one JSON object per line (train / eval / probe rows)
+    RUN/summary.json           final figures (finished runs)
+    RUN/tokenizer/             tokenizer.json (+ tokenizer_config.json)
+    RUN/DONE                   the run finished
+    RUN/DIVERGED               the run stopped on its health guard: {"step", "first_bad_step", "reason", "checkpoint"}
+    RUN/.lock                  the writer's OS lock (``fcntl.flock``); holds the writer's PID
+    RUN/checkpoints/step_XXXXXXX/
+        dcp/*.safetensors      model + optimizer tensors, one file per writing rank, in torch's
+                               safetensors-backed DCP format (reshardable to any number of processes)
+        model.safetensors      the consolidated model (export, generate)
+        train_state.json       step, RNG states, trainer extras, the non-tensor optimizer state
+        MANIFEST.json          size and SHA-256 of every file above; written last, before the rename
+    RUN/checkpoints/latest     the name of the newest checkpoint (informative; discovery lists step_*)
+
+What this module guarantees (our choices, documented in README "Run directories"):
+
+- *Nothing read from a run directory runs code.* Every file is JSON, YAML (``yaml.safe_load``) or
+  safetensors; no pickle is ever loaded, and the DCP reader used is torch's ``HuggingFaceStorageReader``,
+  which builds its metadata from safetensors headers (the default DCP reader unpickles ``.metadata``).
+- *Integrity.* A checkpoint is used only when its manifest matches its files; otherwise the next older
+  one is tried, and the caller is told which was skipped and why.
+- *One writer.* A writer holds ``fcntl.flock`` on ``RUN/.lock`` (released by the kernel when the
+  process dies, even by SIGKILL); a second writer is refused at once, naming the holder's PID.
+- *Every read error is one line* (``RunDirError``, a ``ValueError``) naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.yaml"
+META = "meta.json"
+GROUPS = "optim_groups.txt"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+TOKENIZER = "tokenizer"
+DONE = "DONE"
+DIVERGED = "DIVERGED"
+LOCK = ".lock"
+CKPT_DIR = "checkpoints"
+LATEST = "latest"
+MANIFEST = "MANIFEST.json"
+TRAIN_STATE = "train_state.json"
+MODEL_FILE = "model.safetensors"
+DCP_DIR = "dcp"
+CKPT_FORMAT = "scalevec-checkpoint/2"
+_STEP_RE = re.compile(r"step_(\d{7,})")
+
+
+class RunDirError(ValueError):
+    """A run directory cannot be used as asked; the message is one line naming the file and the fix."""
+
+
+class RunLocked(RunDirError):
+    """Another process holds the run directory's lock."""
+
+
+class CorruptCheckpoint(RunDirError):
+    """A checkpoint's files do not match its manifest (or cannot be read)."""
+
+
+def _oneline(e: BaseException) -> str:
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return " ".join(str(text).split())
+
+
+# ----------------------------------------------------------------------------------------- plain files
+
+
+def tmp_path(path: Path) -> Path:
+    """A temporary name beside ``path``, unique per process: ``.NAME.PID.tmp``."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a per-process temporary file and a rename; on failure
+    (a full disk) the temporary file is removed and the ``OSError`` re-raised."""
+    path = Path(path)
+    tmp = tmp_path(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, default=str))
+
+
+def read_json(path: str | Path, fix: str = "restore it from a copy of the run or retrain the run") -> Any:
+    """A JSON file; ``RunDirError`` naming the file and ``fix`` when it is missing, unreadable or invalid."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunDirError(f"{path} does not exist; {fix}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RunDirError(f"{path} cannot be read ({_oneline(e)}); {fix}") from None
+
+
+def is_run(path: str | Path) -> bool:
+    """True for a scalevec run directory (it holds ``config.yaml``)."""
+    return (Path(path) / CONFIG).is_file()
+
+
+def load_config(run_dir: str | Path):
+    """The ``RunConfig`` stored in ``run_dir/config.yaml`` (read with ``yaml.safe_load``).
+
+    Raises ``RunDirError`` when it is missing, not YAML, or not a valid config.
+    """
+    from scalevec.config import RunConfig, from_dict, load_yaml
+
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise RunDirError(f"{run_dir} is not a scalevec run directory (no {CONFIG}); pass a run directory")
+    try:
+        return from_dict(RunConfig, load_yaml(path))
+    except (OSError, ValueError, TypeError) as e:
+        raise RunDirError(f"{path} is not a valid run config ({_oneline(e)}); restore it or retrain the run") from None
+
+
+def load_tokenizer(run_dir: str | Path):
+    """The run's tokenizer (``run_dir/tokenizer``); ``RunDirError`` when it is missing or invalid."""
+    from scalevec.data.tokenizer import load_tokenizer_dir
+
+    path = Path(run_dir) / TOKENIZER
+    try:
+        return load_tokenizer_dir(path)
+    except Exception as e:  # the tokenizers library raises a bare Exception for a malformed tokenizer.json
+        raise RunDirError(f"{path} cannot be read ({_oneline(e)}); restore the run's tokenizer/ folder") from None
+
+
+# ----------------------------------------------------------------------------------------- metrics
+
+
+def read_metrics(run_dir: str | Path, kind: str | None = None,
+                 notice: Callable[[str], None] | None = None) -> list[dict]:
+    """The rows of ``metrics.jsonl`` (all, or those of ``kind``); ``[]`` if the file is missing.
+
+    A last line that is cut off (what a kill or a full disk leaves: no newline, or not JSON) is dropped,
+    and ``notice`` is told; a bad line anywhere else is an error (``RunDirError``).
+    """
+    path = Path(run_dir) / METRICS
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise RunDirError(f"{path} cannot be read ({_oneline(e)}); check its permissions") from None
+    rows, lines = [], text.split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        last = i == len(lines) - 1  # no newline after it
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "kind" not in row or "step" not in row:
+                raise ValueError("not a metrics row")
+        except ValueError:
+            if last or all(not x.strip() for x in lines[i + 1:]):
+                if notice:
+                    notice(f"{path}: dropped a cut-off last line ({len(line)} bytes, left by an interrupted write)")
+                break
+            raise RunDirError(f"{path} line {i + 1} is not a metrics row; repair or delete that line") from None
+        if kind is None or row.get("kind") == kind:
+            rows.append(row)
+    return rows
+
+
+def append_metrics(run_dir: str | Path, row: dict) -> None:
+    """Append one row to ``metrics.jsonl`` with a single ``write`` (a kill leaves whole lines or one
+    cut-off last line, which ``read_metrics`` drops)."""
+    data = (json.dumps(row) + "\n").encode()
+    fd = os.open(Path(run_dir) / METRICS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def rewrite_metrics(run_dir: str | Path, keep: Callable[[dict], bool], notice: Callable[[str], None] | None = None) -> None:
+    """Rewrite ``metrics.jsonl`` with the rows for which ``keep`` is true (resume drops the rows past
+    its checkpoint, and a cut-off last line with a notice)."""
+    path = Path(run_dir) / METRICS
+    if path.is_file():
+        rows = [r for r in read_metrics(run_dir, notice=notice) if keep(r)]
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+# ----------------------------------------------------------------------------------------- markers
+
+
+def mark_done(run_dir: str | Path) -> None:
+    write_atomic(Path(run_dir) / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+
+
+def is_done(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / DONE).is_file()
+
+
+def mark_diverged(run_dir: str | Path, step: int, first_bad_step: int, reason: str, checkpoint: str | None) -> None:
+    """Write ``DIVERGED``: the step the guard stopped at, the first step of the trouble, the reason and
+    the checkpoint kept from before it (``None`` when none was written before the trouble)."""
+    write_json(Path(run_dir) / DIVERGED, {"step": step, "first_bad_step": first_bad_step, "reason": reason,
+                                          "checkpoint": checkpoint,
+                                          "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
+def read_diverged(run_dir: str | Path) -> dict | None:
+    """The ``DIVERGED`` record, or ``None`` when the run did not diverge."""
+    path = Path(run_dir) / DIVERGED
+    if not path.exists():
+        return None
+    data = read_json(path, fix="delete it to treat the run as not diverged")
+    if not isinstance(data, dict) or not isinstance(data.get("first_bad_step"), int):
+        raise RunDirError(f"{path} is not a DIVERGED record; delete it to treat the run as not diverged")
+    return data
+
+
+def is_diverged(run_dir: str | Path) -> bool:
+    """True when the run stopped on its health guard: ``DIVERGED`` is present or, for runs trained before
+    that marker existed, the last attempt in the sweep's log beside it (``NAME.log``) says "non-finite"."""
+    d = Path(run_dir)
+    if (d / DIVERGED).exists():
+        return True
+    log = d.with_name(d.name + ".log")
+    try:
+        last = log.read_text(errors="replace").rsplit("\n$ ", 1)[-1] if log.is_file() else ""
+    except OSError:
+        return False
+    return "non-finite" in last
+
+
+def state(run_dir: str | Path) -> str:
+    """``new`` (nothing there), ``done``, ``diverged``, ``resume`` (a checkpoint to continue from) or
+    ``restart`` (a partial run without one: ``--resume`` starts it from step 0)."""
+    d = Path(run_dir)
+    if not d.exists() or not any(p.name != LOCK for p in d.iterdir()):
+        return "new"
+    if is_done(d):
+        return "done"
+    if is_diverged(d):
+        return "diverged"
+    return "resume" if checkpoint_dirs(d) else "restart"
+
+
+# ----------------------------------------------------------------------------------------- the lock
+
+
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``RUN/.lock`` (the file holds the holder's PID).
+
+    ``acquire()`` raises ``RunLocked`` at once (never waits) when another process holds it; the kernel
+    releases it when the holder exits, however it dies. The lock file is never deleted (deleting it
+    would let two writers lock two different files).
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        if self.fd is not None:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunLocked(f"{self.path.parent} is in use by process {_holder(self.path)} (it holds {self.path}); "
+                            f"wait for it to finish or stop it, then retry") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except OSError:
+            pass
+
+
+def _holder(lock_file: Path) -> str:
+    try:
+        return lock_file.read_text().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def locked_by(run_dir: str | Path) -> str | None:
+    """The PID (as text) of the process holding the run's lock, or ``None`` when nobody does."""
+    path = Path(run_dir) / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return _holder(path)
+    finally:
+        os.close(fd)  # closing drops our probe lock
+    return None
+
+
+def remove_run(path: str | Path) -> None:
+    """Empty a scalevec run directory for ``--overwrite``, keeping its lock file (which the caller holds).
+    Raises ``RunDirError`` when ``path`` is not a run directory: nothing else is ever deleted."""
+    path = Path(path)
+    if not is_run(path):
+        raise RunDirError(f"{path} is not a scalevec run directory (no {CONFIG}); --overwrite deletes only runs, "
+                          f"choose a new or empty --out")
+    for p in path.iterdir():
+        if p.name == LOCK:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+
+
+def step_of(ckpt: Path) -> int:
+    m = _STEP_RE.fullmatch(Path(ckpt).name)
+    if not m:
+        raise ValueError(f"{ckpt} is not a checkpoint directory name (step_XXXXXXX)")
+    return int(m.group(1))
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Every ``checkpoints/step_*`` directory, newest first (temporary ``.tmp_*`` ones excluded)."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_RE.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=step_of, reverse=True)
+
+
+def clean_temporaries(run_dir: str | Path) -> list[str]:
+    """Remove the temporary checkpoints and files left by dead writers (call with the lock held)."""
+    removed = []
+    root = Path(run_dir) / CKPT_DIR
+    for base in (Path(run_dir), root):
+        if not base.is_dir():
+            continue
+        for p in base.iterdir():
+            if p.name.startswith(".tmp_") or (p.name.startswith(".") and p.name.endswith(".tmp")) \
+                    or p.name == "latest.tmp":
+                shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p.name)
+    return removed
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(ckpt: Path, step: int) -> None:
+    """Write ``MANIFEST.json`` (size and SHA-256 of every other file of ``ckpt``), fsynced. Call it last,
+    before the rename that publishes the checkpoint."""
+    files = {}
+    for p in sorted(ckpt.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            rel = p.relative_to(ckpt).as_posix()
+            files[rel] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    path = ckpt / MANIFEST
+    with open(path, "w") as f:
+        json.dump({"format": CKPT_FORMAT, "step": step, "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def is_legacy(ckpt: Path) -> bool:
+    """A checkpoint from an older scalevec (pickle-based DCP metadata, ``train_state.pt``), or one made by
+    hand with only ``model.safetensors``: it has no manifest and no ``train_state.json``."""
+    return not (ckpt / MANIFEST).exists() and not (ckpt / TRAIN_STATE).exists()
+
+
+def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> dict:
+    """Check ``ckpt`` against its manifest (all files, or those named in ``only``) and return the manifest.
+
+    Raises ``CorruptCheckpoint`` naming the first problem: no or unreadable manifest, a missing, resized
+    or changed file, or (for a full check) a file in ``dcp/`` the manifest does not list.
+    """
+    ckpt = Path(ckpt)
+    path = ckpt / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != CKPT_FORMAT or not isinstance(files, dict):
+            raise ValueError(f"unknown format {manifest.get('format')!r}")
+        if _STEP_RE.fullmatch(ckpt.name) and manifest.get("step") != step_of(ckpt):
+            raise ValueError(f"it describes step {manifest.get('step')!r}, not {step_of(ckpt)}")
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{ckpt} has no {MANIFEST} (incomplete or damaged)") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpoint(f"{path} cannot be read ({_oneline(e)})") from None
+    names = list(files) if only is None else list(only)
+    for name in names:
+        if name not in files:
+            raise CorruptCheckpoint(f"{ckpt}/{name} is not listed in its {MANIFEST}")
+        p, want = ckpt / name, files[name]
+        try:
+            size = p.stat().st_size
+        except OSError as e:
+            raise CorruptCheckpoint(f"{p} cannot be read ({_oneline(e)})") from None
+        if size != want.get("bytes"):
+            raise CorruptCheckpoint(f"{p} has {size} bytes, its manifest says {want.get('bytes')} (truncated or damaged)")
+        if _sha256(p) != want.get("sha256"):
+            raise CorruptCheckpoint(f"{p} does not match the SHA-256 of its manifest (damaged)")
+    if only is None and (ckpt / DCP_DIR).is_dir():
+        extra = [p.relative_to(ckpt).as_posix() for p in (ckpt / DCP_DIR).iterdir()
+                 if p.relative_to(ckpt).as_posix() not in files]
+        if extra:
+            raise CorruptCheckpoint(f"{ckpt} holds {extra[0]}, which its manifest does not list (not written by this checkpoint)")
+    return manifest
+
+
+def resumable_checkpoint(run_dir: str | Path, before: int | None = None) -> tuple[Path | None, list[str]]:
+    """The newest intact checkpoint to resume from (step < ``before`` when given) and one line per newer
+    checkpoint skipped, with the reason. ``(None, skipped)`` when there is none."""
+    skipped = []
+    for ckpt in checkpoint_dirs(run_dir):
+        if before is not None and step_of(ckpt) >= before:
+            continue
+        if is_legacy(ckpt):
+            skipped.append(f"{ckpt.name}: written by an older scalevec in a pickle-based format, which is never "
+                           f"loaded (it could run code); export it with that version")
+            continue
+        try:
+            verify_checkpoint(ckpt)
+            read_train_state(ckpt)
+            return ckpt, skipped
+        except RunDirError as e:
+            skipped.append(f"{ckpt.name}: {e}")
+    return None, skipped
+
+
+def model_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
+    """The checkpoint whose ``model.safetensors`` export and generate read: the newest one (for a diverged
+    run, the newest from before the trouble), its model verified against the manifest. It never falls
+    back to an older model (that would give other weights than the user asked for): a damaged newest
+    model is an error. Returns ``(checkpoint, [])``.
+
+    Raises ``RunDirError`` when there is none or its model is damaged.
+    """
+    run_dir = Path(run_dir)
+    div = read_diverged(run_dir)
+    before = div["first_bad_step"] if div else None
+    ckpts = [c for c in checkpoint_dirs(run_dir) if before is None or step_of(c) < before]
+    if not ckpts:
+        if div:
+            raise RunDirError(f"{run_dir} diverged at step {div['step']} ({div['reason']}) and has no checkpoint "
+                              f"from before step {before}; there is no healthy model to use, retrain with a lower lr")
+        raise RunDirError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/step_*); train it first (or --resume it)")
+    ckpt = ckpts[0]
+    if not (ckpt / MODEL_FILE).is_file():
+        raise RunDirError(f"{ckpt} has no {MODEL_FILE} (incomplete or damaged); restore the checkpoint or retrain the run")
+    if not is_legacy(ckpt):
+        try:
+            verify_checkpoint(ckpt, only=(MODEL_FILE,))
+        except CorruptCheckpoint as e:
+            raise RunDirError(f"{e}; refusing to use it: restore the checkpoint, or retrain the run") from None
+    return ckpt, []
+
+
+# ----------------------------------------------------------------------------------------- train state
+
+
+def _b64(t) -> str | None:
+    return None if t is None else base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _unb64(s: str | None):
+    import torch
+
+    return None if s is None else torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def write_train_state(path: Path, step: int, rng_cpu, rng_cuda, extra: dict, plain: list) -> None:
+    """``train_state.json``: step, RNG states (base64 bytes), trainer extras and the non-tensor leaves of
+    the model and optimizer state (``plain``: ``[path, value]`` pairs)."""
+    with open(path, "w") as f:
+        json.dump({"format": CKPT_FORMAT, "step": step, "rng_cpu": _b64(rng_cpu), "rng_cuda": _b64(rng_cuda),
+                   "extra": extra, "plain": plain}, f, allow_nan=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_train_state(ckpt: Path) -> dict:
+    """The train state of a checkpoint, with RNG states as uint8 tensors; ``CorruptCheckpoint`` when it
+    is missing or malformed."""
+    path = Path(ckpt) / TRAIN_STATE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(state.get("step"), int) or not isinstance(state.get("plain"), list):
+            raise ValueError("missing step or plain state")
+        state["rng_cpu"], state["rng_cuda"] = _unb64(state["rng_cpu"]), _unb64(state.get("rng_cuda"))
+        state.setdefault("extra", {})
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{path} does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CorruptCheckpoint(f"{path} cannot be read ({_oneline(e)})") from None
+    return state
+
+
+# ----------------------------------------------------------------------------------------- models
+
+
+def load_model(run_dir: str | Path, device: str = "cpu", check_alive: bool = True, quiet: bool = False):
+    """``(config, model, checkpoint)`` of a run: weights from ``model_checkpoint`` (verified against its
+    manifest), and, with ``check_alive``, refused when the model is dead (``assert_alive``).
+
+    Raises ``RunDirError`` for every problem with the run directory: no config, no intact checkpoint,
+    a damaged or mismatched ``model.safetensors``, a dead model.
+    """
+    import sys
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model as st_load_model
+
+    from scalevec.model.transformer import build_model
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir)
+    ckpt, skipped = model_checkpoint(run_dir)
+    if not quiet:
+        for line in skipped:
+            print(f"note: skipped checkpoint {line}", file=sys.stderr)
+        if is_legacy(ckpt):
+            print(f"note: {ckpt} has no {MANIFEST} (older scalevec or made by hand); its integrity is not checked",
+                  file=sys.stderr)
+    model = build_model(cfg.model, cfg.scale, device=device)
+    path = ckpt / MODEL_FILE
+    try:
+        st_load_model(model, str(path), device=str(device))
+    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
+        raise RunDirError(f"{path} does not hold this run's model ({_oneline(e).split('. ')[0][:200]}); "
+                          f"restore the checkpoint or retrain the run") from None
+    if check_alive:
+        assert_alive(model, cfg, path)
+    return cfg, model, ckpt
+
+
+def assert_alive(model, cfg, path: Path | str = "the model") -> None:
+    """Refuse a dead model: non-finite weights, or logits that do not depend on the token (every
+    position gives the same distribution over the vocabulary: the uniform-loss state of a run whose lr
+    blew it up). One forward of 2 × 16 fixed tokens. Raises ``RunDirError``."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not torch.isfinite(p).all():
+                raise RunDirError(f"{path} holds non-finite weights ({name}); it is not a usable model, "
+                                  f"use an earlier checkpoint or retrain with a lower lr")
+        g = torch.Generator().manual_seed(0)
+        n = min(16, cfg.model.max_seq_len)
+        x = torch.randint(0, cfg.model.vocab_size, (2, n), generator=g).to(next(model.parameters()).device)
+        was_training = model.training
+        model.eval()
+        logits = model(x).float()
+        model.train(was_training)
+    if not torch.isfinite(logits).all():
+        raise RunDirError(f"{path} gives non-finite logits; it is not a usable model, retrain with a lower lr")
+    spread = (logits - logits[..., :1]).abs().amax().item()
+    if spread <= 1e-6 * max(1.0, logits.abs().amax().item()):
+        raise RunDirError(f"{path} is a dead model (its logits are equal over the whole vocabulary: loss ln(vocab)); "
+                          f"use an earlier checkpoint or retrain with a lower lr")
+
+
+def uniform_loss(vocab_size: int) -> float:
+    """The cross-entropy of a uniform prediction over ``vocab_size`` tokens, ``ln(vocab_size)`` nats."""
+    return math.log(vocab_size)
+
+
+__all__ = [
+    "CKPT_DIR", "CONFIG", "DIVERGED", "DONE", "LOCK", "MANIFEST", "METRICS", "SUMMARY", "TOKENIZER",
+    "CorruptCheckpoint", "RunDirError", "RunLock", "RunLocked", "append_metrics", "assert_alive",
+    "checkpoint_dirs", "clean_temporaries", "is_diverged", "is_done", "is_run", "load_config", "load_model", "load_tokenizer",
+    "locked_by", "mark_diverged", "mark_done", "model_checkpoint", "read_diverged", "read_json", "read_metrics",
+    "read_train_state", "remove_run", "resumable_checkpoint", "rewrite_metrics", "state", "verify_checkpoint",
+    "write_atomic", "write_json", "write_manifest", "write_train_state",
+]

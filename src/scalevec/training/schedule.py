@@ -1,0 +1,58 @@
+"""Learning-rate schedules as pure functions of the step (DESIGN.md §7).
+
+``lr_at(step, total_steps, peak, cfg)``: linear warmup from ``peak/warmup`` (never 0) to ``peak`` at step
+``warmup - 1``, then ``cosine`` / ``linear`` decay reaching the floor exactly at the last step, ``wsd``
+(stable at peak, then decay over the last ``decay_frac`` of the steps with a ``linear``, ``cosine`` or
+``1-sqrt`` shape, ending exactly at the floor), or ``constant``. Floor = ``min_lr_ratio · peak``.
+Only the step is checkpointed; the schedule has no state.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scalevec.config import ScheduleConfig
+
+
+def _shape(p: float, shape: str) -> float:
+    """Decay multiplier in [0, 1] for progress ``p`` in [0, 1]: 1 at p=0, 0 at p=1."""
+    if shape == "linear":
+        return 1.0 - p
+    if shape == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * p))
+    if shape == "1-sqrt":
+        return 1.0 - math.sqrt(p)
+    raise ValueError(f"unknown decay shape {shape!r}; use linear, cosine or 1-sqrt")
+
+
+def lr_at(step: int, total_steps: int, peak: float, cfg: ScheduleConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``. Raises ``ValueError`` if
+    ``step`` is outside ``[0, total_steps)``."""
+    if not 0 <= step < total_steps:
+        raise ValueError(f"step {step} is outside [0, {total_steps})")
+    warmup = min(cfg.warmup, total_steps)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    floor = cfg.min_lr_ratio * peak
+    if cfg.name == "constant":
+        return peak
+    if cfg.name == "wsd":
+        n_decay = max(1, round(cfg.decay_frac * total_steps))
+        start = total_steps - n_decay - 1  # last step at peak; the decay ends at total_steps - 1
+        if step <= start:
+            return peak
+        return floor + (peak - floor) * _shape((step - start) / n_decay, cfg.decay_shape)
+    top = max(warmup - 1, 0)  # the step at which the peak is reached
+    span = total_steps - 1 - top
+    p = 1.0 if span <= 0 else (step - top) / span
+    return floor + (peak - floor) * _shape(p, "cosine" if cfg.name == "cosine" else "linear")
+
+
+def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
+    """A one-line warning when the warmup does not fit the run (``lr_at`` then warms up over all of it and
+    never decays: a run of 40 steps under the default warmup of 50), else None (issue 12)."""
+    if cfg.name != "constant" and cfg.warmup >= total_steps:
+        return (f"schedule.warmup={cfg.warmup} is not below the run's {total_steps} steps: the lr rises for the whole "
+                f"run and never decays; pass --warmup N with N < {total_steps} (e.g. {max(1, total_steps // 10)})")
+    return None
+
