@@ -8,7 +8,8 @@ import pytest
 
 from scalevec import ScaleConfig, build_model
 from scalevec.cli import main
-from scalevec.hf.evaluation import SHAKESPEARE_TASK, eval_columns, evaluate, write_eval, write_shakespeare_task
+from scalevec.hf.evaluation import SHAKESPEARE_TASK, evaluate, write_shakespeare_task
+from scalevec.training.rundir import eval_columns, write_eval
 
 ACC = "acc,none"
 

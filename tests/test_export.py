@@ -179,7 +179,7 @@ def test_format_must_hold_the_model(tmp_path, make_cfg):
 
 
 def _run_dir(path, model, strategy, tokenizer=True):
-    """A run directory in the train.py contract: config.yaml, checkpoints/step_*/model.safetensors, latest,
+    """A run directory in the trainer's contract: config.yaml, checkpoints/step_*/model.safetensors, latest,
     DONE, and a bytes tokenizer; its data is a small text file (validation tokens for --verify)."""
     path.mkdir()
     text = path / "corpus.txt"

@@ -33,7 +33,7 @@ def model(make_cfg, perturb_scales):
 
 
 def _run_dir(path, model):
-    """A run directory in the train.py contract with a bytes tokenizer."""
+    """A run directory in the trainer's contract with a bytes tokenizer."""
     path.mkdir()
     save_yaml(RunConfig(strategy="unified_foldable", model=model.cfg, scale=model.scfg), path / "config.yaml")
     ckpt = path / "checkpoints" / "step_0000005"

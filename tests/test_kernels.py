@@ -3,7 +3,7 @@
 ``rms_norm``, the linear map with folded scales, OR/ER scale vectors and DNP's SwiGLU carry their own
 backward for speed and memory (issue 9). Each is checked here against the plain torch formula:
 values, first derivatives (``gradcheck``) and second derivatives (``gradgradcheck``: the Hessian-vector
-products of ``theory/probes.py``), in float64; and the memory claim of the fused DNP SwiGLU by
+products of ``training/probes.py``), in float64; and the memory claim of the fused DNP SwiGLU by
 counting what autograd keeps for backward.
 """
 

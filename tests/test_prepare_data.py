@@ -85,7 +85,7 @@ def test_hf_source_streams(monkeypatch):
 
 
 def test_shards_hold_the_stream_of_data_prepare_data(tmp_path):
-    """Train/val shards, concatenated, are byte for byte what data.py writes for the same documents (bytes
+    """Train/val shards, concatenated, are byte for byte what data/corpus.py writes for the same documents (bytes
     tokenizer: documents joined by DOC_SEP), split every 4th document at val_frac 0.25."""
     src = str(write_jsonl(tmp_path / "c.jsonl"))
     m = P.prepare_shards(src, "bytes", tmp_path / "p", val_frac=0.25, shard_tokens=500)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model, get_preset
-from scalevec.config import MoEConfig, TrainConfig, from_dict
+from scalevec.config import MoEConfig, TrainConfig, from_dict, normalize_compile
 from scalevec.model.flops import flops_per_token, matmul_params_per_token, peak_flops
-from scalevec.training.autocompile import CUDA_MIN_STEPS, normalize, resolve
+from scalevec.training.autocompile import CUDA_MIN_STEPS, resolve
 from scalevec.training.trainer import make_config, train
 
 MATMUL_ROLES = ("matrix", "lm_head", "router")
@@ -64,9 +64,9 @@ def test_peak_flops_given_and_cached(tmp_path, monkeypatch):
 def test_compile_values_and_auto_rule():
     """auto|true|false (YAML booleans of older runs too); auto: eager on CPU whatever the length, compiled
     on CUDA from CUDA_MIN_STEPS steps, eager under double backward."""
-    assert normalize(False) == "false" and normalize(True) == "true" and normalize("On") == "true"
+    assert normalize_compile(False) == "false" and normalize_compile(True) == "true" and normalize_compile("On") == "true"
     with pytest.raises(ValueError, match="use auto, true or false"):
-        normalize("sometimes")
+        normalize_compile("sometimes")
     assert resolve("auto", "cpu", 10 ** 9)[0] is False
     assert resolve("true", "cpu", 1)[0] is True and resolve("false", "cuda", 10 ** 9)[0] is False
     assert resolve("auto", "cuda", CUDA_MIN_STEPS)[0] is True

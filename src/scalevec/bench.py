@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 from scalevec import __version__
 from scalevec.config import PRESET_NAMES, ModelConfig, OptimConfig, ScaleConfig
+from scalevec.hf.export import hf_state_dict
 from scalevec.model.flops import cpu_name, flops_per_token, gpu_spec_peak, matmul_peak
 from scalevec.model.fold import fold_scales
 from scalevec.model.transformer import Transformer, build_model
@@ -132,20 +133,12 @@ def hf_llama(cfg: ModelConfig, init_from: Transformer | None):
 
 
 def hf_state(model: Transformer) -> dict[str, Tensor]:
-    """A baseline (shared γ, direct) model's weights under Hugging Face Llama names."""
-    src = model.state_dict()
-    out = {"model.embed_tokens.weight": src["embed.weight"], "lm_head.weight": src["head.branches.lm_head.weight"],
-           "model.norm.weight": src["head.scale.weight"]}
-    for i in range(model.cfg.n_layers):
-        p, h = f"layers.{i}.", f"model.layers.{i}."
-        for ours, theirs in (("attn.proj.branches.q", "self_attn.q_proj"), ("attn.proj.branches.k", "self_attn.k_proj"),
-                             ("attn.proj.branches.v", "self_attn.v_proj"), ("attn.o", "self_attn.o_proj"),
-                             ("mlp.proj.branches.gate", "mlp.gate_proj"), ("mlp.proj.branches.up", "mlp.up_proj"),
-                             ("mlp.down", "mlp.down_proj")):
-            out[f"{h}{theirs}.weight"] = src[f"{p}{ours}.weight"]
-        out[f"{h}input_layernorm.weight"] = src[f"{p}attn.proj.scale.weight"]
-        out[f"{h}post_attention_layernorm.weight"] = src[f"{p}mlp.proj.scale.weight"]
-    return out
+    """A baseline model's weights under Hugging Face Llama names, through export's name map (``hf/names.py``).
+
+    The model is folded first (``fold_scales``), as export does: the norm weights become ones and γ moves
+    into the matrices. Candidates start at initialization, where γ = 1, so the matrices are the model's own
+    bit for bit and the Llama starts from exactly the baseline's weights."""
+    return hf_state_dict(fold_scales(model), "llama")
 
 
 def hf_optimizer(model: nn.Module, ocfg: OptimConfig) -> torch.optim.Optimizer:

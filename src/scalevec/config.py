@@ -311,6 +311,22 @@ class DataConfig:
                 raise ValueError(f"data.{name} is empty; give e.g. --data shakespeare / --tokenizer bytes")
 
 
+COMPILE_CHOICES = ("auto", "true", "false")  # train.compile; what auto decides: training/autocompile.py
+
+
+def normalize_compile(value) -> str:
+    """``train.compile`` as one of ``auto | true | false`` (YAML booleans of older runs accepted).
+
+    Raises ``ValueError`` naming the choices for anything else."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    v = str(value).strip().lower()
+    v = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(v, v)
+    if v not in COMPILE_CHOICES:
+        raise ValueError(f"train.compile={value!r} is unknown; use auto, true or false")
+    return v
+
+
 @dataclass
 class TrainConfig:
     """The training loop (DESIGN.md §8). One step = ``batch_size`` sequences of ``seq_len`` tokens."""
@@ -325,7 +341,7 @@ class TrainConfig:
     eval_batch_size: int = 32
     log_every: int = 10
     ckpt_every: int = 0  # 0 -> only at the end
-    compile: str = "auto"  # auto | true | false: torch.compile each block (autocompile.py decides for auto)
+    compile: str = "auto"  # auto | true | false: torch.compile each block (training/autocompile.py decides for auto)
     peak_flops: float = 0.0  # FLOP/s for the mfu metric; 0 -> a known GPU's spec, else a cached matmul measurement
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu) | float32 | bfloat16
@@ -341,7 +357,7 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     loss_chunk_tokens: int = 0
     tracker: str = "none"  # none | tensorboard | wandb: mirrors metrics.jsonl (tracking.py; optional packages)
-    # the health guard (train.py, rundir.py; besides the always-on non-finite check): a dead model is this
+    # the health guard (training/: trainer.py, rundir.py; besides the always-on non-finite check): a dead model is this
     # many steps in a row at loss ln(vocab) with a gradient norm below 1e-6 (0: off); a spike is a loss
     # above guard_spike_ratio x the mean of the last guard_spike_window losses and above their mean + 6
     # std (OLMo-core's stability monitor uses a mean + k std rule; 0: off). Both stop the run (DIVERGED).
@@ -376,9 +392,7 @@ class TrainConfig:
             raise ValueError(f"train.guard_dead_steps={self.guard_dead_steps} must be >= 0, train.guard_spike_window="
                              f"{self.guard_spike_window} >= 2 and train.guard_spike_ratio={self.guard_spike_ratio} "
                              f"0 (off) or > 1 (defaults 10, 50, 2.0)")
-        from scalevec.training.autocompile import normalize
-
-        self.compile = normalize(self.compile)  # older runs stored a YAML boolean
+        self.compile = normalize_compile(self.compile)  # older runs stored a YAML boolean
         if self.peak_flops < 0:
             raise ValueError(f"train.peak_flops={self.peak_flops} must be >= 0 (0: measured or the GPU's spec figure)")
 

@@ -26,6 +26,12 @@ BOS, EOS = "<|bos|>", "<|eos|>"  # special tokens of bpe:N tokenizers
 TOKENIZER_HELP = "use 'bytes', 'bpe:N' (e.g. bpe:4096) or a path to a tokenizer.json"
 
 
+# A tokenizer without special tokens (``bytes``) starts documents after this text: the training stream joins
+# documents with documents.DOC_SEP ("\n\n\n"), so a newline is what precedes every document's first byte.
+# Generation puts it before a prompt and export declares it as BOS (hf/export.py ``tokenizer_specials``).
+BYTES_PREFIX = "\n"
+
+
 class Tokenizer:
     """Text <-> token ids, one interface for every kind of tokenizer (DESIGN.md §8).
 
@@ -141,6 +147,15 @@ def byte_level_hf_tokenizer() -> HFTokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+def start_token(tok: Tokenizer) -> int | None:
+    """The id put before a prompt: the tokenizer's BOS, or for a tokenizer without special tokens
+    (``bytes``) the single token of ``BYTES_PREFIX``, as its export declares (hf/export.py ``tokenizer_specials``)."""
+    if tok.bos_id is not None or tok.eos_id is not None:
+        return tok.bos_id
+    ids = tok.encode(BYTES_PREFIX)
+    return ids[0] if len(ids) == 1 else None
 
 
 def load_tokenizer(spec: str, train_docs: list[str] | None = None, cache_dir: str | Path = "") -> Tokenizer:

@@ -32,7 +32,6 @@ import numpy as np
 
 from scalevec.config import RunConfig, load_yaml, to_dict
 from scalevec.experiments import stats, sweepdir
-from scalevec.hf.evaluation import eval_columns
 from scalevec.training import rundir
 
 SIZE_PREFIXES = ("preset", "model.", "train.")  # varying keys that define a model size / token budget
@@ -571,7 +570,7 @@ def runs_frame(runs: list[RunRecord]) -> list[dict]:
                      "seed": r.seed, **{k: s.get(k, "") for k in (
                          "final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
                          "non_embedding_params", "scale_params", "step_time_s", "wall_time_s")},
-                     **eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
+                     **rundir.eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
     return rows
 
 

@@ -10,7 +10,7 @@ the BOS/pad/prefix tokens lm-eval needs, also for the ``bytes`` tokenizer (``exp
 
 Scores are merged into ``eval.json`` in the evaluated directory (one entry per task: every metric and
 its standard error, lm-eval's version, few-shot count, limit and the date); ``scalevec report`` adds
-them to ``runs.csv`` next to the losses as ``eval.<task>.<metric>`` columns (``eval_columns``).
+them to ``runs.csv`` next to the losses as ``eval.<task>.<metric>`` columns (``rundir.eval_columns``).
 
 ``scalevec_shakespeare`` is a small multiple-choice task built from the bundled corpus (pick the true
 next line of a Shakespeare passage among 4 lines), written in lm-eval's YAML task format
@@ -23,14 +23,14 @@ Needs the optional dependency ``lm-eval`` (``pip install 'scalevec[eval]'``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import random
 import tempfile
 from pathlib import Path
 
+from scalevec.training.rundir import EVAL, main_metrics, write_eval
+
 SHAKESPEARE_TASK = "scalevec_shakespeare"
-EVAL_FILE = "eval.json"
 STANDARD_TASKS = "hellaswag,arc_easy,arc_challenge,lambada_openai,piqa"
 
 
@@ -157,53 +157,6 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     return results
 
 
-def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: int | float | None) -> Path:
-    """Merge ``results`` into ``directory/eval.json`` (``{"tasks": {task: {...}}}``; other tasks kept),
-    written atomically. Each task records its metrics, ``num_fewshot``, ``limit``, lm-eval's version, date."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        lm_eval_version = version("lm_eval")
-    except PackageNotFoundError:  # scores handed in by a caller, not computed here
-        lm_eval_version = None
-    file = directory / EVAL_FILE
-    data = json.loads(file.read_text()) if file.is_file() else {}
-    tasks = data.setdefault("tasks", {})
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    for task, metrics in results.items():
-        tasks[task] = {"metrics": metrics, "num_fewshot": num_fewshot, "limit": limit,
-                       "lm_eval_version": lm_eval_version, "date": stamp}
-    tmp = file.with_name(f".{EVAL_FILE}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(file)
-    return file
-
-
-def eval_columns(directory: str | Path) -> dict[str, float]:
-    """``{"eval.<task>.<metric>": value}`` from ``directory/eval.json`` (``write_eval``), standard errors left
-    out; ``{}`` when the file is absent or unreadable. ``scalevec report`` puts them in runs.csv."""
-    file = Path(directory) / EVAL_FILE
-    try:
-        tasks = json.loads(file.read_text())["tasks"]
-        return {f"eval.{task}.{name}": value for task, entry in sorted(tasks.items())
-                for name, value, _ in main_metrics(entry["metrics"])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def main_metrics(metrics: dict) -> list[tuple[str, float, float | None]]:
-    """``[(metric, value, stderr or None)]`` of one task's lm-eval metrics (``"acc,none"`` -> ``"acc"``)."""
-    rows = []
-    for key, value in metrics.items():
-        name, _, flt = key.partition(",")
-        if name.endswith("_stderr") or not isinstance(value, (int, float)):
-            continue
-        stderr = metrics.get(f"{name}_stderr,{flt}")
-        rows.append((name if flt in ("none", "") else f"{name},{flt}", float(value),
-                     float(stderr) if isinstance(stderr, (int, float)) else None))
-    return rows
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="RUN_DIR_OR_HF_DIR", help="a scalevec run directory or a `scalevec export` output")
     p.add_argument("--tasks", required=True,
@@ -214,7 +167,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default 8)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAML files")
-    p.add_argument("--no-write", action="store_true", help=f"print the scores only (no {EVAL_FILE})")
+    p.add_argument("--no-write", action="store_true", help=f"print the scores only (no {EVAL})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,5 +187,5 @@ def run(args: argparse.Namespace) -> int:
         for name, value, stderr in main_metrics(metrics):
             print(f"{task:<24} {name:<14} {value:8.4f} {'' if stderr is None else f'{stderr:8.4f}':>8}")
     if not args.no_write:
-        print(f"scores written to {Path(args.path) / EVAL_FILE}")
+        print(f"scores written to {Path(args.path) / EVAL}")
     return 0

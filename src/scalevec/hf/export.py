@@ -47,15 +47,11 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig
+from scalevec.data.tokenizer import BYTES_PREFIX
+from scalevec.hf.names import FORMATS, ONES_NAMES, name_map
 from scalevec.model.fold import fold_scales, unfoldable_scales
 from scalevec.model.transformer import Transformer
 
-FORMATS = {
-    "llama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 VERIFY_ATOL = 1e-4  # fp32 logits: ours vs transformers (issue 7)
@@ -65,46 +61,6 @@ REMOTE_FORMAT = "scalevec"  # the custom architecture (auto_map + trust_remote_c
 REMOTE_FILES = ("configuration_scalevec.py", "modeling_scalevec.py")
 REMOTE_AUTO_MAP = {"AutoConfig": "configuration_scalevec.ScalevecConfig",
                    "AutoModelForCausalLM": "modeling_scalevec.ScalevecForCausalLM"}
-# A tokenizer without special tokens (``bytes``) starts documents after this text: the training stream joins
-# documents with data.DOC_SEP ("\n\n\n"), so a newline is what precedes every document's first byte.
-BYTES_PREFIX = "\n"
-
-# Our parameter names -> Hugging Face names; "{i}" is the layer index, "{j}" an expert index (the
-# tensor is an expert bank (E, d_out, d_in) split into E tensors). Dense names are shared by all formats.
-DENSE_NAMES = {
-    "embed.weight": "model.embed_tokens.weight",
-    "layers.{i}.attn.proj.branches.q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "layers.{i}.attn.proj.branches.k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "layers.{i}.attn.proj.branches.v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "layers.{i}.attn.o.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "layers.{i}.attn.q_norm.scale.weight": "model.layers.{i}.self_attn.q_norm.weight",
-    "layers.{i}.attn.k_norm.scale.weight": "model.layers.{i}.self_attn.k_norm.weight",
-    "layers.{i}.mlp.proj.branches.gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "layers.{i}.mlp.proj.branches.up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "layers.{i}.mlp.down.weight": "model.layers.{i}.mlp.down_proj.weight",
-    "head.branches.lm_head.weight": "lm_head.weight",
-}
-# MoE blocks (moe.py): the router (E, d_model) and expert banks (E, d_out, d_in), split per expert, in
-# each family's canonical checkpoint layout (what its published checkpoints hold; transformers >= 5 fuses
-# the experts on load). Dense blocks of an MoE model (moe.first_dense) keep DENSE_NAMES (Qwen3-MoE's
-# mlp_only_layers).
-MOE_NAMES = {
-    "mixtral": {
-        "layers.{i}.mlp.router.weight": "model.layers.{i}.block_sparse_moe.gate.weight",
-        "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight",
-        "layers.{i}.mlp.experts.up.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight",
-        "layers.{i}.mlp.experts.down.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight",
-    },
-    "qwen3_moe": {
-        "layers.{i}.mlp.router.weight": "model.layers.{i}.mlp.gate.weight",
-        "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.mlp.experts.{j}.gate_proj.weight",
-        "layers.{i}.mlp.experts.up.weight": "model.layers.{i}.mlp.experts.{j}.up_proj.weight",
-        "layers.{i}.mlp.experts.down.weight": "model.layers.{i}.mlp.experts.{j}.down_proj.weight",
-    },
-}
-# The folded input norms: no parameter on our side, a weight of ones on theirs.
-ONES_NAMES = ("model.layers.{i}.input_layernorm.weight", "model.layers.{i}.post_attention_layernorm.weight")
-
 
 class VerifyError(RuntimeError):
     """The exported checkpoint does not reproduce our model (a bug, not a user error)."""
@@ -186,11 +142,6 @@ def hf_config(cfg: ModelConfig, fmt: str, dtype: str = "float32", bos_id: int | 
 
 
 # --------------------------------------------------------------------------------------------- weights
-
-
-def name_map(fmt: str) -> dict[str, str]:
-    """Our parameter-name templates -> Hugging Face name templates for family ``fmt`` (litgpt-style)."""
-    return {**DENSE_NAMES, **MOE_NAMES.get(fmt, {})}
 
 
 def hf_state_dict(folded: Transformer, fmt: str, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
@@ -386,15 +337,6 @@ def tokenizer_ids(tokenizer_dir: str | Path) -> tuple[int | None, int | None, in
     Raises ``FileNotFoundError`` when ``tokenizer.json`` is missing."""
     sp = tokenizer_specials(tokenizer_dir)
     return (sp.bos[1] if sp.bos else None), (sp.eos[1] if sp.eos else None), sp.n_tokens
-
-
-def start_token(tok) -> int | None:
-    """The id a ``data.Tokenizer`` puts before a prompt: its BOS, or for a tokenizer without special
-    tokens (``bytes``) the single token of ``BYTES_PREFIX``, as in its export (``tokenizer_specials``)."""
-    if tok.bos_id is not None or tok.eos_id is not None:
-        return tok.bos_id
-    ids = tok.encode(BYTES_PREFIX)
-    return ids[0] if len(ids) == 1 else None
 
 
 def write_tokenizer(tokenizer_dir: Path, out: Path, sp: Specials, max_len: int) -> None:

@@ -7,7 +7,7 @@ otherwise softmax sampling at temperature T, optionally restricted to the top k 
 ``torch.Generator`` (the same seed gives the same text). The prompt is preceded by BOS when the
 tokenizer has one (documents start with BOS in training, DESIGN.md §8; a ``bytes`` model, which has no
 special tokens, starts from a newline, the last byte of the separator before every training document:
-``export.BYTES_PREFIX``); generation stops at EOS.
+``data.tokenizer.BYTES_PREFIX``); generation stops at EOS.
 
 With a KV cache (the default) the prompt is run once and each step feeds only the new token, whose
 queries attend to every cached key (``model.Transformer.decode``; a transformers ``Cache`` for an
@@ -109,7 +109,7 @@ def load_text_model(path: str | Path, device: str = "cpu") -> TextModel:
 
 
 def _run_text_model(run_dir: Path, device: str) -> TextModel:
-    from scalevec.hf.export import start_token
+    from scalevec.data.tokenizer import start_token
     from scalevec.model.transformer import KVCache
     from scalevec.training.rundir import load_model, load_tokenizer
 

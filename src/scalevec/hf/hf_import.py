@@ -16,8 +16,8 @@ trainer says so and logs the loss at step 0 before and after. The ``peri`` layou
 that no plain model has: it is refused. Under strategy ``none`` the site's γ is folded into the
 weights (exact up to rounding), except the QK-norm γ, which has no slot there.
 
-Name maps: the matrices use ``export.name_map`` read backwards (one home per map); the norm sites
-are ``NORM_SITES`` below (export writes them as ones). Reading Hugging Face files needs only
+Name maps: the matrices use ``names.name_map`` read backwards (one home per map: ``hf/names.py``); the
+norm sites are ``names.NORM_SITES`` (export writes them as ones). Reading Hugging Face files needs only
 ``safetensors`` (no transformers).
 """
 
@@ -32,19 +32,10 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
-from scalevec.hf.export import FORMATS, name_map
+from scalevec.hf.names import FORMATS, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer
 
-# Our normalization sites <- Hugging Face norm weights ("{i}": layer). "layers.{i}.mlp" is the MLP's
-# Input-Norm, dense (MLP.proj) or MoE (the MoE module's own norm); QK-norm sites are Output-Norms.
-NORM_SITES = {
-    "layers.{i}.attn": "model.layers.{i}.input_layernorm.weight",
-    "layers.{i}.mlp": "model.layers.{i}.post_attention_layernorm.weight",
-    "layers.{i}.attn.q_norm": "model.layers.{i}.self_attn.q_norm.weight",
-    "layers.{i}.attn.k_norm": "model.layers.{i}.self_attn.k_norm.weight",
-    "head": "model.norm.weight",
-}
 MATRIX_ROLES = ("matrix", "embedding", "lm_head", "router")
 
 
@@ -162,7 +153,7 @@ def _template_regex(template: str) -> re.Pattern:
 
 
 def plain_from_hf_state(fmt: str, cfg: ModelConfig, hf_state: dict[str, Tensor]) -> PlainWeights:
-    """The ``PlainWeights`` of a Hugging Face state dict of family ``fmt`` (``export.name_map`` read backwards).
+    """The ``PlainWeights`` of a Hugging Face state dict of family ``fmt`` (``names.name_map`` read backwards).
 
     Per-expert tensors are stacked into our banks ``(E, d_out, d_in)``. A tied model may omit
     ``lm_head.weight``. Raises ``ValueError`` naming unknown or missing tensors.
@@ -371,6 +362,6 @@ def function_preserved(scfg) -> bool:
     return scfg.foldable
 
 
-__all__ = ["PlainWeights", "NORM_SITES", "is_hf_dir", "model_config_from_hf", "read_safetensors",
+__all__ = ["PlainWeights", "is_hf_dir", "model_config_from_hf", "read_safetensors",
            "plain_from_hf_state", "read_hf", "plain_from_model", "set_scale", "load_plain", "import_hf",
            "function_preserved"]

@@ -10,7 +10,7 @@ forms, gradients and second derivatives included, by tests/test_scales_fused.py:
 - ``magdir``: OR / ER's ``γ = m · α / rms(α)`` (DESIGN.md §3 ``param``);
 - ``folded_linear``: ``u (diag(s) W diag(c))ᵀ`` with the fold done on the fly (DESIGN.md §3 note).
 
-Under ``create_graph`` (double backward: Hessian-vector products in theory/probes.py) every backward
+Under ``create_graph`` (double backward: Hessian-vector products in training/probes.py) every backward
 here falls back to differentiating the composed form, so second derivatives stay exact.
 """
 
@@ -51,7 +51,7 @@ class _RMSNorm(torch.autograd.Function):
     It saves x, w and r (one number per token) and reuses its own temporaries in place: on
     CPU every fresh activation-sized tensor can cost page faults, and autograd of the composed form
     makes about twice as many (and is slow on the broadcast gradient of the mean). Under
-    ``create_graph`` (a double backward: Hessian-vector products, ``theory/probes.py``) the same
+    ``create_graph`` (a double backward: Hessian-vector products, ``training/probes.py``) the same
     formula runs out of place on a recomputed r, so autograd differentiates it.
     """
 

@@ -29,7 +29,7 @@ contiguous segment (cost ∝ tokens·k; the segment ends stay on the device, ``g
 and the weighted outputs are scatter-added back. The auxiliary loss
 is ``lb_coef · E Σ_i f_i P_i + z_loss_coef · mean(logsumexp(logits)²)``.
 
-This module builds no Transformer (``model.py`` puts an ``MoE`` in a block) and no optimizer.
+This module builds no Transformer (``transformer.py`` puts an ``MoE`` in a block) and no optimizer.
 """
 
 from __future__ import annotations

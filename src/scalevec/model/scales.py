@@ -16,7 +16,7 @@ norm, the folded linear map, OR/ER and DNP's SwiGLU run through ``kernels.py`` (
 backward passes: same function and gradients, less time and memory, docs/performance.md). Parameter roles (DESIGN.md §5)
 are assigned here, where the parameters are created, by ``new_param``.
 
-This module does not build a Transformer (``model.py``) nor optimizers (``optim.py``).
+This module does not build a Transformer (``transformer.py``) nor optimizers (``training/optim.py``).
 """
 
 from __future__ import annotations

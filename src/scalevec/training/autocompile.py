@@ -27,21 +27,9 @@ import math
 
 import torch
 
-CHOICES = ("auto", "true", "false")
+from scalevec.config import normalize_compile
+
 CUDA_MIN_STEPS = 1000
-
-
-def normalize(value) -> str:
-    """``train.compile`` as one of ``auto | true | false`` (YAML booleans of older runs accepted).
-
-    Raises ``ValueError`` naming the choices for anything else."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    v = str(value).strip().lower()
-    v = {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(v, v)
-    if v not in CHOICES:
-        raise ValueError(f"train.compile={value!r} is unknown; use auto, true or false")
-    return v
 
 
 def planned_steps(steps: int, tokens: int, batch_size: int, seq_len: int) -> int:
@@ -51,7 +39,7 @@ def planned_steps(steps: int, tokens: int, batch_size: int, seq_len: int) -> int
 
 def resolve(value, device: torch.device | str, steps: int, double_backward: bool = False) -> tuple[bool, str]:
     """``(compile?, why)`` for ``train.compile=value`` on ``device`` for a run of ``steps`` steps (module docstring)."""
-    v = normalize(value)
+    v = normalize_compile(value)
     if v != "auto":
         return v == "true", f"train.compile={v}"
     kind = torch.device(device).type
@@ -64,4 +52,4 @@ def resolve(value, device: torch.device | str, steps: int, double_backward: bool
     return True, f"auto: compiled ({kind}, {steps} steps >= {CUDA_MIN_STEPS})"
 
 
-__all__ = ["CHOICES", "CUDA_MIN_STEPS", "normalize", "planned_steps", "resolve"]
+__all__ = ["CUDA_MIN_STEPS", "planned_steps", "resolve"]

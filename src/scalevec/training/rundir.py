@@ -8,6 +8,7 @@ This module is the only one that knows where things live in a run directory; ``t
     RUN/optim_groups.txt       the optimizer group table
     RUN/metrics.jsonl          one JSON object per line (train / eval / probe rows)
     RUN/summary.json           final figures (finished runs)
+    RUN/eval.json              downstream scores of ``scalevec eval`` per task (also in an export directory)
     RUN/tokenizer/             tokenizer.json (+ tokenizer_config.json)
     RUN/DONE                   the run finished
     RUN/DIVERGED               the run stopped on its health guard: {"step", "first_bad_step", "reason", "checkpoint"}
@@ -35,6 +36,7 @@ What this module guarantees (our choices, documented in README "Run directories"
 from __future__ import annotations
 
 import base64
+import datetime
 import errno
 import fcntl
 import hashlib
@@ -53,6 +55,7 @@ META = "meta.json"
 GROUPS = "optim_groups.txt"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+EVAL = "eval.json"
 TOKENIZER = "tokenizer"
 DONE = "DONE"
 DIVERGED = "DIVERGED"
@@ -547,6 +550,57 @@ def read_train_state(ckpt: Path) -> dict:
     return state
 
 
+# ----------------------------------------------------------------------------------------- eval.json
+# Written by `scalevec eval` (hf/evaluation.py), read by `scalevec report` (experiments/report.py).
+
+
+def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: int | float | None) -> Path:
+    """Merge ``results`` into ``directory/eval.json`` (``{"tasks": {task: {...}}}``; other tasks kept),
+    written atomically. Each task records its metrics, ``num_fewshot``, ``limit``, lm-eval's version, date."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        lm_eval_version = version("lm_eval")
+    except PackageNotFoundError:  # scores handed in by a caller, not computed here
+        lm_eval_version = None
+    file = directory / EVAL
+    data = json.loads(file.read_text()) if file.is_file() else {}
+    tasks = data.setdefault("tasks", {})
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for task, metrics in results.items():
+        tasks[task] = {"metrics": metrics, "num_fewshot": num_fewshot, "limit": limit,
+                       "lm_eval_version": lm_eval_version, "date": stamp}
+    tmp = file.with_name(f".{EVAL}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(file)
+    return file
+
+
+def eval_columns(directory: str | Path) -> dict[str, float]:
+    """``{"eval.<task>.<metric>": value}`` from ``directory/eval.json`` (``write_eval``), standard errors left
+    out; ``{}`` when the file is absent or unreadable. ``scalevec report`` puts them in runs.csv."""
+    file = Path(directory) / EVAL
+    try:
+        tasks = json.loads(file.read_text())["tasks"]
+        return {f"eval.{task}.{name}": value for task, entry in sorted(tasks.items())
+                for name, value, _ in main_metrics(entry["metrics"])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def main_metrics(metrics: dict) -> list[tuple[str, float, float | None]]:
+    """``[(metric, value, stderr or None)]`` of one task's lm-eval metrics (``"acc,none"`` -> ``"acc"``)."""
+    rows = []
+    for key, value in metrics.items():
+        name, _, flt = key.partition(",")
+        if name.endswith("_stderr") or not isinstance(value, (int, float)):
+            continue
+        stderr = metrics.get(f"{name}_stderr,{flt}")
+        rows.append((name if flt in ("none", "") else f"{name},{flt}", float(value),
+                     float(stderr) if isinstance(stderr, (int, float)) else None))
+    return rows
+
+
 # ----------------------------------------------------------------------------------------- models
 
 
@@ -617,10 +671,11 @@ def uniform_loss(vocab_size: int) -> float:
 
 
 __all__ = [
-    "CKPT_DIR", "CONFIG", "DIVERGED", "DONE", "LOCK", "MANIFEST", "METRICS", "SUMMARY", "TOKENIZER",
+    "CKPT_DIR", "CONFIG", "DIVERGED", "DONE", "EVAL", "LOCK", "MANIFEST", "METRICS", "SUMMARY", "TOKENIZER",
     "CorruptCheckpoint", "RunDirError", "RunLock", "RunLocked", "append_metrics", "assert_alive",
-    "checkpoint_dirs", "clean_temporaries", "is_diverged", "is_done", "is_run", "load_config", "load_model", "load_tokenizer",
-    "locked_by", "mark_diverged", "mark_done", "model_checkpoint", "read_diverged", "read_json", "read_metrics",
-    "read_train_state", "remove_run", "resumable_checkpoint", "rewrite_metrics", "state", "verify_checkpoint",
-    "write_atomic", "write_json", "write_manifest", "write_train_state",
+    "checkpoint_dirs", "clean_temporaries", "eval_columns", "is_diverged", "is_done", "is_run", "load_config",
+    "load_model", "load_tokenizer", "locked_by", "main_metrics", "mark_diverged", "mark_done", "model_checkpoint",
+    "read_diverged", "read_json", "read_metrics", "read_train_state", "remove_run", "resumable_checkpoint",
+    "rewrite_metrics", "state", "verify_checkpoint", "write_atomic", "write_eval", "write_json", "write_manifest",
+    "write_train_state",
 ]

@@ -1,0 +1,174 @@
+"""The package layout is layered: no import circle, no import from a lower layer to a higher one (DESIGN.md §12).
+
+Every module's imports are read with ``ast`` (imports inside functions included, relative ones resolved),
+so a lazy import cannot hide an upward dependency. ``LAYERS`` below is the one declaration of the order;
+a new module must be placed in it, or ``test_every_module_has_a_layer`` fails.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Bottom to top. A module may import modules of its own layer (without a circle) and of the layers below.
+# The longest matching prefix decides a module's layer. `hf.names` and `hf.hf_import` (the Hugging Face
+# checkpoint format, read with safetensors only) sit below training because `train --init-from` reads
+# Hugging Face checkpoints; export, generate and eval (transformers, lm-eval) read finished runs, on top.
+LAYERS = [
+    ("config", ["scalevec.config", "scalevec.presets"]),
+    ("model", ["scalevec.model"]),
+    ("data", ["scalevec.data"]),
+    ("hf format", ["scalevec.hf.names", "scalevec.hf.hf_import"]),
+    ("training", ["scalevec.training"]),
+    ("experiments", ["scalevec.experiments"]),
+    ("hf", ["scalevec.hf"]),
+    ("cli", ["scalevec.cli", "scalevec.__main__", "scalevec.info", "scalevec.bench"]),
+]
+# The package itself re-exports the public entry points (README); other modules may take only its version.
+FACADE = "scalevec"
+FACADE_NAMES = {"__version__"}
+
+
+def module_name(path: Path) -> tuple[str, bool]:
+    """``(dotted name, is a package __init__)`` of a file under SRC."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    is_pkg = parts[-1] == "__init__"
+    return ".".join(parts[:-1] if is_pkg else parts), is_pkg
+
+
+MODULES = {module_name(p)[0]: p for p in sorted((SRC / "scalevec").rglob("*.py"))}
+
+
+def layer_of(module: str) -> int | None:
+    """Index in ``LAYERS`` of the longest prefix that matches ``module``; None if none does."""
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for pre in prefixes:
+            if (module == pre or module.startswith(pre + ".")) and len(pre) > best_len:
+                best, best_len = i, len(pre)
+    return best
+
+
+def imports_of(module: str) -> list[tuple[str, list[str], int]]:
+    """``[(imported scalevec module, names taken from it, line)]``, every import in the file, nested ones too.
+
+    ``from pkg import sub`` counts as an import of ``pkg.sub`` when ``sub`` is a module."""
+    path = MODULES[module]
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == "scalevec"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "scalevec":
+                continue
+            subs = [a.name for a in node.names if f"{target}.{a.name}" in MODULES]
+            names = [a.name for a in node.names if f"{target}.{a.name}" not in MODULES]
+            out += [(f"{target}.{s}", [], node.lineno) for s in subs]
+            if names:
+                out.append((target, names, node.lineno))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the scalevec modules it imports (the facade's version excepted)."""
+    g = {}
+    for m in MODULES:
+        g[m] = {t for t, names, _ in imports_of(m) if not (t == FACADE and set(names) <= FACADE_NAMES)}
+    return g
+
+
+def test_every_module_has_a_layer():
+    """Each module of src/scalevec is placed in LAYERS (the facade ``scalevec/__init__.py`` excepted)."""
+    missing = [m for m in MODULES if m != FACADE and layer_of(m) is None]
+    assert not missing, f"place these modules in tests/test_layout.py LAYERS: {missing}"
+
+
+def test_no_upward_import():
+    """No module imports a module of a higher layer, not even inside a function."""
+    bad = []
+    for m in MODULES:
+        if m == FACADE:
+            continue
+        for target, names, line in imports_of(m):
+            if target == FACADE:
+                if not set(names) <= FACADE_NAMES:
+                    bad.append(f"{m}:{line} imports {names} from the package facade; import the defining module")
+                continue
+            lo, hi = layer_of(m), layer_of(target)
+            if hi is None:
+                bad.append(f"{m}:{line} imports {target}, which is not a module")
+            elif hi > lo:
+                bad.append(f"{m}:{line} ({LAYERS[lo][0]}) imports {target} ({LAYERS[hi][0]})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_facade_imports_only_the_bottom_layers():
+    """``scalevec/__init__.py`` re-exports config and model entry points only, so importing any module stays cheap."""
+    model = [i for i, (name, _) in enumerate(LAYERS) if name == "model"][0]
+    for target, _, line in imports_of(FACADE):
+        layer = layer_of(target)
+        assert layer is not None and layer <= model, f"scalevec/__init__.py:{line} imports {target}"
+
+
+def test_no_import_circle():
+    """The module import graph is acyclic (a circle is reported as its modules in order)."""
+    g = graph()
+    state, stack, circles = {}, [], []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for t in sorted(g.get(m, ())):
+            if t not in MODULES:
+                continue
+            if state.get(t) == "open":
+                circles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_nobody_imports_the_trainer_to_read_a_run():
+    """Reading a run goes through ``training.rundir``; only the CLI (by name) reaches the trainer module."""
+    users = sorted(m for m, deps in graph().items() if "scalevec.training.trainer" in deps)
+    assert users == [], f"{users} import scalevec.training.trainer; read runs with scalevec.training.rundir"
+
+
+def test_cli_subcommands_resolve():
+    """Every ``scalevec`` subcommand names an existing module with ``add_arguments`` and ``run``."""
+    from scalevec.cli import SUBCOMMANDS
+
+    for name, module, _ in SUBCOMMANDS:
+        assert module in MODULES, f"subcommand {name}: no module {module}"
+        tree = ast.parse(MODULES[module].read_text())
+        defs = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"add_arguments", "run"} <= defs, f"subcommand {name}: {module} lacks add_arguments/run"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from scalevec.training import rundir\n", ["scalevec.training.rundir"]),
+    ("def f():\n    from ..model.fold import fold_scales\n", ["scalevec.model.fold"]),
+])
+def test_imports_of_reads_nested_and_relative_imports(tmp_path, monkeypatch, source, expected):
+    """The checker itself sees submodule imports, relative imports and imports inside functions."""
+    f = tmp_path / "probe.py"
+    f.write_text(source)
+    monkeypatch.setitem(MODULES, "scalevec.hf.probe", f)
+    assert [t for t, _, _ in imports_of("scalevec.hf.probe")] == expected
