@@ -149,3 +149,19 @@ def test_smoke_sweep_end_to_end_and_report(tmp_path, capsys):
         assert (out / name).is_file(), name
     rows = read_csv(out / "runs.csv")
     assert len(rows) == 8 and all(r["status"] == "done" and math.isfinite(float(r["final_val_loss"])) for r in rows)
+
+
+def test_runs_csv_names_a_setting_that_varies_within_a_strategy(tmp_path):
+    """A weight-decay study (one strategy, scale.wd on a grid axis) gets a scale.wd column in runs.csv;
+    a plain strategy x seed sweep gets none (the strategy alone explains its scale.* differences)."""
+    fabricate(tmp_path / "wd", {"base": {**BASE, "preset": "tiny"},
+                                "grid": {"strategy": ["baseline"], "scale.wd": ["none", "input", "output"],
+                                         "seed": [0, 1]}})
+    write_report(tmp_path / "wd", quiet=True)
+    rows = read_csv(tmp_path / "wd" / "runs.csv")
+    assert sorted({r["scale.wd"] for r in rows}) == ["input", "none", "output"]
+    assert {r["run"]: r["scale.wd"] for r in rows}["baseline_wdoutput_s1"] == "output"
+    fabricate(tmp_path / "plain", {"base": {**BASE, "preset": "tiny"},
+                                   "grid": {"strategy": ["baseline", "unified"], "seed": [0, 1]}})
+    write_report(tmp_path / "plain", quiet=True)
+    assert not [k for k in read_csv(tmp_path / "plain" / "runs.csv")[0] if k.startswith("scale.")]

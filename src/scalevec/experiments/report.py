@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from scalevec.config import RunConfig, load_yaml, to_dict
+from scalevec.config import EXECUTION_FIELDS, RunConfig, load_yaml, to_dict
 from scalevec.experiments import stats, sweepdir
 from scalevec.training import rundir
 
@@ -559,15 +559,32 @@ def _csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+# keys that runs.csv names already (lr, seed) or that do not change the experiment (how a run executes)
+_NOT_SETTINGS = ("optim.lr", "train.seed", *EXECUTION_FIELDS)
+
+
+def setting_columns(runs: list[RunRecord]) -> list[str]:
+    """The config keys that vary between runs of one strategy (e.g. ``scale.wd`` in a weight-decay
+    study, a size bundle's ``model.d_model``): what ``strategy``, ``lr`` and ``seed`` do not name.
+    They become columns of ``runs.csv`` so that an analysis of that file alone can tell the arms apart."""
+    by_strategy: dict[str, list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        by_strategy[r.cfg.strategy].append(r)
+    return [k for k in _varying(runs) if k not in _NOT_SETTINGS
+            and any(len({r.flat.get(k) for r in rs}) > 1 for rs in by_strategy.values())]
+
+
 def runs_frame(runs: list[RunRecord]) -> list[dict]:
-    """One flat row per run: identity, the usual axes, the summary numbers and the downstream scores
-    ``scalevec eval`` wrote (``eval.<task>.<metric>``) (``runs.csv``)."""
+    """One flat row per run: identity, the usual axes, the settings that vary within a strategy
+    (``setting_columns``), the summary numbers and the downstream scores ``scalevec eval`` wrote
+    (``eval.<task>.<metric>``) (``runs.csv``)."""
     rows = []
+    settings = setting_columns(runs)
     for r in runs:
         s = r.summary or {}
         rows.append({"run": r.name, "status": r.status, "preset": r.cfg.preset, "strategy": r.cfg.strategy,
                      "optimizer": r.cfg.optim.name, "schedule": r.cfg.schedule.name, "lr": r.cfg.optim.lr,
-                     "seed": r.seed, **{k: s.get(k, "") for k in (
+                     "seed": r.seed, **{k: r.flat.get(k) for k in settings}, **{k: s.get(k, "") for k in (
                          "final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
                          "non_embedding_params", "scale_params", "step_time_s", "wall_time_s")},
                      **rundir.eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
