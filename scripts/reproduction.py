@@ -1,12 +1,16 @@
-"""Tables and verdicts of docs/reproduction.md from the committed study results (issue 12).
+"""Tables, figures and verdicts of docs/reproduction.md from the committed study results (issue 12).
 
     python scripts/reproduction.py                 # print the generated section
-    python scripts/reproduction.py --write docs/reproduction.md   # replace it between the markers
+    python scripts/reproduction.py --write docs/reproduction.md   # replace it between the markers,
+                                                   # and write its figures into docs/figures/
 
-Reads only ``results/<size>-<corpus>/runs.csv`` (one row per run, written by ``scalevec report``). For
-each cell: the seed-0 lr curve of every strategy (the tuning), each strategy at its tuned lr with its
-per-seed losses, and each claim's paired difference with a 95 % t interval, the verdict, and how many
-seeds a difference of the observed size and spread would need (``stats.seeds_needed``).
+Reads only ``results/<cell>/runs.csv`` (one row per run, written by ``scalevec report``). A cell's
+*arms* are its strategies, or, when a setting varies within a strategy (``scale.wd`` in the C4 study:
+``report.setting_columns``), that setting's values. For each cell: the seed-0 lr curve of every arm
+(the tuning), each arm at its tuned lr with its per-seed losses. For each claim: the paired difference
+(arm − control, matched seeds) with a 95 % t interval, the verdict, and how many seeds a difference of
+the observed size and spread would need (``stats.seeds_needed``). C8: a joint power-law fit over the
+sizes of one corpus (``stats.fit_shared_power_law``) gives each strategy's compute multiplier.
 Verdict rule: *reproduced* when the interval excludes 0 on the paper's side, *contradicted* when it
 excludes 0 on the other side, *inconclusive* otherwise.
 """
@@ -16,22 +20,51 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from scalevec.experiments.stats import paired_delta, pick_lr, seeds_needed  # noqa: E402
+from scalevec.experiments.stats import fit_power_law, fit_shared_power_law, paired_delta, pick_lr, seeds_needed  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
-# claim -> (strategy, the paper's direction of strategy − baseline: +1 worse, -1 better, the statement)
-CLAIMS = {
-    "C1": ("none", +1, "removing the scale vectors hurts"),
-    "C6": ("unified", -1, "the unified strategy beats the tuned baseline"),
-}
-CORPORA = ("shakespeare", "kjv")
+# columns every runs.csv has; any other non-metric column is a setting that names the arms
+STANDARD = {"run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
+            "final_val_bpb", "best_val_loss", "tokens", "steps", "params", "non_embedding_params",
+            "scale_params", "step_time_s", "wall_time_s"}
+MAIN = r"(cpu|moe-cpu)-\d+k-(shakespeare|kjv)"  # the C6 cells: AdamW + cosine, 20 tokens per parameter
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper as a comparison: in every cell whose name matches ``cells``, each
+    ``(arm, direction)`` against the ``control`` arm; direction +1 = the paper says the arm is worse
+    (higher loss), -1 = better, 0 = the paper makes no claim (the difference is shown, no verdict)."""
+
+    id: str
+    statement: str
+    cells: str
+    control: str
+    arms: tuple[tuple[str, int], ...]
+
+
+CLAIMS = (
+    Claim("C1", "removing the scale vectors hurts", MAIN, "baseline", (("none", +1),)),
+    Claim("C4", "weight decay helps Input-Norm scales, hurts Output-Norm scales", r"c4-.*", "none",
+          (("input", -1), ("output", +1), ("all", 0))),
+    Claim("C5", "each improvement helps on its own", r"cpu-25k-shakespeare", "baseline",
+          tuple((s, -1) for s in ("hg", "dp", "dnp", "or", "er", "iwd"))),
+    Claim("C6", "the unified strategy beats the tuned baseline", MAIN, "baseline",
+          (("unified", -1), ("unified_foldable", -1))),
+    Claim("C7", "... for AdamW and Muon, cosine and WSD", r"c7-.*", "baseline", (("unified", -1),)),
+    Claim("C1", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("none", +1),)),
+    Claim("C6", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("unified", -1),)),
+)
+C8_SIZES = re.compile(r"cpu-(\d+)k-(shakespeare|kjv)")  # dense, AdamW + cosine, 20 tokens per parameter
 
 
 def read_cell(folder: Path) -> list[dict]:
@@ -43,13 +76,23 @@ def _loss(row: dict) -> float:
     return float(row["final_val_loss"]) if row["status"] == "done" else math.inf
 
 
+def arm_axis(rows: list[dict]) -> str:
+    """The column that names a cell's arms: a setting column if the cell has one, else ``strategy``."""
+    extra = [k for k in (rows[0] if rows else {}) if k not in STANDARD and not k.startswith("eval.")]
+    if len(extra) > 1:
+        raise SystemExit(f"a cell varies {extra} within a strategy; scripts/reproduction.py reads one setting axis")
+    return extra[0] if extra else "strategy"
+
+
 def analyse(rows: list[dict]) -> dict:
-    """Per strategy: seed-0 lr curve, tuned lr (on seed 0), per-seed losses there; wall time of the cell."""
-    out: dict = {"strategies": {}, "wall_s": sum(float(r["wall_time_s"] or 0) for r in rows)}
-    by_strategy = defaultdict(list)
+    """Per arm: seed-0 lr curve, tuned lr (on seed 0), per-seed losses there and its non-embedding
+    parameter count; the cell's arm axis and training wall time."""
+    axis = arm_axis(rows)
+    out: dict = {"axis": axis, "arms": {}, "wall_s": sum(float(r["wall_time_s"] or 0) for r in rows)}
+    by_arm = defaultdict(list)
     for r in rows:
-        by_strategy[r["strategy"]].append(r)
-    for strategy, rs in by_strategy.items():
+        by_arm[r[axis]].append(r)
+    for arm, rs in by_arm.items():
         curve = {float(r["lr"]): _loss(r) for r in rs if r["seed"] == "0"}
         # an unfinished tuning run leaves the pick open; an unfinished confirmation seed is just not counted yet
         unfinished = [r for r in rs if r["status"] not in ("done", "diverged") and r["seed"] == "0"]
@@ -59,13 +102,16 @@ def analyse(rows: list[dict]) -> dict:
             pick = pick_lr({lr: [v] for lr, v in curve.items()})
         except ValueError:
             continue
-        seeds = {int(r["seed"]): float(r["final_val_loss"]) for r in rs
-                 if float(r["lr"]) == pick.lr and r["status"] == "done"}
-        out["strategies"][strategy] = {"curve": curve, "lr": pick.lr, "edge": pick.at_edge, "seeds": seeds}
+        done = [r for r in rs if float(r["lr"]) == pick.lr and r["status"] == "done"]
+        out["arms"][arm] = {"curve": curve, "lr": pick.lr, "edge": pick.at_edge,
+                            "seeds": {int(r["seed"]): float(r["final_val_loss"]) for r in done},
+                            "n": float(done[0]["non_embedding_params"]) if done else math.nan}
     return out
 
 
 def verdict(delta, direction: int) -> str:
+    if direction == 0:
+        return "no claim" + (" (differs)" if delta.significant else "")
     if not delta.significant:
         return "inconclusive"
     return "reproduced" if (delta.delta > 0) == (direction > 0) else "contradicted"
@@ -77,10 +123,11 @@ def fmt_lr(lr: float) -> str:
 
 def cell_section(name: str, a: dict) -> list[str]:
     lines = [f"#### {name}", ""]
-    st = a["strategies"]
+    st = a["arms"]
     lrs = sorted({lr for s in st.values() for lr in s["curve"]})
-    lines.append("Seed-0 final validation loss (nats/token) per lr; **bold** = the strategy's tuned lr, "
-                 "∞ = diverged, blank = not run:")
+    what = "strategy" if a["axis"] == "strategy" else f"`{a['axis']}`"
+    lines.append(f"Seed-0 final validation loss (nats/token) per lr and {what}; **bold** = the tuned lr, "
+                 f"∞ = diverged, blank = not run. Training time of the cell: {a['wall_s'] / 60:.1f} min.")
     lines.append("")
     lines.append("| lr | " + " | ".join(st) + " |")
     lines.append("|---:|" + "---:|" * len(st))
@@ -92,51 +139,192 @@ def cell_section(name: str, a: dict) -> list[str]:
             cells.append(f"**{text}**" if lr == s["lr"] and text else text)
         lines.append(f"| {fmt_lr(lr)} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("| strategy | tuned lr | per-seed final loss | mean ± std |")
+    lines.append(f"| {what} | tuned lr | per-seed final loss | mean ± std |")
     lines.append("|---|---:|---|---:|")
-    for strategy, s in st.items():
+    for arm, s in st.items():
         vals = [s["seeds"][k] for k in sorted(s["seeds"])]
+        if not vals:
+            continue
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else math.nan
         edge = " (grid edge)" if s["edge"] else ""
-        lines.append(f"| {strategy} | {fmt_lr(s['lr'])}{edge} | {', '.join(f'{v:.4f}' for v in vals)} | "
+        lines.append(f"| {arm} | {fmt_lr(s['lr'])}{edge} | {', '.join(f'{v:.4f}' for v in vals)} | "
                      f"{mean:.4f} ± {std:.4f} |")
     lines.append("")
     return lines
 
 
-def claim_rows(cells: dict[str, dict]) -> list[str]:
-    lines = ["| claim | cell | Δ vs baseline (mean) [95 % CI] | seeds | verdict | seeds needed at this effect |",
-             "|---|---|---:|---:|---|---:|"]
-    for claim, (strategy, direction, _) in CLAIMS.items():
+def comparisons(cells: dict[str, dict]) -> list[dict]:
+    """Every (claim, cell, arm) comparison that the results allow, and the ones still missing."""
+    out = []
+    for c in CLAIMS:
         for name, a in cells.items():
-            st = a["strategies"]
-            if "baseline" not in st or strategy not in st:
-                lines.append(f"| {claim} | {name} | not run yet | | | |")
+            if not re.fullmatch(c.cells, name):
                 continue
-            common = sorted(set(st["baseline"]["seeds"]) & set(st[strategy]["seeds"]))
-            base = [st["baseline"]["seeds"][k] for k in common]
-            mine = [st[strategy]["seeds"][k] for k in common]
-            if len(common) < 2:
-                lines.append(f"| {claim} | {name} | {len(common)} seed(s) so far | {len(common)} | | |")
-                continue
-            d = paired_delta(base, mine)
-            need = seeds_needed([m - b for m, b in zip(mine, base)])
-            lines.append(f"| {claim} | {name} | {d.delta:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}] | {d.n} | "
-                         f"{verdict(d, direction)} | {need if need else '> 1000'} |")
+            st = a["arms"]
+            for i, (arm, direction) in enumerate(c.arms):
+                row = {"claim": c.id, "cell": name, "arm": arm, "control": c.control, "direction": direction}
+                if c.control not in st or arm not in st:
+                    # a secondary arm that a cell's grid does not have (unified_foldable outside the C5 cell)
+                    # is no missing result; the claim's first arm, or any arm of C4/C5, is
+                    if i == 0 or len(c.arms) > 2 or arm in st:
+                        out.append({**row, "status": "not run yet"})
+                    continue
+                common = sorted(set(st[c.control]["seeds"]) & set(st[arm]["seeds"]))
+                base = [st[c.control]["seeds"][k] for k in common]
+                mine = [st[arm]["seeds"][k] for k in common]
+                if len(common) < 2:
+                    out.append({**row, "status": f"{len(common)} seed(s) so far"})
+                    continue
+                d = paired_delta(base, mine)
+                out.append({**row, "status": "ok", "delta": d, "verdict": verdict(d, direction),
+                            "need": seeds_needed([m - b for m, b in zip(mine, base)])})
+    return out
+
+
+def claim_rows(rows: list[dict]) -> list[str]:
+    lines = ["| claim | cell | arm vs control | Δ (mean) [95 % CI] | seeds | verdict | seeds needed at this effect |",
+             "|---|---|---|---:|---:|---|---:|"]
+    for r in rows:
+        vs = f"{r['arm']} vs {r['control']}"
+        if r["status"] != "ok":
+            lines.append(f"| {r['claim']} | {r['cell']} | {vs} | {r['status']} | | | |")
+            continue
+        d = r["delta"]
+        need = "—" if r["direction"] == 0 else (r["need"] if r["need"] else "> 1000")
+        lines.append(f"| {r['claim']} | {r['cell']} | {vs} | {d.delta:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}] | {d.n} | "
+                     f"{r['verdict']} | {need} |")
     return lines
 
 
-def generate(results: Path) -> str:
+def scaling(cells: dict[str, dict]) -> list[dict]:
+    """C8: per corpus with >= 3 sizes, the baseline's power law and each strategy's joint fit (shared E
+    and α, the strategy acting like m× the parameters: compute multiplier m² ± one sigma). Every seed at
+    the tuned lr is a point."""
+    by_corpus: dict[str, dict[int, dict]] = defaultdict(dict)
+    for name, a in cells.items():
+        m = C8_SIZES.fullmatch(name)
+        if m:
+            by_corpus[m.group(2)][int(m.group(1))] = a
+    fits = []
+    for corpus, sizes in sorted(by_corpus.items()):
+        def points(arm: str) -> tuple[list[float], list[float]]:
+            n, y = [], []
+            for a in sizes.values():
+                s = a["arms"].get(arm)
+                if s:
+                    n += [s["n"]] * len(s["seeds"])
+                    y += list(s["seeds"].values())
+            return n, y
+
+        nb, yb = points("baseline")
+        if len(set(nb)) < 3:
+            fits.append({"corpus": corpus, "sizes": sorted(sizes), "status": f"{len(set(nb))} size(s) with results"})
+            continue
+        entry = {"corpus": corpus, "sizes": sorted(sizes), "status": "ok", "base": fit_power_law(nb, yb),
+                 "points": {"baseline": (nb, yb)}, "shared": {}}
+        for arm in ("none", "unified"):
+            n, y = points(arm)
+            if len(set(n)) >= 3:
+                entry["shared"][arm] = fit_shared_power_law(nb, yb, n, y)
+                entry["points"][arm] = (n, y)
+        fits.append(entry)
+    return fits
+
+
+def scaling_lines(fits: list[dict]) -> list[str]:
+    lines = ["### C8: scaling", ""]
+    if not fits:
+        return lines + ["No dense 20 tokens/parameter cells yet.", ""]
+    lines += ["| corpus | sizes (non-emb.) | baseline fit L(N) = E + A·N^-α | strategy | compute multiplier m² ± 1σ |",
+              "|---|---|---|---|---:|"]
+    for f in fits:
+        sizes = ", ".join(f"{s}k" for s in f["sizes"])
+        if f["status"] != "ok":
+            lines.append(f"| {f['corpus']} | {sizes} | {f['status']} | | |")
+            continue
+        b = f["base"]
+        fit = (f"E {b.E:.3f} ± {b.E_err:.3f}, A {b.A:.3g}, α {b.alpha:.3f} ± {b.alpha_err:.3f} "
+               f"(rmse {b.rmse:.4f}, {b.n_points} points)")
+        if not f["shared"]:
+            lines.append(f"| {f['corpus']} | {sizes} | {fit} | (no strategy at 3 sizes yet) | |")
+        for arm, s in f["shared"].items():
+            lines.append(f"| {f['corpus']} | {sizes} | {fit} | {arm} | {s.multiplier:.3f} ± {s.multiplier_err:.3f} |")
+    lines += ["", "A multiplier above 1 means the strategy reaches the baseline's loss with less compute "
+              "(the paper: ≈ 1.22–1.25 for unified); 1 ± 2σ containing 1 is no evidence either way.", ""]
+    return lines
+
+
+def plot(rows: list[dict], fits: list[dict], figures: Path) -> list[str]:
+    """The forest plot of every finished comparison and the C8 scaling plot; returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures.mkdir(parents=True, exist_ok=True)
+    written = []
+    done = [r for r in rows if r["status"] == "ok"]
+    if done:
+        fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(done) + 1.2))
+        for i, r in enumerate(reversed(done)):
+            d = r["delta"]
+            colour = {"reproduced": "tab:green", "contradicted": "tab:red"}.get(r["verdict"], "tab:gray")
+            ax.errorbar(d.delta, i, xerr=[[d.delta - d.lo], [d.hi - d.delta]], fmt="o", color=colour, capsize=3)
+        ax.set_yticks(range(len(done)))
+        ax.set_yticklabels([f"{r['claim']} {r['cell']}: {r['arm']} vs {r['control']}" for r in reversed(done)],
+                           fontsize=7)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_xlabel("Δ final validation loss, arm − control (nats/token), 95 % paired t interval")
+        ax.set_title("Every comparison of the study (green: reproduced, red: contradicted, grey: inconclusive)",
+                     fontsize=8)
+        fig.tight_layout()
+        fig.savefig(figures / "reproduction_deltas.png", dpi=130)
+        plt.close(fig)
+        written.append("reproduction_deltas.png")
+    ok = [f for f in fits if f["status"] == "ok"]
+    if ok:
+        import numpy as np
+
+        fig, axes = plt.subplots(1, len(ok), figsize=(5 * len(ok), 3.8), squeeze=False)
+        for ax, f in zip(axes[0], ok):
+            grid = np.geomspace(min(f["points"]["baseline"][0]) / 1.5, max(f["points"]["baseline"][0]) * 3, 100)
+            for arm, (n, y) in f["points"].items():
+                line = ax.scatter(n, y, s=12, label=arm)
+                if arm == "baseline":
+                    ax.plot(grid, f["base"].predict(grid), color=line.get_facecolor()[0])
+                else:
+                    s = f["shared"][arm]
+                    ax.plot(grid, f["base"].E + (f["base"].predict(grid * s.m) - f["base"].E),
+                            color=line.get_facecolor()[0], ls="--")
+            ax.set_xscale("log")
+            ax.set_xlabel("non-embedding parameters")
+            ax.set_ylabel("final validation loss (nats/token)")
+            ax.set_title(f"C8, {f['corpus']}: per-seed points, fits (dashed: joint)", fontsize=8)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(figures / "reproduction_scaling.png", dpi=130)
+        plt.close(fig)
+        written.append("reproduction_scaling.png")
+    return written
+
+
+def generate(results: Path, figures: Path | None = None) -> str:
     cells = {}
     for folder in sorted(results.iterdir()):
         if (folder / "runs.csv").is_file():
             cells[folder.name] = analyse(read_cell(folder))
-    lines = ["### Verdicts", ""] + claim_rows(cells) + [""]
+    rows = comparisons(cells)
+    fits = scaling(cells)
+    lines = ["### Verdicts", ""] + claim_rows(rows) + [""]
     hours = sum(a["wall_s"] for a in cells.values()) / 3600
     lines.append(f"Machine time of these cells: {hours:.2f} h of training wall clock (one run at a time, one "
                  f"thread each; the rest of the machine was shared with other work).")
     lines.append("")
+    lines += scaling_lines(fits)
+    if figures is not None:
+        for name in plot(rows, fits, figures):
+            lines += [f"![{name}](figures/{name})", ""]
     lines.append("### Cells")
     lines.append("")
     for name, a in cells.items():
@@ -147,15 +335,16 @@ def generate(results: Path) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(ROOT / "results"))
-    p.add_argument("--write", help="a markdown file whose text between the markers is replaced")
+    p.add_argument("--write", help="a markdown file whose text between the markers is replaced; its figures "
+                                   "go into figures/ next to it")
     args = p.parse_args()
-    text = generate(Path(args.results))
     if not args.write:
-        print(text)
+        print(generate(Path(args.results)))
         return 0
     doc = Path(args.write).read_text()
     if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{args.write} has no {BEGIN} ... {END} markers")
+    text = generate(Path(args.results), figures=Path(args.write).parent / "figures")
     head, rest = doc.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     Path(args.write).write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
