@@ -34,6 +34,8 @@ def read(run: Path) -> dict:
             g, ratio = [], []
             for norm in row["norms"].values():
                 for b in (norm.get("branches") or {}).values():
+                    if b.get("gamma_sq") is None:  # `none`: no scale vector, nothing to precondition with
+                        continue
                     gamma_sq, col = b["gamma_sq"]["median"], b["col_norm"]["median"]
                     g.append(gamma_sq)
                     ratio.append(col ** 2 / gamma_sq if gamma_sq > 0 else np.nan)
@@ -61,12 +63,13 @@ def main() -> int:
         cfg = (run / "config.yaml").read_text()
         name = next((ln.split(":", 1)[1].strip() for ln in cfg.splitlines() if ln.startswith("strategy:")), run.name)
         d = read(run)
-        if not d["probes"]:
+        if not d["probes"] and not d["sharpness"]:
             print(f"{run}: no probe rows (train with --probe-every K)", file=sys.stderr)
             return 2
+        d["probes"] = [p for p in d["probes"] if p[1].size]
         steps = [s for s, _, _ in d["probes"]]
-        for ax, idx, label in ((axes[0], 1, "γ_j² (median over channels)"),
-                               (axes[1], 2, "‖w_j‖² / γ_j² (median over channels)")):
+        panels = ((axes[0], 1, "γ_j² (median over channels)"), (axes[1], 2, "‖w_j‖² / γ_j² (median over channels)"))
+        for ax, idx, label in panels if steps else ():
             med = [float(np.nanmedian(v[idx])) for v in d["probes"]]
             lo = [float(np.nanpercentile(v[idx], 10)) for v in d["probes"]]
             hi = [float(np.nanpercentile(v[idx], 90)) for v in d["probes"]]
