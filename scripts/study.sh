@@ -21,6 +21,8 @@ for pass in 1 2; do
   for combo in adamw-wsd muon-cosine muon-wsd; do study "c7-cpu-25k-shakespeare-$combo" "c7-cpu-25k-shakespeare-$combo"; done
   for cell in cpu-10k-shakespeare cpu-25k-shakespeare cpu-25k-kjv; do study "c6-$cell-seeds" "$cell"; done  # 10 seeds
   study c6-moe-cpu-60k-shakespeare moe-cpu-60k-shakespeare
+  study why-lrpick-cpu-25k-shakespeare why-lrpick-cpu-25k-shakespeare   # lr picked on 3 seeds: winner's curse?
+  study c6-cpu-10k-shakespeare-tpp100 cpu-10k-shakespeare-tpp100
   study c6-cpu-25k-shakespeare-tpp100 cpu-25k-shakespeare-tpp100
   study c6-cpu-200k-shakespeare cpu-200k-shakespeare               # a fourth size (~10 min a run)
 done
