@@ -7,7 +7,7 @@
 Reads only ``results/<cell>/runs.csv`` (one row per run, written by ``scalevec report``). A cell's
 *arms* are its strategies, or, when a setting varies within a strategy (``scale.wd`` in the C4 study:
 ``report.setting_columns``), that setting's values. For each cell: the seed-0 lr curve of every arm
-(the tuning), each arm at its tuned lr with its per-seed losses. For each claim: the paired difference
+on its tuning seeds (the seeds every lr has), each arm at its tuned lr with its per-seed losses. For each claim: the paired difference
 (arm − control, matched seeds) with a 95 % t interval, the verdict, and how many seeds a difference of
 the observed size and spread would need (``stats.seeds_needed``). C8: a joint power-law fit over the
 sizes of one corpus (``stats.fit_shared_power_law``) gives each strategy's compute multiplier.
@@ -61,6 +61,7 @@ CLAIMS = (
     Claim("C6", "the unified strategy beats the tuned baseline", MAIN, "baseline",
           (("unified", -1), ("unified_foldable", -1))),
     Claim("C7", "... for AdamW and Muon, cosine and WSD", r"c7-.*", "baseline", (("unified", -1),)),
+    Claim("C6", "... with each lr picked on the mean of 3 seeds", r"why-lrpick-.*", "baseline", (("unified", -1),)),
     Claim("C1", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("none", +1),)),
     Claim("C6", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("unified", -1),)),
 )
@@ -85,25 +86,31 @@ def arm_axis(rows: list[dict]) -> str:
 
 
 def analyse(rows: list[dict]) -> dict:
-    """Per arm: seed-0 lr curve, tuned lr (on seed 0), per-seed losses there and its non-embedding
-    parameter count; the cell's arm axis and training wall time."""
+    """Per arm: the lr curve on the tuning seeds (the seeds every lr of the arm has: seed 0 in the C6
+    protocol, seeds 0-2 in the why-lrpick study; their mean per lr), the tuned lr picked on it, the
+    per-seed losses there and the non-embedding parameter count; the cell's arm axis and training time."""
     axis = arm_axis(rows)
     out: dict = {"axis": axis, "arms": {}, "wall_s": sum(float(r["wall_time_s"] or 0) for r in rows)}
     by_arm = defaultdict(list)
     for r in rows:
         by_arm[r[axis]].append(r)
     for arm, rs in by_arm.items():
-        curve = {float(r["lr"]): _loss(r) for r in rs if r["seed"] == "0"}
+        lrs = {float(r["lr"]) for r in rs}
+        seeds_at = [{r["seed"] for r in rs if float(r["lr"]) == lr} for lr in lrs]
+        tuning = set.intersection(*seeds_at) if seeds_at else set()
         # an unfinished tuning run leaves the pick open; an unfinished confirmation seed is just not counted yet
-        unfinished = [r for r in rs if r["status"] not in ("done", "diverged") and r["seed"] == "0"]
-        if not curve or unfinished:
+        unfinished = [r for r in rs if r["status"] not in ("done", "diverged") and r["seed"] in tuning]
+        if not tuning or unfinished:
             continue
+        curve = {lr: sum(_loss(r) for r in rs if float(r["lr"]) == lr and r["seed"] in tuning) / len(tuning)
+                 for lr in lrs}
         try:
             pick = pick_lr({lr: [v] for lr, v in curve.items()})
         except ValueError:
             continue
         done = [r for r in rs if float(r["lr"]) == pick.lr and r["status"] == "done"]
         out["arms"][arm] = {"curve": curve, "lr": pick.lr, "edge": pick.at_edge,
+                            "tuning_seeds": sorted(int(k) for k in tuning),
                             "seeds": {int(r["seed"]): float(r["final_val_loss"]) for r in done},
                             "n": float(done[0]["non_embedding_params"]) if done else math.nan}
     return out
@@ -126,8 +133,11 @@ def cell_section(name: str, a: dict) -> list[str]:
     st = a["arms"]
     lrs = sorted({lr for s in st.values() for lr in s["curve"]})
     what = "strategy" if a["axis"] == "strategy" else f"`{a['axis']}`"
-    lines.append(f"Seed-0 final validation loss (nats/token) per lr and {what}; **bold** = the tuned lr, "
-                 f"∞ = diverged, blank = not run. Training time of the cell: {a['wall_s'] / 60:.1f} min.")
+    tuning = sorted({tuple(s["tuning_seeds"]) for s in st.values()})
+    on = " / ".join("seed " + ", ".join(map(str, t)) if len(t) == 1 else f"mean of seeds {', '.join(map(str, t))}"
+                    for t in tuning)
+    lines.append(f"Final validation loss (nats/token) on the tuning seeds ({on}) per lr and {what}; **bold** = "
+                 f"the tuned lr, ∞ = diverged, blank = not run. Training time of the cell: {a['wall_s'] / 60:.1f} min.")
     lines.append("")
     lines.append("| lr | " + " | ".join(st) + " |")
     lines.append("|---:|" + "---:|" * len(st))

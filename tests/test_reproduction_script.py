@@ -40,6 +40,8 @@ def test_verdicts_and_compute_multiplier_recover_the_planted_effects(tmp_path):
     rep = _script()
     cells = {f.name: rep.analyse(rep.read_cell(f)) for f in sorted(tmp_path.iterdir())}
     assert {a["arms"]["baseline"]["lr"] for a in cells.values()} == {3e-3}  # fakerun's LR_STAR
+    # every lr has seeds 0-2, so the pick is on their mean (the why-lrpick protocol), not on seed 0 alone
+    assert {tuple(a["arms"]["unified"]["tuning_seeds"]) for a in cells.values()} == {(0, 1, 2)}
     rows = {(r["claim"], r["cell"], r["arm"]): r for r in rep.comparisons(cells)}
     for cell in cells:
         assert rows[("C1", cell, "none")]["verdict"] == "reproduced"
