@@ -31,6 +31,7 @@ def _cell(root: Path, name: str, size: dict, grid: dict) -> None:
     write_report(root / name, quiet=True)
 
 
+@pytest.mark.slow  # three report folders with their figures: ~20 s on an idle 2-core machine
 def test_verdicts_and_compute_multiplier_recover_the_planted_effects(tmp_path):
     """fakerun: `unified` acts like 2x the parameters (compute multiplier 4), `none` like 0.8x (0.64); every
     seed shifts all strategies alike, so the paired intervals are tight. C1 and C6 must read 'reproduced',
