@@ -11,7 +11,6 @@ import json
 import os
 from pathlib import Path
 
-
 FORMAT_VERSION = 1  # bump when the token-cache layout or the document rules change: old caches are ignored
 
 
