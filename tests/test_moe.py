@@ -417,7 +417,7 @@ def test_muon_updates_each_expert_of_a_bank_on_its_own():
 def test_moe_tiny_unified_training_lowers_loss():
     """30 AdamW steps of moe-tiny with `unified` on Shakespeare bytes, through the project's own role groups
     (router, expert banks, scale vectors each in their group), cut the loss by over 1 nat from ~ln 256."""
-    text = resources.files("scalevec").joinpath("data/shakespeare.txt.gz").read_bytes()
+    text = resources.files("scalevec").joinpath("data/corpora/shakespeare.txt.gz").read_bytes()
     data = torch.frombuffer(bytearray(gzip.decompress(text)[:200_000]), dtype=torch.uint8).long()
     cfg = get_preset("moe-tiny")
     model = build_model(cfg, _scfg("unified"), seed=0)
