@@ -20,7 +20,7 @@ from scalevec import ScaleConfig, build_model
 from scalevec.config import ModelConfig, RopeScalingConfig, RunConfig, apply_overrides, to_dict
 from scalevec.hf.export import export_model
 from scalevec.hf.hf_import import import_hf, load_plain, model_config_from_hf, plain_from_model, read_hf, set_scale
-from scalevec.model.scales import ScaleVector
+from scalevec.model.scales import SCALE_KINDS
 from scalevec.model.transformer import rope_cos_sin
 
 FOLDABLE = ("baseline", "hg", "dp", "or", "er", "unified_foldable")
@@ -150,7 +150,7 @@ def test_head_dim_default_is_derived_and_explicit_one_sticks():
 def test_magdir_scale_starts_as_rms_and_direction(param):
     """A magnitude-direction γ starts as β = rms(γ), α = γ / rms(γ) (ER: b = log rms(γ)); its value is γ."""
     gamma = torch.tensor([0.5, -1.0, 2.0, 3.0])
-    sv = ScaleVector((4,), param, "input_scale")
+    sv = SCALE_KINDS[param]((4,), "input_scale")
     set_scale(sv, gamma)
     rms = gamma.pow(2).mean().sqrt()
     mag = sv.magnitude if param == "magdir" else sv.log_magnitude.exp()

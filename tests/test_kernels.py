@@ -1,7 +1,8 @@
-"""The hand-written autograd of ``scales.py`` equals the composed formulas it replaces (DESIGN.md §1, §3).
+"""The fast path (``kernels.FAST``) equals the plain formulas of ``scales.py`` it replaces (DESIGN.md §1, §3).
 
 ``rms_norm``, the linear map with folded scales, OR/ER scale vectors and DNP's SwiGLU carry their own
-backward for speed and memory (issue 9). Each is checked here against the plain torch formula:
+backward for speed and memory (issue 9). Each is checked here against the plain torch formula of
+``scales.py`` (``scales.PLAIN``; tests/test_scale_plan.py compares whole models built on either path):
 values, first derivatives (``gradcheck``) and second derivatives (``gradgradcheck``: the Hessian-vector
 products of ``training/probes.py``), in float64; and the memory claim of the fused DNP SwiGLU by
 counting what autograd keeps for backward.
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck, gradgradcheck
 
 from scalevec import ScaleConfig, build_model
-from scalevec.model.kernels import _DNPSwiGLU, _FoldedLinear, _MagDir
-from scalevec.model.scales import NormLinear, init_params, rms_norm
+from scalevec.model import scales as plain
+from scalevec.model.kernels import FAST, _DNPSwiGLU, _FoldedLinear, _MagDir, rms_norm
+from scalevec.model.scales import NormLinear, init_params, norm_plan, swiglu_proj
 
 EPS = 1e-6
 
@@ -26,19 +28,12 @@ def _rand(*shape, seed=0, offset=0.0, scale=1.0):
     return (offset + scale * torch.randn(*shape, generator=g, dtype=torch.float64)).requires_grad_()
 
 
-def _composed_norm(x, weight=None, eps=EPS):
-    """DESIGN.md §1 RMSNorm as composed torch ops (the reference the Function replaces)."""
-    xf = x.double()
-    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return y * weight if weight is not None else y
-
-
 @pytest.mark.parametrize("with_weight", [False, True])
 def test_rms_norm_values_and_derivatives_match_composed_form(with_weight):
-    """rms_norm: values, gradients and second derivatives equal the composed formula (float64, gradcheck)."""
+    """rms_norm: values equal scales.rms_norm; gradients and second derivatives checked (float64, gradcheck)."""
     x = _rand(2, 3, 6, seed=1)
     w = _rand(6, seed=2, offset=1.0, scale=0.3) if with_weight else None
-    torch.testing.assert_close(rms_norm(x, EPS, w), _composed_norm(x, w), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rms_norm(x, EPS, w), plain.rms_norm(x, EPS, w), rtol=1e-12, atol=1e-12)
     inputs = (x, w) if with_weight else (x,)
     fn = (lambda x, w: rms_norm(x, EPS, w)) if with_weight else (lambda x: rms_norm(x, EPS))
     assert gradcheck(fn, inputs)
@@ -46,17 +41,17 @@ def test_rms_norm_values_and_derivatives_match_composed_form(with_weight):
 
 
 def test_rms_norm_low_precision_input_computes_in_float32():
-    """A bfloat16 input is normalized in float32 and returned in bfloat16, as the composed form does."""
+    """A bfloat16 input is normalized in float32 and returned in bfloat16, as the plain formula does."""
     x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
     w = (1 + 0.1 * torch.randn(32, generator=torch.Generator().manual_seed(1))).bfloat16()
     y = rms_norm(x, EPS, w)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y, _composed_norm(x.float(), None).bfloat16() * w, rtol=0, atol=0)
+    torch.testing.assert_close(y, plain.rms_norm(x.float(), EPS).bfloat16() * w, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("in_scale, out_scale", [(True, False), (False, True), (True, True)])
 def test_folded_linear_matches_linear_of_diag_s_w_diag_gamma(in_scale, out_scale):
-    """u (diag(s) W diag(γ))ᵀ fused equals F.linear of the composed fold, with first and second derivatives."""
+    """u (diag(s) W diag(γ))ᵀ fused equals F.linear of scales.fold_weight, with first and second derivatives."""
     u, w = _rand(2, 3, 5, seed=1), _rand(4, 5, seed=2)
     c = _rand(5, seed=3, offset=1.0, scale=0.3) if in_scale else None
     s = _rand(4, seed=4, offset=1.0, scale=0.3) if out_scale else None
@@ -71,8 +66,7 @@ def test_folded_linear_matches_linear_of_diag_s_w_diag_gamma(in_scale, out_scale
 
     def composed(*ts):
         u, w, c, s = split(*ts)
-        w = w * c if c is not None else w
-        return F.linear(u, s.unsqueeze(-1) * w if s is not None else w)
+        return F.linear(u, plain.fold_weight(w, c, s))
 
     torch.testing.assert_close(fused(*leaves), composed(*leaves), rtol=1e-12, atol=1e-12)
     assert gradcheck(fused, leaves)
@@ -105,8 +99,7 @@ def test_magdir_matches_formula_with_derivatives_and_jacrev(exp, shape):
     """OR/ER γ = m α/rms(α) (m = β or e^b): values, gradcheck, gradgradcheck, and torch.func.jacrev."""
     mag = _rand(*shape[:-1], 1, seed=1, offset=1.0, scale=0.3)
     direction = _rand(*shape, seed=2, offset=1.0, scale=0.4)
-    m = mag.exp() if exp else mag
-    ref = m * direction / direction.pow(2).mean(-1, keepdim=True).sqrt()
+    ref = (plain.er_gamma if exp else plain.or_gamma)(mag, direction)
     fn = lambda mag, direction: _MagDir.apply(mag, direction, exp)[0]  # noqa: E731 (outputs: γ, 1/rms(α))
     torch.testing.assert_close(fn(mag, direction), ref, rtol=1e-12, atol=0)
     assert gradcheck(fn, (mag, direction))
@@ -119,7 +112,7 @@ def test_magdir_matches_formula_with_derivatives_and_jacrev(exp, shape):
 @pytest.mark.slow  # gradgradcheck in float64: ~1 s per case
 @pytest.mark.parametrize("norm_gate, norm_up", [(True, True), (True, False), (False, True)])
 def test_dnp_swiglu_matches_composed_form(norm_gate, norm_up):
-    """silu(s_g ⊙ n(y_g)) ⊙ (s_u ⊙ n(y_u)) fused equals the composed form, with both derivatives (float64)."""
+    """silu(s_g ⊙ n(y_g)) ⊙ (s_u ⊙ n(y_u)) fused equals scales.dnp_swiglu, with both derivatives (float64)."""
     yg, yu = _rand(2, 3, 6, seed=1), _rand(2, 3, 6, seed=2)
     sg, su = _rand(6, seed=3, offset=1.0, scale=0.3), _rand(6, seed=4, offset=1.0, scale=0.3)
 
@@ -127,9 +120,7 @@ def test_dnp_swiglu_matches_composed_form(norm_gate, norm_up):
         return _DNPSwiGLU.apply(yg, yu, sg if norm_gate else None, su if norm_up else None, EPS)
 
     def composed(yg, yu, sg, su):
-        zg = _composed_norm(yg, sg) if norm_gate else yg
-        zu = _composed_norm(yu, su) if norm_up else yu
-        return F.silu(zg) * zu
+        return plain.dnp_swiglu(yg, yu, sg if norm_gate else None, su if norm_up else None, EPS)
 
     inputs = (yg, yu, sg, su)
     torch.testing.assert_close(fused(*inputs), composed(*inputs), rtol=1e-12, atol=1e-12)
@@ -138,13 +129,15 @@ def test_dnp_swiglu_matches_composed_form(norm_gate, norm_up):
 
 
 @pytest.mark.parametrize("strategy", ["baseline", "dnp", "unified"])
-@pytest.mark.parametrize("apply", ["weight", "activation"])
-def test_norm_linear_swiglu_equals_silu_of_forward(strategy, apply):
-    """NormLinear.swiglu(x) = silu(gate) ⊙ up of forward(x): same output and parameter gradients (fp32, 1e-6)."""
-    cfg = ScaleConfig(**{**ScaleConfig.preset(strategy).__dict__, "apply": apply})
+@pytest.mark.parametrize("fast", [True, False])
+def test_swiglu_proj_equals_silu_of_norm_linear(strategy, fast):
+    """The MLP's SwiGLUProj (DNP: DNPSwiGLUProj, normalizations fused) equals silu(gate) ⊙ up of a NormLinear with
+    the same branches: same output and parameter gradients (fp32, 1e-6), fast path and plain formulas."""
+    plan = norm_plan(ScaleConfig.preset(strategy), {"gate": "gate", "up": "up"})
+    ops = FAST if fast else plain.PLAIN
     results = []
     for fused in (True, False):
-        m = NormLinear(16, {"gate": 24, "up": 24}, cfg, EPS)
+        m = swiglu_proj(16, 24, plan, EPS, ops) if fused else NormLinear(16, {"gate": 24, "up": 24}, plan, EPS, ops)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             init_params(m)
@@ -155,9 +148,9 @@ def test_norm_linear_swiglu_equals_silu_of_forward(strategy, apply):
                     p.add_(0.3 * torch.randn(p.shape, generator=g))
         x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(6))
         if fused:
-            h = m.swiglu(x)
+            h = m(m.norm(x))
         else:
-            gate, up = m(x)
+            gate, up = m(m.norm(x))
             h = F.silu(gate) * up
         (h * torch.linspace(-1, 1, 24)).sum().backward()
         results.append((h.detach(), {n: p.grad for n, p in m.named_parameters()}))
@@ -189,6 +182,6 @@ def test_dnp_mlp_saves_no_more_for_backward_than_baseline(make_cfg):
     saved = {}
     for strategy in ("baseline", "dnp", "unified"):
         mlp = build_model(cfg, ScaleConfig.preset(strategy), seed=0).layers[0].mlp
-        saved[strategy] = _saved_bytes(lambda: mlp(x))
+        saved[strategy] = _saved_bytes(lambda m=mlp: m(m.norm(x)))
     assert saved["dnp"] <= saved["baseline"]
     assert saved["unified"] <= saved["baseline"]

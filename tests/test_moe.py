@@ -13,9 +13,10 @@ import torch.nn.functional as F
 
 from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset
 from scalevec.config import OptimConfig
+from scalevec.model.kernels import FAST
 from scalevec.model.moe import MoE, load_balancing_loss, route, router_z_loss
 from scalevec.model.params import SCALE_ROLES
-from scalevec.model.scales import init_params, param_roles
+from scalevec.model.scales import init_params, param_roles, scale_plan
 from scalevec.training import optim
 
 EPS = 1e-6
@@ -28,6 +29,11 @@ def _scfg(name: str) -> ScaleConfig:
     """A §3 strategy by name; ``+per_expert`` gives every expert its own gate/up scale vectors."""
     base, _, flag = name.partition("+")
     return dataclasses.replace(ScaleConfig.preset(base), per_expert=flag == "per_expert")
+
+
+def _standalone(cfg: ModelConfig, scfg: ScaleConfig) -> MoE:
+    """One MoE layer placed by the strategy's plan, on the fast path (as in a model with apply='weight')."""
+    return MoE(cfg, scale_plan(scfg, cfg), FAST)
 
 
 def _cfg(init_std: float = 0.02, **moe) -> ModelConfig:
@@ -51,7 +57,7 @@ def _perturb(module: torch.nn.Module, seed: int = 0, spread: float = 0.5) -> Non
 def _moe(strategy: str, init_std: float = 0.2, **moe) -> MoE:
     """A standalone perturbed MoE layer; init_std 0.2 makes routing decisive and outputs O(1)."""
     torch.manual_seed(0)
-    layer = MoE(_cfg(init_std, **moe), _scfg(strategy))
+    layer = _standalone(_cfg(init_std, **moe), _scfg(strategy))
     init_params(layer)
     _perturb(layer)
     return layer
@@ -119,7 +125,7 @@ def test_dispatch_matches_per_token_reference(strategy, n_shared):
     """Sorted dropless dispatch equals the slow loop over tokens and their top-k experts (float64, ≤ 1e-6)."""
     layer = _moe(strategy, n_shared_experts=n_shared).double()  # logic, not fp32 rounding, is under test
     x = _x().double()
-    y, _ = layer(x)
+    y, _ = layer(layer.norm(x))
     ref, _, _ = _reference(layer, x)
     assert ref.abs().max() > 0.5  # outputs are O(1), so 1e-6 is a tight bound
     torch.testing.assert_close(y.reshape(-1, 32), ref, rtol=0, atol=1e-6)
@@ -147,7 +153,7 @@ def test_routing_counts_sum_to_tokens_times_k():
     """Every token goes to exactly k distinct experts; per-expert counts match the reference and sum to N·k."""
     layer = _moe("unified")
     x = _x(n_tokens=40)
-    layer(x)
+    layer(layer.norm(x))
     _, chosen, _ = _reference(layer, x)
     stats = layer.last_stats
     expected = torch.zeros(4, dtype=torch.long)
@@ -209,7 +215,7 @@ def test_aux_loss_and_telemetry():
     """aux = lb_coef·lb + z_coef·z with lb, z, load and entropy as defined on the reference probabilities."""
     layer = _moe("hg", lb_coef=0.01, z_loss_coef=0.001)
     x = _x()
-    _, aux = layer(x)
+    _, aux = layer(layer.norm(x))
     _, chosen, probs = _reference(layer, x)
     probs = torch.stack(probs)
     lb = load_balancing_loss(probs, torch.tensor(chosen))
@@ -245,10 +251,10 @@ def test_every_strategy_builds_and_gets_gradients(strategy):
 
 def test_scale_shapes_and_roles_follow_the_strategy():
     """HG: γ_router, γ_gate, γ_up, no shared γ; per_expert: (E, d); DP: s (E, d_expert); DNP gate s is output_scale."""
-    hg = MoE(_cfg(), _scfg("hg"))
+    hg = _standalone(_cfg(), _scfg("hg"))
     assert hg.scale is None and hg.router.in_scale().shape == (32,) and hg.experts.gate.in_scale().shape == (32,)
     assert hg.experts.gate.out_scale is None and hg.experts.down.in_scale is None
-    pe = MoE(_cfg(), _scfg("unified+per_expert"))
+    pe = _standalone(_cfg(), _scfg("unified+per_expert"))
     assert pe.experts.gate.in_scale().shape == (4, 32) and pe.experts.up.out_scale().shape == (4, 16)
     assert pe.router.out_scale is None
     roles = param_roles(pe)
@@ -256,7 +262,7 @@ def test_scale_shapes_and_roles_follow_the_strategy():
     assert roles["experts.up.out_scale.magnitude"] == "input_scale"
     assert roles["router.weight"] == "router" and roles["experts.down.weight"] == "matrix"
     assert pe.experts.gate.out_norm and pe.experts.up.out_norm
-    assert MoE(_cfg(), _scfg("baseline")).scale().shape == (32,)
+    assert _standalone(_cfg(), _scfg("baseline")).scale().shape == (32,)
 
 
 def test_non_dnp_strategies_agree_at_init():

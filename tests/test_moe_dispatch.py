@@ -14,8 +14,9 @@ import torch
 
 from scalevec import ModelConfig, ScaleConfig
 from scalevec.config import MoEConfig
+from scalevec.model.kernels import FAST
 from scalevec.model.moe import MoE, grouped_linear, grouped_linear_offsets
-from scalevec.model.scales import init_params
+from scalevec.model.scales import init_params, scale_plan
 
 STRATEGIES = ["baseline", "hg+per_expert", "dp", "unified"]
 
@@ -26,7 +27,7 @@ def moe_layer(strategy: str, n_shared: int = 0) -> MoE:
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab_size=64, max_seq_len=16,
                       init_std=0.2, moe=MoEConfig(n_experts=4, top_k=2, d_expert=16, n_shared_experts=n_shared))
     torch.manual_seed(0)
-    layer = MoE(cfg, scfg)
+    layer = MoE(cfg, scale_plan(scfg, cfg), FAST)
     init_params(layer)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # scale vectors away from 1, so that a misplaced one would show
@@ -64,7 +65,7 @@ def test_moe_block_same_numbers_as_the_loop(strategy, monkeypatch):
 
     def run():
         layer = moe_layer(strategy, n_shared=1)
-        y, aux = layer(x)
+        y, aux = layer(layer.norm(x))
         (y.square().mean() + aux).backward()
         return y.detach(), aux.detach(), {n: p.grad for n, p in layer.named_parameters()}
 
@@ -93,8 +94,8 @@ def test_moe_block_is_one_graph_under_compile():
     compiled = torch.compile(layer, backend=counting, fullgraph=True)
     x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(1))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y, aux = compiled(x)
-        ref_y, ref_aux = layer(x)
+        y, aux = compiled(layer.norm(x))
+        ref_y, ref_aux = layer(layer.norm(x))
     assert len(graphs) == 1
     assert torch.equal(y, ref_y) and torch.equal(aux, ref_aux)
     torch.compiler.reset()

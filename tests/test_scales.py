@@ -6,21 +6,40 @@ import pytest
 import torch
 from torch import nn
 
-from scalevec import ScaleConfig
+from scalevec import ModelConfig, ScaleConfig
 from scalevec.experiments.theory.magdir import make as make_scale_vector
 from scalevec.experiments.theory.magdir import perturb, preconditioner, predicted, spectrum
+from scalevec.model.kernels import FAST
 from scalevec.model.scales import (
+    PLAIN,
+    SCALE_KINDS,
     NormLinear,
     OutputNorm,
     ScaleVector,
     init_params,
     new_param,
+    norm_plan,
     param_roles,
     rms_norm,
+    scale_plan,
     scale_vectors,
 )
 
 EPS = 1e-6
+
+
+def _vector(shape, param: str, role: str) -> ScaleVector:
+    """The scale vector class of a ``ScaleConfig.param`` value (direct, OR, ER), built on the fast path."""
+    return SCALE_KINDS[param](shape, role, FAST)
+
+
+def _norm_linear_of(d_in: int, outputs: dict[str, int], cfg: ScaleConfig, ops=FAST) -> NormLinear:
+    """A standalone NormLinear whose branch names are their projection sites, placed by ``norm_plan``."""
+    return NormLinear(d_in, outputs, norm_plan(cfg, {name: name for name in outputs}), EPS, ops)
+
+
+def _output_norm(d: int, cfg: ScaleConfig) -> OutputNorm:
+    return OutputNorm(d, scale_plan(cfg, ModelConfig(qk_norm=True)).qk_norm, EPS, FAST)
 
 
 def _ref_norm(x: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -55,7 +74,7 @@ def test_rms_norm_computes_in_float32_and_keeps_dtype():
 @pytest.mark.parametrize("shape", [(8,), (3, 8)])
 def test_scale_vector_is_one_at_init(param, shape):
     """Every parameterization gives γ = 1 exactly at init, in the requested shape (DESIGN.md §2)."""
-    sv = ScaleVector(shape, param, "input_scale")
+    sv = _vector(shape, param, "input_scale")
     init_params(sv)
     assert torch.equal(sv(), torch.ones(shape))
 
@@ -63,7 +82,7 @@ def test_scale_vector_is_one_at_init(param, shape):
 @pytest.mark.parametrize("shape", [(8,), (3, 8)])
 def test_magdir_is_beta_alpha_over_rms(shape):
     """OR: γ = β · α / rms(α), rms over the last dim, after random perturbation (fp64 reference)."""
-    sv = ScaleVector(shape, "magdir", "input_scale")
+    sv = _vector(shape, "magdir", "input_scale")
     init_params(sv)
     _perturb(sv)
     a, b = sv.direction.double(), sv.magnitude.double()
@@ -75,7 +94,7 @@ def test_magdir_is_beta_alpha_over_rms(shape):
 @pytest.mark.parametrize("shape", [(8,), (3, 8)])
 def test_magdir_exp_is_exp_b_alpha_over_rms(shape):
     """ER: γ = exp(b) · α / rms(α), after random perturbation (fp64 reference)."""
-    sv = ScaleVector(shape, "magdir_exp", "output_scale")
+    sv = _vector(shape, "magdir_exp", "output_scale")
     init_params(sv)
     _perturb(sv)
     a, b = sv.direction.double(), sv.log_magnitude.double()
@@ -90,14 +109,14 @@ def test_magdir_exp_is_exp_b_alpha_over_rms(shape):
 ])
 def test_scale_vector_roles(param, roles):
     """The magnitude carries the scale's role, the direction α the role scale_direction (DESIGN.md §5)."""
-    assert param_roles(ScaleVector((4,), param, "output_scale")) == roles
+    assert param_roles(_vector((4,), param, "output_scale")) == roles
 
 
 def test_or_jacobian_preconditioner_at_init():
     """Theorem 3.2: at init the real OR ScaleVector's J Jᵀ (Jacobian of its own forward in its own
     parameters, theory.magdir.preconditioner) is 11ᵀ + (I - 11ᵀ/d): radial eigenvalue d, tangential 1."""
     d = 6
-    sv = ScaleVector((d,), "magdir", "input_scale").double()
+    sv = _vector((d,), "magdir", "input_scale").double()
     init_params(sv)
     gamma, P = preconditioner(sv)
     ones = torch.ones(d, d, dtype=torch.float64)
@@ -123,9 +142,8 @@ def test_preconditioner_away_from_init_matches_theorem(param):
 
 def _norm_linear(strategy: str, apply: str, seed: int = 0, d_in: int = 16):
     cfg = ScaleConfig.preset(strategy)
-    cfg.apply = apply
     torch.manual_seed(seed)
-    m = NormLinear(d_in, {"q": 8, "k": 4, "gate": 12, "up": 12}, cfg, EPS)
+    m = _norm_linear_of(d_in, {"q": 8, "k": 4, "gate": 12, "up": 12}, cfg, FAST if apply == "weight" else PLAIN)
     init_params(m)
     _perturb_all_scales(m, seed)
     return m
@@ -162,7 +180,7 @@ def test_norm_linear_matches_reference_formula(strategy, apply):
     """NormLinear computes s ⊙ [n](W diag(γ_shared γ_b) n(x)) per branch, both apply modes, fp32 to 1e-5."""
     m = _norm_linear(strategy, apply)
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))
-    for y, ref in zip(m(x), _reference_outputs(m, x), strict=True):
+    for y, ref in zip(m(m.norm(x)), _reference_outputs(m, x), strict=True):
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -173,7 +191,7 @@ def test_norm_linear_apply_modes_give_same_gradients(strategy):
     grads = []
     for apply in ("weight", "activation"):
         m = _norm_linear(strategy, apply)
-        loss = sum((y * torch.linspace(-1, 1, y.shape[-1])).sum() for y in m(x))
+        loss = sum((y * torch.linspace(-1, 1, y.shape[-1])).sum() for y in m(m.norm(x)))
         loss.backward()
         grads.append({n: p.grad for n, p in m.named_parameters()})
     assert grads[0].keys() == grads[1].keys()
@@ -187,25 +205,25 @@ def test_norm_linear_apply_modes_give_same_gradients(strategy):
 
 def test_norm_linear_scale_placement():
     """shared: one γ; branch (HG): one γ per branch and none shared; dual: s on the dual sites only."""
-    hg = NormLinear(16, {"q": 8, "k": 4}, ScaleConfig.preset("hg"), EPS)
+    hg = _norm_linear_of(16, {"q": 8, "k": 4}, ScaleConfig.preset("hg"))
     assert hg.scale is None and all(b.in_scale is not None and b.out_scale is None for b in hg.branches.values())
-    single = NormLinear(16, {"lm_head": 8}, ScaleConfig.preset("hg"), EPS)
+    single = _norm_linear_of(16, {"lm_head": 8}, ScaleConfig.preset("hg"))
     assert single.scale is not None and single.branches["lm_head"].in_scale is None  # one branch: HG = shared
     cfg = ScaleConfig(placement="dual", dual_sites=("q",))
-    dp = NormLinear(16, {"q": 8, "k": 4}, cfg, EPS)
+    dp = _norm_linear_of(16, {"q": 8, "k": 4}, cfg)
     assert dp.branches["q"].out_scale is not None and dp.branches["k"].out_scale is None
-    none = NormLinear(16, {"q": 8, "k": 4}, ScaleConfig.preset("none"), EPS)
+    none = _norm_linear_of(16, {"q": 8, "k": 4}, ScaleConfig.preset("none"))
     assert [n for n, _ in none.named_parameters()] == ["branches.q.weight", "branches.k.weight"]
 
 
 def test_dnp_gate_scale_is_output_scale_up_scale_is_input_scale():
     """DNP: s on W_gate feeds SiLU (output_scale), s on W_up folds into W_down (input_scale) (DESIGN.md §3)."""
-    m = NormLinear(16, {"gate": 12, "up": 12}, ScaleConfig.preset("dnp"), EPS)
+    m = _norm_linear_of(16, {"gate": 12, "up": 12}, ScaleConfig.preset("dnp"))
     roles = param_roles(m)
     assert roles["branches.gate.out_scale.weight"] == "output_scale"
     assert roles["branches.up.out_scale.weight"] == "input_scale"
     assert roles["scale.weight"] == "input_scale"
-    dp_roles = param_roles(NormLinear(16, {"gate": 12, "up": 12}, ScaleConfig.preset("dp"), EPS))
+    dp_roles = param_roles(_norm_linear_of(16, {"gate": 12, "up": 12}, ScaleConfig.preset("dp")))
     assert dp_roles["branches.gate.out_scale.weight"] == "input_scale"  # DP's s folds into W_gate's rows
 
 
@@ -233,15 +251,15 @@ def test_folded_state_refuses_dnp_naming_branches():
 def test_output_norm_variants():
     """OutputNorm: γ ⊙ n(x) with role output_scale; no γ under 'none'; a direct γ under 'folded'."""
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
-    plain = OutputNorm(8, ScaleConfig.preset("none"), EPS)
+    plain = _output_norm(8, ScaleConfig.preset("none"))
     assert list(plain.parameters()) == []
     torch.testing.assert_close(plain(x), rms_norm(x, EPS))
-    orn = OutputNorm(8, ScaleConfig.preset("or"), EPS)
+    orn = _output_norm(8, ScaleConfig.preset("or"))
     init_params(orn)
     _perturb(orn.scale)
     torch.testing.assert_close(orn(x), rms_norm(x, EPS) * orn.scale())
     assert set(param_roles(orn).values()) == {"output_scale", "scale_direction"}
-    folded = OutputNorm(8, ScaleConfig(scale="none", folded=True), EPS)
+    folded = _output_norm(8, ScaleConfig(scale="none", folded=True))
     assert param_roles(folded) == {"scale.weight": "output_scale"}
     torch.testing.assert_close(orn.folded_state()["scale.weight"], orn.scale())
 

@@ -50,7 +50,7 @@ def test_batched_scales_groups_and_clears(make_cfg):
     vectors = [m for m in block.modules() if isinstance(m, ScaleVector)]
     with batched_scales(block):
         groups = block.__dict__["_magdir_groups"]
-        assert sum(len(g) for _, g in groups) == len(vectors)  # tiny: every width has 2+ vectors
+        assert sum(len(g) for g in groups) == len(vectors)  # tiny: every width has 2+ vectors
         inside = [v() for v in vectors]
         assert all(a is b for a, b in zip(inside, [v() for v in vectors]))  # cached: the same tensor
     assert all("_gamma" not in v.__dict__ for v in vectors)

@@ -50,6 +50,7 @@ from scalevec.config import ModelConfig
 from scalevec.data.tokenizer import BYTES_PREFIX
 from scalevec.hf.names import FORMATS, ONES_NAMES, name_map
 from scalevec.model.fold import fold_scales, unfoldable_scales
+from scalevec.model.scales import scale_plan
 from scalevec.model.transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -200,9 +201,8 @@ def remote_config(cfg: ModelConfig, scfg, dtype: str = "float32", bos_id: int | 
     whose outputs DNP normalizes. Raises ``ImportError`` without transformers."""
     from scalevec.hf.remote.configuration_scalevec import ScalevecConfig
 
-    has_scale = scfg.scale != "none" and not scfg.folded
-    norm_sites = [s for s in ("gate", "up") if has_scale and scfg.placement == "dual_norm" and s in scfg.dual_sites
-                  and s in scfg.norm_sites]
+    mlp = scale_plan(scfg, cfg).mlp  # the dense MLP and the experts normalize the same sites (scale_plan)
+    norm_sites = [s for s in ("gate", "up") if mlp.branches[s].normalized]
     r = getattr(cfg, "rope_scaling", None)
     moe = cfg.moe
     config = ScalevecConfig(

@@ -219,7 +219,7 @@ def plain_from_model(model: Transformer) -> PlainWeights:
 
     bad = unfoldable_scales(model)
     if bad:
-        raise ValueError(f"cannot convert a {model.scfg.placement}/{model.cfg.layout} model to another strategy: "
+        raise ValueError(f"cannot convert this model (DNP or peri) to another strategy: "
                          f"{', '.join(bad[:4])} cannot fold. Branch it with the same strategy and model "
                          f"(its weights then load as they are)")
     roles = model.param_roles()
@@ -251,23 +251,10 @@ def _effective_input_scale(m: NormLinear, branch: str) -> Tensor | None:
 
 
 def set_scale(sv: ScaleVector, gamma: Tensor) -> None:
-    """Set ``sv`` so that its effective γ is ``gamma`` (broadcast to its shape, e.g. per expert):
-    direct γ; OR β = rms(γ), α = γ / rms(γ); ER b = log rms(γ), α = γ / rms(γ) (rms over the last dim).
-    Raises ``ValueError`` for a γ whose rms is 0 (no magnitude-direction form)."""
-    shape = sv.direction.shape if sv.param != "direct" else sv.weight.shape
-    g = gamma.to(torch.float32).expand(shape)
-    with torch.no_grad():
-        if sv.param == "direct":
-            sv.weight.copy_(g)
-            return
-        rms = g.pow(2).mean(-1, keepdim=True).sqrt()
-        if not bool((rms > 0).all()):
-            raise ValueError("a norm weight is all zeros: it has no magnitude-direction form (OR/ER)")
-        sv.direction.copy_(g / rms)
-        if sv.param == "magdir":
-            sv.magnitude.copy_(rms)
-        else:
-            sv.log_magnitude.copy_(rms.log())
+    """Set ``sv`` so that its effective γ is ``gamma`` (broadcast to its shape, e.g. per expert): direct γ;
+    OR β = rms(γ), α = γ / rms(γ); ER b = log rms(γ), α = γ / rms(γ) (``ScaleVector.assign``, rms over the
+    last dim). Raises ``ValueError`` for a γ whose rms is 0 (no magnitude-direction form)."""
+    sv.assign(gamma)
 
 
 def _input_side(site_module) -> tuple[list[ScaleVector], list[Tensor], list[ScaleVector]]:

@@ -13,15 +13,25 @@ import dataclasses
 import torch
 
 from scalevec.config import ScaleConfig
+from scalevec.model.scales import DNP_CANNOT_FOLD
 from scalevec.model.transformer import Transformer, build_model
+
+
+def _dnp_projections(model: Transformer) -> list[str]:
+    """The projections whose outputs DNP normalizes (``scales.NormedBranch``, ``moe.NormedExpertProj``)."""
+    return [name for name, m in model.named_modules() if getattr(m, "out_norm", False)]
+
+
+def _peri_norms(model: Transformer) -> list[str]:
+    """The Output-Norms of the peri layout (``transformer.PeriBlock``): on the residual branch, no linear map after."""
+    if model.plan.peri is None:
+        return []
+    return [f"layers.{i}.{n}" for i in range(model.cfg.n_layers) for n in ("attn_out", "mlp_out")]
 
 
 def unfoldable_scales(model: Transformer) -> list[str]:
     """Names of the norms/scales that have no slot in a plain Llama (DNP output norms, peri output norms)."""
-    names = [name for name, m in model.named_modules() if getattr(m, "out_norm", False)]
-    if model.cfg.layout == "peri":
-        names += [f"layers.{i}.{n}" for i in range(model.cfg.n_layers) for n in ("attn_out", "mlp_out")]
-    return names
+    return _dnp_projections(model) + _peri_norms(model)
 
 
 def fold_scales(model: Transformer) -> Transformer:
@@ -35,10 +45,10 @@ def fold_scales(model: Transformer) -> Transformer:
     bad = unfoldable_scales(model)
     if bad:
         why = []
-        if model.cfg.layout == "peri":
+        if _peri_norms(model):
             why.append("the peri layout's output norms sit on the residual branch, with no linear map after them")
-        if not model.scfg.foldable:
-            why.append("DNP normalizes the outputs of W_gate/W_up, which no linear map can absorb")
+        if _dnp_projections(model):
+            why.append(DNP_CANNOT_FOLD)
         shown = ", ".join(bad[:6]) + (f", ... ({len(bad)} in all)" if len(bad) > 6 else "")
         raise ValueError(f"cannot fold {shown}: {'; '.join(why)}. Foldable strategies: none, baseline, iwd, hg, "
                          f"dp, or, er, unified_foldable (the exportable form of unified), in the pre layout")

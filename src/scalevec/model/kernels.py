@@ -1,17 +1,17 @@
-"""Hand-written autograd for the hot spots of scales.py: same functions and gradients, less time and memory.
+"""The fast path of the research object: scales.py's formulas with hand-written backward passes (``FAST``).
 
-``scales.py`` says *what* is computed (the reference forms are there: ``Branch.folded_weight``,
-``NormLinear.project(apply='activation')``, ``ScaleVector`` in its docstring formula); this module only
-computes it faster on CPU and GPU, measured in docs/performance.md and checked against the composed
-forms, gradients and second derivatives included, by tests/test_scales_fused.py:
+``scales.py`` says *what* is computed (the plain torch formulas, ``scales.PLAIN``); this module computes the
+same functions faster on CPU and GPU, measured in docs/performance.md, with the same signatures, so a model
+is built with one or the other (``ScalePlan.fast``: ``ScaleConfig.apply='weight'``). Checked against the plain
+formulas, values, gradients and second derivatives, by tests/test_kernels.py and tests/test_scale_plan.py:
 
 - ``rms_norm(x, eps, weight)``: RMSNorm (DESIGN.md §1) with an optional scale in the same pass;
 - ``dnp_swiglu``: SwiGLU over DNP's normalized gate/up outputs (DESIGN.md §3 ``dual_norm``);
-- ``magdir``: OR / ER's ``γ = m · α / rms(α)`` (DESIGN.md §3 ``param``);
-- ``folded_linear``: ``u (diag(s) W diag(c))ᵀ`` with the fold done on the fly (DESIGN.md §3 note).
+- ``or_gamma`` / ``er_gamma``: OR / ER's ``γ = m · α / rms(α)`` (DESIGN.md §3 ``param``);
+- ``folded_linear``: ``u (diag(s) W diag(c))ᵀ`` with the fold (``scales.fold_weight``) done on the fly.
 
 Under ``create_graph`` (double backward: Hessian-vector products in training/probes.py) every backward
-here falls back to differentiating the composed form, so second derivatives stay exact.
+here falls back to differentiating a composed form, so second derivatives stay exact.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from scalevec.model import scales as plain
 
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
@@ -72,8 +74,8 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
-def _rms_norm_grads(x: Tensor, weight: Tensor | None, g: Tensor, eps: float, need_x: bool = True,
-                    need_w: bool = True, xr: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor | None, Tensor | None]:
+def _rms_norm_grads(x: Tensor, weight: Tensor | None, g: Tensor, eps: float, need_x: bool = True, need_w: bool = True,
+                    xr: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor | None, Tensor | None]:
     """``(∂L/∂x, ∂L/∂w)`` of ``y = rms_norm(x, eps, w)`` given ``g = ∂L/∂y`` (formula: ``_RMSNorm``);
     ``w`` is a vector over the last dim. ``xr``: ``_inv_rms(x, eps)`` if already computed.
 
@@ -105,8 +107,9 @@ class _DNPSwiGLU(torch.autograd.Function):
     Composed from ``rms_norm``, ``silu`` and ``*``, autograd keeps z_g, z_u and silu(z_g) until
     backward: three (tokens × d_ff) tensors per block that the baseline's MLP does not hold (+21 %
     peak memory at ``small``). This keeps y, s and r = 1/rms(y) (one number per token) and
-    recomputes z in backward (a few elementwise passes), so DNP's MLP holds less than the baseline's. Under ``create_graph`` the
-    backward differentiates the composed form instead, so a double backward is exact.
+    recomputes z in backward (a few elementwise passes), so DNP's MLP holds less than the baseline's. Under
+    ``create_graph`` the backward differentiates the plain formula (``scales.dnp_swiglu``) instead, so a double
+    backward is exact.
     """
 
     @staticmethod
@@ -129,19 +132,19 @@ class _DNPSwiGLU(torch.autograd.Function):
         eps, need = ctx.eps, ctx.needs_input_grad
         if torch.is_grad_enabled():  # create_graph: let autograd differentiate the composed form
             inputs = [t for t, n in zip((yg, yu, sg, su), need) if n]
-            zg = rms_norm(yg, eps, sg) if sg is not None else yg
-            zu = rms_norm(yu, eps, su) if su is not None else yu
-            grads = iter(torch.autograd.grad(F.silu(zg) * zu, inputs, gp, create_graph=True))
+            grads = iter(torch.autograd.grad(plain.dnp_swiglu(yg, yu, sg, su, eps), inputs, gp, create_graph=True))
             return (*(next(grads) if n else None for n in need[:4]), None)
+
+        compute = torch.promote_types(yg.dtype, torch.float32)  # float32, or float64 for a float64 input
 
         def z(y: Tensor, s: Tensor | None, r: Tensor | None):  # recompute z in float32, and (x, r) of its norm
             if s is None:
-                return y.float(), None
+                return y.to(compute), None
             xf = y.to(r.dtype)
             return (xf * r).mul_(s.to(r.dtype)), (xf, r)
 
         (zg, xr_g), (zu, xr_u) = z(yg, sg, rg), z(yu, su, ru)
-        gp = gp.float()
+        gp = gp.to(compute)
         grad_zg = torch.ops.aten.silu_backward(gp * zu, zg)  # gp ⊙ z_u ⊙ silu'(z_g), one fused pass
         del zu
         grad_zu = (F.silu(zg, inplace=True) if sg is not None else F.silu(zg)).mul_(gp)
@@ -211,7 +214,7 @@ class _FoldedLinear(torch.autograd.Function):
         ctx.u_dtype = u.dtype
         u = u.to(dtype)  # what F.linear under autocast would save
         ctx.save_for_backward(u, w, c, s)
-        return F.linear(u, _fold(w, c, s).to(dtype))
+        return F.linear(u, plain.fold_weight(w, c, s).to(dtype))
 
     @staticmethod
     def backward(ctx, gy: Tensor):
@@ -219,13 +222,12 @@ class _FoldedLinear(torch.autograd.Function):
         need_u, need_w, need_c, need_s = ctx.needs_input_grad
         if torch.is_grad_enabled():  # create_graph: let autograd differentiate the composed form
             inputs = [t for t, n in zip((u, w, c, s), ctx.needs_input_grad) if n]
-            wf = w * c.to(w.dtype) if c is not None else w
-            wf = s.to(w.dtype).unsqueeze(-1) * wf if s is not None else wf
-            grads = iter(torch.autograd.grad(F.linear(u, wf.to(u.dtype)), inputs, gy, create_graph=True))
+            wf = plain.fold_weight(w, c, s).to(u.dtype)
+            grads = iter(torch.autograd.grad(F.linear(u, wf), inputs, gy, create_graph=True))
             return tuple(next(grads) if n else None for n in ctx.needs_input_grad)
         grad_u = grad_w = grad_c = grad_s = None
         if need_u:
-            grad_u = (gy @ _fold(w, c, s).to(gy.dtype)).to(ctx.u_dtype)
+            grad_u = (gy @ plain.fold_weight(w, c, s).to(gy.dtype)).to(ctx.u_dtype)
         if need_w or need_c or need_s:
             g = (gy.reshape(-1, gy.shape[-1]).t() @ u.reshape(-1, u.shape[-1])).to(w.dtype)  # (d_out, d_in)
             if need_c or need_s:
@@ -241,24 +243,30 @@ class _FoldedLinear(torch.autograd.Function):
         return grad_u, grad_w, grad_c, grad_s
 
 
-def _fold(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
-    """``diag(s) W diag(c)`` as a new tensor, in the order of ``Branch.folded_weight`` (None counts as ones)."""
-    out = w * c.to(w.dtype) if c is not None else w.clone()
-    return out.mul_(s.to(w.dtype).unsqueeze(-1)) if s is not None else out
+def or_gamma(magnitude: Tensor, direction: Tensor) -> Tensor:
+    """``scales.or_gamma`` (OR: ``β · α/rms(α)``, rms over the last dim) as one autograd node."""
+    return _MagDir.apply(magnitude, direction, False)[0]
 
 
-def magdir(magnitude: Tensor, direction: Tensor, exp: bool) -> Tensor:
-    """OR (``exp=False``: ``β · α/rms(α)``) or ER (``exp=True``: ``exp(b) · α/rms(α)``), rms over the last dim."""
-    return _MagDir.apply(magnitude, direction, exp)[0]
+def er_gamma(log_magnitude: Tensor, direction: Tensor) -> Tensor:
+    """``scales.er_gamma`` (ER: ``exp(b) · α/rms(α)``) as one autograd node."""
+    return _MagDir.apply(log_magnitude, direction, True)[0]
 
 
-def folded_linear(u: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
-    """``u (diag(s) W diag(c))ᵀ``, ``u: (..., d_in)``, ``W: (d_out, d_in)`` -> ``(..., d_out)``; None counts as ones."""
+def folded_linear(u: Tensor, w: Tensor, c: Tensor | None = None, s: Tensor | None = None) -> Tensor:
+    """``scales.scaled_linear``: ``u (diag(s) W diag(c))ᵀ``, ``u: (..., d_in)``, ``W: (d_out, d_in)`` ->
+    ``(..., d_out)``, with the fold done on the fly; None counts as ones."""
     if c is None and s is None:
         return F.linear(u, w.to(u.dtype))
     return _FoldedLinear.apply(u, w, c, s)
 
 
 def dnp_swiglu(yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None, eps: float) -> Tensor:
-    """``silu(z_g) ⊙ z_u`` with ``z = s ⊙ n(y)`` where ``s`` is given (a DNP-normalized branch), else ``z = y``."""
+    """``scales.dnp_swiglu``: ``silu(z_g) ⊙ z_u`` with ``z = s ⊙ n(y)`` where ``s`` is given, else ``z = y``."""
     return _DNPSwiGLU.apply(yg, yu, sg, su, eps)
+
+
+# The fast path: a drop-in for ``scales.PLAIN`` (same signatures), chosen when a model is built.
+FAST = plain.Ops("fast", rms_norm, or_gamma, er_gamma, folded_linear, dnp_swiglu)
+
+__all__ = ["rms_norm", "or_gamma", "er_gamma", "folded_linear", "dnp_swiglu", "FAST"]

@@ -10,18 +10,18 @@ One Input-Norm feeds the router and every expert's gate and up projections::
 
     MoE(x) = Σ_j w_tj · y_{e_tj}(u_t)  (+ shared experts' output)
 
-Scale vectors follow the §3 switches exactly as in a dense ``scales.NormLinear``: ``shared`` puts one γ on
-the norm; ``branch`` (HG) gives γ_router, γ_gate and γ_up (shared by all experts, or one per expert with
-``per_expert``: shape ``(E, d_model)``); ``dual`` (DP) adds an output scale s per expert, shape
-``(E, d_expert)``, on gate and up (foldable into the expert's rows); ``dual_norm`` (DNP) computes
-``s ⊙ n(W_e u)`` with n over d_expert. The router never gets an output scale. ``magdir``/``magdir_exp``
-reparameterize every γ and s (per expert: one magnitude per expert).
+Where scale vectors sit is ``ScalePlan.moe`` (``scales.scale_plan``, the same rules as a dense MLP):
+``shared`` puts one γ on the norm; ``branch`` (HG) gives γ_router, γ_gate and γ_up (shared by all experts,
+or one per expert with ``per_expert``: shape ``(E, d_model)``); ``dual`` (DP) adds an output scale s per
+expert, shape ``(E, d_expert)``, on gate and up (foldable into the expert's rows); ``dual_norm`` (DNP)
+computes ``s ⊙ n(W_e u)`` with n over d_expert (``NormedExpertProj``). The router never gets an output
+scale. ``magdir``/``magdir_exp`` reparameterize every γ and s (per expert: one magnitude per expert).
 
 Expert weights are 3-D banks ``(E, d_out, d_in)`` with role ``matrix`` (Muon treats each expert slice as
 its own matrix, DESIGN.md §5); the router weight ``(E, d_model)`` has role ``router``. Scales are always
-folded into the banks on the fly (``W'_e = diag(s_e) W_e diag(γ γ_e)``, cost E·d_expert·d_model per step,
-below the tokens·k·(d_model + d_expert) of scaling activations at every preset), so ``ScaleConfig.apply``
-does not change this module.
+folded into the banks on the fly (``scales.fold_weight``: ``W'_e = diag(s_e) W_e diag(γ γ_e)``, cost
+E·d_expert·d_model per step, below the tokens·k·(d_model + d_expert) of scaling activations at every
+preset), so ``ScaleConfig.apply`` chooses only the implementation of the norm here (``scales.Ops``).
 
 Routing (Mixtral convention): softmax over all experts, top-k, the k weights renormalized to sum to 1.
 Dispatch is dropless: the (token, slot) assignments are sorted by expert, each expert runs once on its
@@ -38,8 +38,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from scalevec.config import ModelConfig, ScaleConfig
-from scalevec.model.scales import Branch, Linear, make_scale, new_param, normal_init, rms_norm
+from scalevec.config import ModelConfig
+from scalevec.model.scales import (
+    PLAIN,
+    BranchPlan,
+    Linear,
+    NormPlan,
+    Ops,
+    ScalePlan,
+    fold_weight,
+    gamma_of,
+    make_branch,
+    multiply,
+    new_param,
+    normal_init,
+    refuse_unfoldable,
+)
 
 # ------------------------------------------------------------------------------------ routing and losses
 
@@ -121,51 +135,54 @@ def grouped_linear_offsets(x: Tensor, weight: Tensor, offsets: Tensor) -> Tensor
 # ------------------------------------------------------------------------------------ modules
 
 
-def _output_side(cfg: ScaleConfig, has_scale: bool, site: str) -> tuple[bool, bool, str]:
-    """``(out_scale, out_norm, out_scale_role)`` of projection ``site`` (gate/up), by the same rule as
-    ``scales.NormLinear`` (DESIGN.md §3): DP/DNP on ``dual_sites``, DNP's norm on ``norm_sites``; DNP's s
-    on W_gate feeds SiLU (``output_scale``), on W_up it folds into W_down (``input_scale``)."""
-    dual = has_scale and cfg.placement != "input" and site in cfg.dual_sites
-    norm = dual and cfg.placement == "dual_norm" and site in cfg.norm_sites
-    return dual, norm, "output_scale" if norm and site == "gate" else "input_scale"
-
-
 class ExpertProj(nn.Module):
-    """A bank of E bias-free linear maps ``weight: (E, d_out, d_in)`` (role ``matrix``) with the §3 scales.
-
-    The expert analogue of ``scales.Branch``: expert e computes ``s_e ⊙ [n](W_e diag(γ_e) u)``.
-    ``in_scale``: HG's γ, shape ``(d_in,)`` shared by all experts or ``(E, d_in)`` with ``per_expert``.
-    ``out_scale``: DP/DNP's s, shape ``(E, d_out)``. ``out_norm``: DNP normalizes over d_out before s.
+    """A bank of E bias-free linear maps ``weight: (E, d_out, d_in)`` (role ``matrix``) with the §3 scales of
+    ``plan`` (a ``scales.BranchPlan``): the expert analogue of ``scales.Branch``, expert e computes
+    ``s_e ⊙ (W_e diag(γ_e) u)``. ``in_scale``: HG's γ, shape ``(d_in,)`` shared by all experts or ``(E, d_in)``
+    per expert; ``out_scale``: DP's s, shape ``(E, d_out)``; both fold into the bank (``folded_weight``).
     """
 
-    def __init__(self, n_experts: int, d_in: int, d_out: int, cfg: ScaleConfig, std: float,
-                 in_scale: bool = False, per_expert: bool = False, out_scale: bool = False,
-                 out_norm: bool = False, out_scale_role: str = "input_scale"):
+    out_norm = False  # DNP's output normalization (``NormedExpertProj``): for readers, never for forward
+
+    def __init__(self, n_experts: int, d_in: int, d_out: int, plan: BranchPlan, eps: float, ops: Ops = PLAIN,
+                 std: float = 0.02):
         super().__init__()
+        self.eps, self.ops = eps, ops
         new_param(self, "weight", (n_experts, d_out, d_in), "matrix", normal_init(std))
-        in_shape = (n_experts, d_in) if per_expert else (d_in,)
-        self.in_scale = make_scale(cfg, in_shape, "input_scale") if in_scale else None
-        self.out_scale = make_scale(cfg, (n_experts, d_out), out_scale_role) if out_scale else None
-        self.out_norm = out_norm
+        g, s = plan.gamma, plan.s
+        self.in_scale = g.build((n_experts, d_in) if g.per_expert else (d_in,), ops) if g is not None else None
+        self.out_scale = s.build((n_experts, d_out), ops) if s is not None else None
+
+    def fold_vectors(self) -> tuple[Tensor | None, Tensor | None]:
+        """``(γ or None, s or None)``: the vectors that fold into the bank."""
+        return gamma_of(self.in_scale), gamma_of(self.out_scale)
 
     def folded_weight(self, shared: Tensor | None = None) -> Tensor:
-        """``diag(s_e) W_e diag(γ_shared γ_e)`` for every e, ``(E, d_out, d_in)``; s is left out under
-        ``out_norm`` (it acts after the norm)."""
-        w = self.weight
-        g = self.in_scale() if self.in_scale is not None else None
-        if shared is not None:
-            g = shared if g is None else g * shared
-        if g is not None:
-            w = w * g.to(w.dtype).unsqueeze(-2)  # (d_in,) or (E, d_in) -> broadcast over d_out
-        if self.out_scale is not None and not self.out_norm:
-            w = self.out_scale().to(w.dtype).unsqueeze(-1) * w
-        return w
+        """``diag(s_e) W_e diag(γ_e ⊙ shared)`` for every e, ``(E, d_out, d_in)``, with the vectors that fold."""
+        g, s = self.fold_vectors()
+        return fold_weight(self.weight, multiply(g, shared), s)
 
-    def finish(self, y: Tensor, expert: Tensor, eps: float) -> Tensor:
-        """DNP's ``s_e ⊙ n(y)`` on rows ``y: (M, d_out)`` computed by experts ``expert: (M,)``; else ``y``."""
-        if not self.out_norm:
-            return y
-        return rms_norm(y, eps) * self.out_scale()[expert].to(y.dtype)
+    def finish(self, y: Tensor, expert: Tensor) -> Tensor:
+        """The output side that is not in the bank, on rows ``y: (M, d_out)`` of experts ``expert: (M,)``: none."""
+        return y
+
+
+class NormedExpertProj(ExpertProj):
+    """DNP's expert bank: expert e computes ``s_e ⊙ n(W_e diag(γ_e) u)``, n over d_out; s acts after the norm."""
+
+    out_norm = True
+
+    def fold_vectors(self) -> tuple[Tensor | None, Tensor | None]:
+        return gamma_of(self.in_scale), None
+
+    def finish(self, y: Tensor, expert: Tensor) -> Tensor:
+        return self.ops.rms_norm(y, self.eps) * self.out_scale()[expert].to(y.dtype)
+
+
+def make_expert_proj(n_experts: int, d_in: int, d_out: int, plan: BranchPlan, eps: float, ops: Ops = PLAIN,
+                     std: float = 0.02) -> ExpertProj:
+    """The ``ExpertProj`` or ``NormedExpertProj`` (DNP) of ``plan``."""
+    return (NormedExpertProj if plan.normalized else ExpertProj)(n_experts, d_in, d_out, plan, eps, ops, std)
 
 
 class Experts(nn.Module):
@@ -176,17 +193,15 @@ class Experts(nn.Module):
     ``Σ_j weights[t, j] · expert_{idx[t, j]}(u_t)``. Every assignment is computed; none is dropped.
     """
 
-    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig, has_scale: bool, branch: bool):
+    def __init__(self, cfg: ModelConfig, plan: NormPlan, ops: Ops):
         super().__init__()
         moe, d = cfg.moe, cfg.d_model
-        self.n_experts, self.eps = moe.n_experts, cfg.norm_eps
-        per_expert = branch and scfg.per_expert
+        self.n_experts = moe.n_experts
         for site in ("gate", "up"):
-            dual, norm, role = _output_side(scfg, has_scale, site)
-            self.add_module(site, ExpertProj(moe.n_experts, d, moe.d_expert, scfg, cfg.init_std, in_scale=branch,
-                                             per_expert=per_expert, out_scale=dual, out_norm=norm,
-                                             out_scale_role=role))
-        self.down = ExpertProj(moe.n_experts, moe.d_expert, d, scfg, cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+            self.add_module(site, make_expert_proj(moe.n_experts, d, moe.d_expert, plan.branches[f"experts.{site}"],
+                                                   cfg.norm_eps, ops, cfg.init_std))
+        self.down = ExpertProj(moe.n_experts, moe.d_expert, d, BranchPlan(), cfg.norm_eps, ops,
+                               cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, u: Tensor, idx: Tensor, weights: Tensor, shared: Tensor | None = None) -> Tensor:
         k = idx.shape[1]
@@ -198,7 +213,7 @@ class Experts(nn.Module):
         x = u[token]  # (N·k, d)
         g = grouped_linear_offsets(x, self.gate.folded_weight(shared).to(x.dtype), offsets)  # (N·k, d_expert)
         v = grouped_linear_offsets(x, self.up.folded_weight(shared).to(x.dtype), offsets)
-        h = F.silu(self.gate.finish(g, expert, self.eps)) * self.up.finish(v, expert, self.eps)
+        h = F.silu(self.gate.finish(g, expert)) * self.up.finish(v, expert)
         y = grouped_linear_offsets(h, self.down.weight.to(h.dtype), offsets)  # (N·k, d)
         y = y * weights.flatten()[order].unsqueeze(-1).to(y.dtype)
         return y.new_zeros(u.shape).index_add(0, token, y)  # (N, d)
@@ -207,22 +222,20 @@ class Experts(nn.Module):
 class SharedExperts(nn.Module):
     """Always-on SwiGLU of width ``d_expert · n_shared_experts`` reading the MoE's normalized input (§6).
 
-    Its gate and up are ``scales.Branch``es with the same scale strategy as a dense MLP.
+    Its gate and up are ``scales.Branch``es (``NormedBranch`` under DNP), placed by the plan as a dense MLP's.
     ``forward(u: (N, d_model), shared γ (d_model,) or None) -> (N, d_model)``.
     """
 
-    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig, has_scale: bool, branch: bool):
+    def __init__(self, cfg: ModelConfig, plan: NormPlan, ops: Ops):
         super().__init__()
         d, width = cfg.d_model, cfg.moe.d_expert * cfg.moe.n_shared_experts
-        self.eps = cfg.norm_eps
         for site in ("gate", "up"):
-            dual, norm, role = _output_side(scfg, has_scale, site)
-            self.add_module(site, Branch(d, width, scfg, "matrix", cfg.init_std, in_scale=branch, out_scale=dual,
-                                         out_norm=norm, out_scale_role=role))
+            self.add_module(site, make_branch(d, width, plan.branches[f"shared_experts.{site}"], cfg.norm_eps, ops,
+                                              std=cfg.init_std))
         self.down = Linear(width, d, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, u: Tensor, shared: Tensor | None = None) -> Tensor:
-        g, v = (b.finish(F.linear(u, b.folded_weight(shared).to(u.dtype)), self.eps) for b in (self.gate, self.up))
+        g, v = (b.finish(F.linear(u, b.folded_weight(shared).to(u.dtype))) for b in (self.gate, self.up))
         return self.down(F.silu(g) * v)
 
 
@@ -235,26 +248,29 @@ class MoE(nn.Module):
     (sums to 1), ``tokens_per_expert`` (E,) assignment counts (sum N·k), ``lb`` (raw, before lb_coef),
     ``z_loss`` (raw), ``router_entropy`` (mean over tokens of the routing distribution's entropy, nats).
     Parameters: ``scale`` (the norm's γ under scale=shared), ``router`` (``scales.Branch``, role
-    ``router``), ``experts`` (``Experts``), ``shared_experts`` (``SharedExperts`` or None).
+    ``router``), ``experts`` (``Experts``), ``shared_experts`` (``SharedExperts`` or None), placed by
+    ``plan.moe`` (``scales.scale_plan``). ``norm(x)`` is the Input-Norm without its γ: here γ (and every
+    branch's γ_b, s) is folded into the router and expert weights instead.
     """
 
-    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops = PLAIN):
         super().__init__()
-        moe = cfg.moe
-        self.n_experts, self.top_k, self.eps = moe.n_experts, moe.top_k, cfg.norm_eps
+        moe, p = cfg.moe, plan.moe
+        self.n_experts, self.top_k, self.eps, self.ops = moe.n_experts, moe.top_k, cfg.norm_eps, ops
         self.lb_coef, self.z_loss_coef = moe.lb_coef, moe.z_loss_coef
-        has_scale = scfg.scale != "none" and not scfg.folded
-        branch = has_scale and scfg.scale == "branch"
-        self.scale = make_scale(scfg, (cfg.d_model,), "input_scale") if has_scale and not branch else None
-        self.router = Branch(cfg.d_model, moe.n_experts, scfg, "router", cfg.init_std, in_scale=branch,
-                             out_scale=False, out_norm=False)
-        self.experts = Experts(cfg, scfg, has_scale, branch)
-        self.shared_experts = SharedExperts(cfg, scfg, has_scale, branch) if moe.n_shared_experts else None
+        self.scale = p.gamma.build((cfg.d_model,), ops) if p.gamma is not None else None
+        self.router = make_branch(cfg.d_model, moe.n_experts, p.branches["router"], cfg.norm_eps, ops, role="router",
+                                  std=cfg.init_std)
+        self.experts = Experts(cfg, p, ops)
+        self.shared_experts = SharedExperts(cfg, p, ops) if moe.n_shared_experts else None
         self.last_stats: dict[str, Tensor] = {}
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        u = rms_norm(x, self.eps).flatten(0, -2)  # (N, d)
-        shared = self.scale() if self.scale is not None else None
+    def norm(self, x: Tensor) -> Tensor:
+        return self.ops.rms_norm(x, self.eps)
+
+    def forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        shape, u = u.shape, u.flatten(0, -2)  # (N, d)
+        shared = gamma_of(self.scale)
         logits = F.linear(u, self.router.folded_weight(shared).to(u.dtype)).float()  # (N, E)
         probs, idx, weights = route(logits, self.top_k)
         y = self.experts(u, idx, weights, shared)
@@ -262,7 +278,7 @@ class MoE(nn.Module):
             y = y + self.shared_experts(u, shared)
         lb, z = load_balancing_loss(probs, idx), router_z_loss(logits)
         self._record(probs, idx, lb, z)
-        return y.view(x.shape), self.lb_coef * lb + self.z_loss_coef * z
+        return y.view(shape), self.lb_coef * lb + self.z_loss_coef * z
 
     @torch.no_grad()
     def _record(self, probs: Tensor, idx: Tensor, lb: Tensor, z: Tensor) -> None:
@@ -282,10 +298,8 @@ class MoE(nn.Module):
 
         Raises ``ValueError`` naming the projections whose DNP output normalization cannot fold.
         """
-        bad = [name for name, m in self.named_modules() if getattr(m, "out_norm", False)]
-        if bad:
-            raise ValueError(f"DNP output normalization on {', '.join(bad)} cannot fold into a linear map")
-        shared = self.scale() if self.scale is not None else None
+        refuse_unfoldable([name for name, m in self.named_modules() if getattr(m, "out_norm", False)])
+        shared = gamma_of(self.scale)
         parts = {"router": self.router, "experts.gate": self.experts.gate, "experts.up": self.experts.up}
         if self.shared_experts is not None:
             parts.update({"shared_experts.gate": self.shared_experts.gate, "shared_experts.up": self.shared_experts.up})
@@ -300,5 +314,4 @@ class MoE(nn.Module):
 
 
 __all__ = ["route", "expert_counts", "load_balancing_loss", "router_z_loss", "grouped_linear", "grouped_linear_offsets",
-           "ExpertProj", "Experts",
-           "SharedExperts", "MoE"]
+           "ExpertProj", "NormedExpertProj", "make_expert_proj", "Experts", "SharedExperts", "MoE"]

@@ -1,10 +1,12 @@
 """The Llama-style decoder with every scale-vector strategy (DESIGN.md §2, §3).
 
 A handful of small modules: ``Attention`` (GQA, RoPE in Hugging Face's half-rotation layout,
-optional QK-norm, SDPA), ``MLP`` (SwiGLU), ``Block`` (``pre`` or ``peri`` layout) and ``Transformer``.
-Where scale vectors sit is decided by ``scales.NormLinear`` / ``scales.OutputNorm`` when a block is
-built, never by flags in ``forward``. Parameter roles and inits are declared where parameters are
-made (``scales.new_param``). MoE MLPs live in ``moe.py``.
+optional QK-norm, SDPA), ``MLP`` (SwiGLU), ``PreBlock`` / ``PeriBlock`` (the two layouts) and
+``Transformer``. Where scale vectors sit is decided once, by ``scales.scale_plan``, and the modules of
+that plan are built then (``scales.NormLinear``, ``scales.OutputNorm``, ``moe.MoE``), with the plain
+formulas (``scales.PLAIN``) or the fast kernels (``kernels.FAST``); nothing in ``forward`` looks at the
+strategy. Parameter roles and inits are declared where parameters are made (``scales.new_param``).
+MoE MLPs live in ``moe.py``.
 """
 
 from __future__ import annotations
@@ -17,15 +19,21 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from scalevec.config import ModelConfig, RopeScalingConfig, ScaleConfig
+from scalevec.model.kernels import FAST
 from scalevec.model.scales import (
+    PLAIN,
     Linear,
     NormLinear,
+    Ops,
     OutputNorm,
+    ScalePlan,
     batched_scales,
     init_params,
     new_param,
     normal_init,
     param_roles,
+    scale_plan,
+    swiglu_proj,
 )
 
 
@@ -99,24 +107,28 @@ class KVCache:
 class Attention(nn.Module):
     """Causal GQA self-attention reading an Input-Norm (its γ folds into W_q, W_k, W_v).
 
-    ``forward(x: (B, T, d_model), cos, sin, kv=None) -> (B, T, d_model)``; with a ``LayerKV`` (generation)
-    the new keys/values are appended to it and the T queries attend to every cached key. With ``qk_norm``
-    each head's q and k are RMS-normalized over head_dim with one Output-Norm γ per projection, before
-    RoPE (as in Qwen3).
+    ``norm(x: (B, T, d_model)) -> u``: the Input-Norm (``proj.norm``). ``forward(u, cos, sin, kv=None) ->
+    (B, T, d_model)``; with a ``LayerKV`` (generation) the new keys/values are appended to it and the T
+    queries attend to every cached key. With ``qk_norm`` each head's q and k are RMS-normalized over
+    head_dim with one Output-Norm γ per projection, before RoPE (as in Qwen3).
     """
 
-    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim  # q == d_model unless head_dim is set
-        self.proj = NormLinear(cfg.d_model, {"q": q, "k": kv, "v": kv}, scfg, cfg.norm_eps, std=cfg.init_std)
-        self.q_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
-        self.k_norm = OutputNorm(cfg.head_dim, scfg, cfg.norm_eps) if cfg.qk_norm else nn.Identity()
+        self.proj = NormLinear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops, std=cfg.init_std)
+        qk = plan.qk_norm
+        self.q_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
+        self.k_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
         self.o = Linear(q, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.proj(x)
+    def norm(self, x: Tensor) -> Tensor:
+        return self.proj.norm(x)
+
+    def forward(self, u: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> Tensor:
+        B, T, _ = u.shape
+        q, k, v = self.proj(u)
         q = self.q_norm(q.view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, hd)
         k = self.k_norm(k.view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (B, KV, T, hd)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -132,44 +144,77 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU ``W_down(silu(W_gate u) * (W_up u))`` reading an Input-Norm. ``(B, T, d) -> ((B, T, d), aux=0)``."""
+    """SwiGLU ``W_down(silu(W_gate u) * (W_up u))`` reading an Input-Norm (``norm(x) -> u``, ``proj.norm``).
 
-    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
+    ``forward(u: (B, T, d)) -> ((B, T, d), aux=0)``. Under DNP ``proj`` is a ``scales.DNPSwiGLUProj``.
+    """
+
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
         super().__init__()
-        self.proj = NormLinear(cfg.d_model, {"gate": cfg.d_ff, "up": cfg.d_ff}, scfg, cfg.norm_eps, std=cfg.init_std)
+        self.proj = swiglu_proj(cfg.d_model, cfg.d_ff, plan.mlp, cfg.norm_eps, ops, std=cfg.init_std)
         self.down = Linear(cfg.d_ff, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self.down(self.proj.swiglu(x)), x.new_zeros(())  # silu(W_gate u) * (W_up u)
+    def norm(self, x: Tensor) -> Tensor:
+        return self.proj.norm(x)
+
+    def forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        return self.down(self.proj(u)), u.new_zeros(())  # silu(W_gate u) * (W_up u)
 
 
 class Block(nn.Module):
-    """One decoder block. Where the scale vectors sit (γ: Input-Norm, γ_out: Output-Norm)::
+    """One decoder block (DESIGN.md §2, §3); ``PreBlock`` and ``PeriBlock`` say in ``forward`` where the norms are.
+    Every scale vector a strategy may place, each where ``scales.scale_plan`` puts it::
 
-        pre:   x ─┬─ n·γ ─ Attn ─(+)─┬─ n·γ ─ MLP ─(+)─>        γ folds into W_q,k,v / W_gate,up
-                  └──────────────────┘└─────────────────┘
-        peri:  x ─┬─ n·γ ─ Attn ─ n·γ_out ─(+)─ ... same for the MLP   γ_out cannot fold
+                     ┌─(γ_q)─ W_q ─(s_q)─ [γ_qk ⊙ n] ─ RoPE ─┐
+        x ─── n ─(γ)─┼─(γ_k)─ W_k ─(s_k)─ [γ_qk ⊙ n] ─ RoPE ─┼─ attention ─ W_o ─ [peri: γ_out ⊙ n] ─(+ x)─> x
+                     └─(γ_v)─ W_v ─(s_v)─────────────────────┘
+                     ┌─(γ_gate)─ W_gate ─(s_gate)─ [DNP: s ⊙ n] ─ silu ─┐
+        x ─── n ─(γ)─┤                                                  ⊙ ─ W_down ─ [peri: γ_out ⊙ n] ─(+ x)─> x
+                     └─(γ_up)─── W_up ───(s_up)─── [DNP: s ⊙ n] ────────┘
 
-    ``forward(x: (B, T, d), cos, sin) -> (x, aux_loss)``; aux is the MoE auxiliary loss (0 if dense).
+        n: RMSNorm without affine    γ: the Input-Norm's own scale (scale=shared)    γ_b: one per branch (HG)
+        s_b: output side (DP; DNP: after n)    γ_qk: QK-norm    γ_out: peri's Output-Norms
+        MoE MLP (moe.py): the same on the router (γ only) and on every expert's W_gate, W_up (γ_b, s per expert)
+
+    Every γ, γ_b and s folds into the adjacent W (§1, §4) except DNP's s and the Output-Norms' γ.
+    ``forward(x: (B, T, d), cos, sin, kv=None) -> (x, aux_loss)``; aux is the MoE auxiliary loss (0 if dense).
     """
 
-    def __init__(self, cfg: ModelConfig, scfg: ScaleConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops, layer: int):
         super().__init__()
-        self.attn = Attention(cfg, scfg)
+        self.attn = Attention(cfg, plan, ops)
         if cfg.moe is not None and layer >= cfg.moe.first_dense:
             from scalevec.model.moe import MoE
 
-            self.mlp = MoE(cfg, scfg)
+            self.mlp = MoE(cfg, plan, ops)
         else:
-            self.mlp = MLP(cfg, scfg)
-        peri = cfg.layout == "peri"
-        self.attn_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
-        self.mlp_out = OutputNorm(cfg.d_model, scfg, cfg.norm_eps) if peri else nn.Identity()
+            self.mlp = MLP(cfg, plan, ops)
+
+
+class PreBlock(Block):
+    """The ``pre`` layout (Llama): ``x + Attn(n(x))``, then ``x + MLP(n(x))``; every Input-Norm belongs to the
+    sublayer that reads it (``attn.norm``, ``mlp.norm``), so that its γ can fold into that sublayer's W."""
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> tuple[Tensor, Tensor]:
         with batched_scales(self):  # OR/ER γ of the block in one node per width (scales.py), same numbers
-            x = x + self.attn_out(self.attn(x, cos, sin, kv))
-            y, aux = self.mlp(x)
+            x = x + self.attn(self.attn.norm(x), cos, sin, kv)
+            y, aux = self.mlp(self.mlp.norm(x))
+            return x + y, aux
+
+
+class PeriBlock(Block):
+    """The ``peri`` layout (Peri-LN, Gemma's sandwich): ``x + γ_out ⊙ n(Attn(n(x)))``, the same for the MLP;
+    ``attn_out`` and ``mlp_out`` are Output-Norms, their γ cannot fold."""
+
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops, layer: int):
+        super().__init__(cfg, plan, ops, layer)
+        self.attn_out = OutputNorm(cfg.d_model, plan.peri, cfg.norm_eps, ops)
+        self.mlp_out = OutputNorm(cfg.d_model, plan.peri, cfg.norm_eps, ops)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, kv: LayerKV | None = None) -> tuple[Tensor, Tensor]:
+        with batched_scales(self):
+            x = x + self.attn_out(self.attn(self.attn.norm(x), cos, sin, kv))
+            y, aux = self.mlp(self.mlp.norm(x))
             return x + self.mlp_out(y), aux
 
 
@@ -185,7 +230,7 @@ class Embedding(nn.Module):
 
 
 def _head_cross_entropy(head: NormLinear, x: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(head(x)[0].float(), targets, ignore_index=-100, reduction="sum")
+    return F.cross_entropy(head(head.norm(x))[0].float(), targets, ignore_index=-100, reduction="sum")
 
 
 def chunked_cross_entropy(head: NormLinear, x: Tensor, targets: Tensor, chunk_tokens: int) -> Tensor:
@@ -214,8 +259,8 @@ class Transformer(nn.Module):
     ``forward(tokens, targets (B, T)) -> (ce_sum, n_targets, aux)``: cross-entropy in nats summed over
     targets ``!= -100`` (float32), their count, and the coefficient-weighted MoE auxiliary loss.
     Parameters are initialized from the current torch RNG in creation order; scale parameters use
-    no randomness, so every strategy gets the same matrices from the same seed.
-    Raises ``ValueError`` for an invalid config.
+    no randomness, so every strategy gets the same matrices from the same seed. ``plan`` is the
+    ``scales.ScalePlan`` the model was built from. Raises ``ValueError`` for an invalid config.
     """
 
     def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
@@ -223,9 +268,12 @@ class Transformer(nn.Module):
         cfg.validate()
         scfg.validate()
         self.cfg, self.scfg = cfg, scfg
+        self.plan = plan = scale_plan(scfg, cfg)  # where every scale vector sits: the strategy, read once
+        ops = FAST if plan.fast else PLAIN  # the fast kernels or the plain formulas, same functions
+        block = PeriBlock if plan.peri is not None else PreBlock
         self.embed = Embedding(cfg.vocab_size, cfg.d_model, cfg.init_std)
-        self.layers = nn.ModuleList(Block(cfg, scfg, i) for i in range(cfg.n_layers))
-        self.head = NormLinear(cfg.d_model, {"lm_head": cfg.vocab_size}, scfg, cfg.norm_eps, role="lm_head",
+        self.layers = nn.ModuleList(block(cfg, plan, ops, i) for i in range(cfg.n_layers))
+        self.head = NormLinear(cfg.d_model, {"lm_head": cfg.vocab_size}, plan.head, cfg.norm_eps, ops, role="lm_head",
                                std=cfg.init_std)
         if cfg.tie_embeddings:
             self.head.branches["lm_head"].weight = self.embed.weight
@@ -265,7 +313,7 @@ class Transformer(nn.Module):
             aux = aux + a
         if targets is not None and self.loss_chunk_tokens:
             return chunked_cross_entropy(self.head, x, targets, self.loss_chunk_tokens), (targets != -100).sum(), aux
-        logits = self.head(x)[0]  # (B, T, V)
+        logits = self.head(self.head.norm(x))[0]  # (B, T, V): the final Input-Norm, then the LM head
         if targets is None:
             return logits
         ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
@@ -287,7 +335,7 @@ class Transformer(nn.Module):
         cos, sin = cos[start:], sin[start:]  # the new tokens' positions
         for layer, kv in zip(self.layers, cache.layers):
             x, _ = layer(x, cos, sin, kv)
-        return self.head(x)[0]
+        return self.head(self.head.norm(x))[0]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count; ``non_embedding`` leaves out the embedding and the LM head (scaling fits)."""
@@ -300,7 +348,8 @@ class Transformer(nn.Module):
         return self.num_params() - sum(m.inactive_params() for m in self.modules() if hasattr(m, "inactive_params"))
 
 
-def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None, device: str | torch.device | None = None) -> Transformer:
+def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None,
+                device: str | torch.device | None = None) -> Transformer:
     """Build a ``Transformer``; with ``seed`` its matrices come from ``torch.manual_seed(seed)`` (fork of the
     global RNG, which is left untouched). ``device='meta'`` builds it without memory (parameter counts)."""
     with torch.device(device or "cpu"):

@@ -17,18 +17,21 @@ from torch import nn
 
 from scalevec.config import OptimConfig, ScaleConfig
 from scalevec.model.params import ROLES
+from scalevec.model.scales import decayed_scale_roles
 
 
 def role_weight_decay(role: str, cfg: OptimConfig, scfg: ScaleConfig) -> float:
-    """Decoupled weight decay of a role (DESIGN.md §3 ``wd`` switch, §5)."""
+    """Decoupled weight decay of a role (DESIGN.md §3 ``wd`` switch, §5): the scale roles as
+    ``scales.decayed_scale_roles`` says (the strategy's plan)."""
+    scale_decay = decayed_scale_roles(scfg)
     decayed = {
         "matrix": True,
         "lm_head": True,
         "embedding": cfg.embedding_wd,
         "router": cfg.router_wd,
-        "input_scale": scfg.wd in ("all", "input"),
-        "output_scale": scfg.wd in ("all", "output"),
-        "scale_direction": False,
+        "input_scale": "input_scale" in scale_decay,
+        "output_scale": "output_scale" in scale_decay,
+        "scale_direction": "scale_direction" in scale_decay,
     }[role]
     return cfg.weight_decay if decayed else 0.0
 

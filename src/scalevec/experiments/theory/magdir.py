@@ -26,7 +26,8 @@ from torch import Tensor
 from torch.func import functional_call, jacrev
 
 from scalevec.experiments.theory.toys import DTYPE, figure, generator
-from scalevec.model.scales import ScaleVector, init_params
+from scalevec.model.kernels import FAST
+from scalevec.model.scales import SCALE_KINDS, ScaleVector, init_params
 
 DIMS = (2, 4, 16, 64, 256)
 PARAMS = ("direct", "magdir", "magdir_exp")
@@ -68,8 +69,9 @@ def predicted(param: str, vec: ScaleVector) -> dict:
 
 
 def make(param: str, d: int) -> ScaleVector:
-    """The real ``scales.ScaleVector((d,), param)`` in float64, initialized as declared (γ = 1)."""
-    vec = ScaleVector((d,), param, "input_scale").to(DTYPE)
+    """The real scale vector of ``param`` (``scales.SCALE_KINDS``: direct, OR, ER), shape (d,), on the fast path a
+    model trains with (``kernels.FAST``), in float64, initialized as declared (γ = 1)."""
+    vec = SCALE_KINDS[param]((d,), "input_scale", FAST).to(DTYPE)
     init_params(vec)
     return vec
 

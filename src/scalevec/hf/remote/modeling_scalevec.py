@@ -105,17 +105,20 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, norm_sites, gate_scale, eps: float) -> torch.Tensor:
-    """``silu(g) ⊙ v``; DNP normalizes g (then times its scale) and/or v over the last dim first."""
-    if "gate" in norm_sites:
-        gate = rms_norm(gate, eps, gate_scale)
-    if "up" in norm_sites:
-        up = rms_norm(up, eps)
-    return F.silu(gate) * up
+def keep(y: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """A gate/up output that DNP does not normalize: as it is (the signature of ``rms_norm``)."""
+    return y
+
+
+def dnp_output(site: str, config: ScalevecConfig):
+    """What the SwiGLU does to the output of ``site`` (gate, up), chosen once: ``rms_norm`` where DNP normalizes
+    it (``config.mlp_norm_sites``), else ``keep``."""
+    return rms_norm if site in config.mlp_norm_sites else keep
 
 
 class MLP(nn.Module):
-    """SwiGLU of width ``width``; under DNP the gate keeps its output scale ``gate_norm``."""
+    """SwiGLU of width ``width``: ``down(silu(g) ⊙ v)``; under DNP g is ``gate_norm ⊙ n(gate(u))`` and/or v is
+    ``n(up(u))`` (the gate keeps its output scale ``gate_norm``)."""
 
     def __init__(self, config: ScalevecConfig, width: int):
         super().__init__()
@@ -123,11 +126,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(d, width, bias=False)
         self.up_proj = nn.Linear(d, width, bias=False)
         self.down_proj = nn.Linear(width, d, bias=False)
-        self.norm_sites, self.eps = tuple(config.mlp_norm_sites), config.rms_norm_eps
-        self.gate_norm = nn.Parameter(torch.ones(width)) if "gate" in self.norm_sites else None
+        self.eps, self.gate_out, self.up_out = config.rms_norm_eps, dnp_output("gate", config), dnp_output("up", config)
+        self.gate_norm = nn.Parameter(torch.ones(width)) if "gate" in config.mlp_norm_sites else None
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(swiglu(self.gate_proj(u), self.up_proj(u), self.norm_sites, self.gate_norm, self.eps))
+        g = self.gate_out(self.gate_proj(u), self.eps, self.gate_norm)
+        return self.down_proj(F.silu(g) * self.up_out(self.up_proj(u), self.eps))
 
 
 class Experts(nn.Module):
@@ -139,8 +143,8 @@ class Experts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(E, w, d))
         self.up_proj = nn.Parameter(torch.empty(E, w, d))
         self.down_proj = nn.Parameter(torch.empty(E, d, w))
-        self.norm_sites, self.eps = tuple(config.mlp_norm_sites), config.rms_norm_eps
-        self.gate_norm = nn.Parameter(torch.ones(E, w)) if "gate" in self.norm_sites else None
+        self.eps, self.gate_out, self.up_out = config.rms_norm_eps, dnp_output("gate", config), dnp_output("up", config)
+        self.gate_norm = nn.Parameter(torch.ones(E, w)) if "gate" in config.mlp_norm_sites else None
 
     def forward(self, u: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``u: (N, d)``, ``idx, weights: (N, k)`` -> ``Σ_j weights[:, j] · expert_{idx[:, j]}(u)``, ``(N, d)``."""
@@ -149,7 +153,8 @@ class Experts(nn.Module):
             token, slot = (idx == e).nonzero(as_tuple=True)
             x = u[token]
             gate_scale = self.gate_norm[e] if self.gate_norm is not None else None
-            h = swiglu(x @ self.gate_proj[e].T, x @ self.up_proj[e].T, self.norm_sites, gate_scale, self.eps)
+            g = self.gate_out(x @ self.gate_proj[e].T, self.eps, gate_scale)
+            h = F.silu(g) * self.up_out(x @ self.up_proj[e].T, self.eps)
             out.index_add_(0, token, (h @ self.down_proj[e].T) * weights[token, slot, None].to(u.dtype))
         return out
 
