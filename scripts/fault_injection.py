@@ -34,15 +34,16 @@ import yaml
 from safetensors.torch import load_file
 
 from scalevec.config import to_dict
+from scalevec.resolve import resolve_config
 from scalevec.training import rundir
-from scalevec.training.trainer import make_config, train
+from scalevec.training.trainer import train
 
 
 def config(steps: int, cache: Path):
     items = {"train.steps": steps, "train.batch_size": 2, "train.seq_len": 16, "train.eval_every": 4,
              "train.log_every": 1, "train.eval_batch_size": 4, "data.val_tokens": 512, "schedule.warmup": 2,
              "train.ckpt_every": 1, "optim.lr": 1e-2, "data.cache_dir": str(cache)}
-    return make_config("tiny", "baseline", [f"{k}={v}" for k, v in items.items()])
+    return resolve_config("tiny", "baseline", [f"{k}={v}" for k, v in items.items()])
 
 
 def fingerprint(run: Path, steps: int):

@@ -61,14 +61,14 @@ from pathlib import Path
 import torch
 
 from scalevec.model.flops import flops_per_token, peak_flops
-from scalevec.training.trainer import load_run_config
+from scalevec.config import tokens_per_step
+from scalevec.training.rundir import load_config
 
 run = Path(sys.argv[1])
-cfg = load_run_config(run)
+cfg = load_config(run)
 summary = json.loads((run / "summary.json").read_text())
 rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
-tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
-tok_s = tokens_per_step / summary["step_time_s"]
+tok_s = tokens_per_step(cfg) / summary["step_time_s"]
 fpt = flops_per_token(cfg.model, cfg.train.seq_len)
 peak, source = peak_flops(torch.device("cuda"), torch.bfloat16, cfg.train.peak_flops)
 mfu = [r["mfu"] for r in rows if r["step"] >= 5 and r.get("mfu") is not None]

@@ -35,8 +35,9 @@ from scalevec.cli import main
 from scalevec.config import TrainConfig
 from scalevec.model.moe import MoE
 from scalevec.model.transformer import build_model
-from scalevec.training import distributed
-from scalevec.training.trainer import Trainer, load_run_model, make_config
+from scalevec.resolve import resolve_config
+from scalevec.training import distributed, rundir
+from scalevec.training.trainer import Trainer
 
 TOL = 1e-5
 W_TOL = 5e-5  # weights and scale statistics after 10 AdamW steps (see the module docstring)
@@ -66,7 +67,7 @@ def tiny_config(strategy: str, optimizer: str, arch: str, dist_mode: str, cache:
         over.update({"moe.n_experts": 4, "moe.d_expert": 16})  # FSDP2 on 2 ranks: 2 whole experts each
     else:
         over["model.d_ff"] = 48
-    return make_config("moe-tiny" if arch == "moe" else "tiny", strategy, [f"{k}={v}" for k, v in over.items()])
+    return resolve_config("moe-tiny" if arch == "moe" else "tiny", strategy, [f"{k}={v}" for k, v in over.items()])
 
 
 def zero_routers(model: torch.nn.Module) -> None:
@@ -171,13 +172,13 @@ def test_two_processes_match_one(runs, dist_mode, strategy, optimizer, arch):
 
 @pytest.mark.parametrize("dist_mode", ["ddp", "fsdp2"])
 def test_consolidated_checkpoint_is_the_trained_model(runs, dist_mode):
-    """The model.safetensors written by 2 processes loads with load_run_model and equals the 1-process model (5e-5)."""
+    """The model.safetensors written by 2 processes loads with rundir.load_model and equals the 1-process model (5e-5)."""
     root, _ = runs
     for s in STRATEGIES:
         for o in OPTIMIZERS:
             for a in ARCHS:
-                _, ref = load_run_model(root / f"ref-{s}-{o}-{a}")
-                _, got = load_run_model(root / f"{dist_mode}-{s}-{o}-{a}")
+                _, ref, _ = rundir.load_model(root / f"ref-{s}-{o}-{a}")
+                _, got, _ = rundir.load_model(root / f"{dist_mode}-{s}-{o}-{a}")
                 ref_sd, got_sd = ref.state_dict(), got.state_dict()
                 assert set(ref_sd) == set(got_sd)
                 assert max((ref_sd[k] - got_sd[k]).abs().max().item() for k in ref_sd) <= W_TOL, (s, o, a)

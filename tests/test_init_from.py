@@ -15,8 +15,10 @@ import transformers  # a dev dependency: missing it fails these tests, never ski
 
 from scalevec.cli import main
 from scalevec.experiments.report import _parent_curves
+from scalevec.resolve import resolve_config
+from scalevec.training import rundir
 from scalevec.training.init_from import resolve
-from scalevec.training.trainer import Trainer, make_config, train
+from scalevec.training.trainer import Trainer, train
 
 TOL = 1e-5  # fp32 logits, two orders of the same operations (tests/test_hf_import.py)
 
@@ -49,7 +51,7 @@ def _hf_config(tmp_path, hf_dir, strategy):
     from scalevec.training.init_from import base_sections
 
     init = resolve(hf_dir)
-    cfg = make_config("small", strategy, tiny_items(tmp_path), base_sections(init, None, strategy, None))
+    cfg = resolve_config("small", strategy, tiny_items(tmp_path), base_sections(init, None, strategy, None))
     return init, cfg
 
 
@@ -104,16 +106,14 @@ def test_branch_continue_reproduces_the_parent(tmp_path):
 @pytest.mark.slow
 def test_branch_into_another_strategy_keeps_the_function(tmp_path):
     """A parent run's final model converted into OR computes the parent's logits; the optimizer starts fresh."""
-    from scalevec.training.trainer import load_run_model
-
     parent = tmp_path / "parent"
     main(["train", "--preset", "tiny", "--strategy", "dp", "--out", str(parent), "--quiet", *tiny_items(tmp_path)])
     init = resolve(parent)
     from scalevec.training.init_from import base_sections
 
-    cfg = make_config("tiny", "or", [], base_sections(init, None, "or", None))
+    cfg = resolve_config("tiny", "or", [], base_sections(init, None, "or", None))
     trainer = Trainer(cfg, tmp_path / "branch", quiet=True, init=init)
-    _, model = load_run_model(parent)
+    _, model, _ = rundir.load_model(parent)
     x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (trainer.model(x) - model(x)).abs().max().item() <= TOL

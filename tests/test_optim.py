@@ -182,13 +182,14 @@ def test_adamw_kernel_choice():
 def test_resume_is_bitwise_exact_under_fused_adamw(tmp_path):
     """With optim.fused=true (CPU fused AdamW), 8 steps straight equal 4 steps + resume + 4 steps, bitwise,
     and the run differs from foreach only by rounding (measured 1e-6 nats over 8 steps; bound 1e-4)."""
-    from scalevec.training.trainer import make_config, train
+    from scalevec.resolve import resolve_config
+    from scalevec.training.trainer import train
 
     def cfg(fused):
         items = {"train.steps": 8, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 4,
                  "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 1024, "schedule.warmup": 2,
                  "data.cache_dir": str(tmp_path / "cache"), "optim.fused": fused}
-        return make_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
+        return resolve_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
 
     def losses(run, kind="train", key="loss"):
         return [r[key] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]

@@ -14,7 +14,8 @@ from scalevec.data.corpus import prepare_data
 from scalevec.data.documents import DOC_SEP, load_documents
 from scalevec.data.sampler import TrainSampler, feistel_permutation, val_batches
 from scalevec.data.tokens import TokenData
-from scalevec.training.trainer import make_config, train
+from scalevec.resolve import resolve_config
+from scalevec.training.trainer import train
 
 DOCS = [f"Document {i}: the quick brown fox {'jumps ' * (i % 5)}over the lazy dog.\nLine two of {i}, héllo 🙂."
         for i in range(23)]
@@ -250,7 +251,7 @@ def test_train_on_prepared_dir_resumes_exactly(tmp_path):
     P.prepare_shards("shakespeare", "bytes", tmp_path / "p", shard_tokens=1_000_000)
     items = {"train.steps": 6, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 3, "train.log_every": 1,
              "train.eval_batch_size": 8, "data.val_tokens": 2048, "data.source": str(tmp_path / "p")}
-    cfg = make_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
+    cfg = resolve_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
     train(cfg, tmp_path / "straight", quiet=True)
     assert train(cfg, tmp_path / "split", stop_at=3, quiet=True) == {"stopped_at": 3}
     train(cfg, tmp_path / "split", resume=True, quiet=True)

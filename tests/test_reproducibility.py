@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from scalevec.config import to_dict, usable_cpus
-from scalevec.experiments.sweep import resolve_config, run_sweep, spec_from_dict
+from scalevec.experiments.sweep import assigned_config, run_sweep, spec_from_dict
 from scalevec.training.trainer import train
 
 BASE = {"preset": "tiny", "strategy": "unified", "train.steps": 8, "train.batch_size": 4, "train.seq_len": 32,
@@ -40,7 +40,7 @@ def _busy(stop) -> None:
 def test_same_numbers_however_the_run_is_started(tmp_path):
     """In-process, CLI subprocess and sweep subprocess; fresh and warm cache; idle and loaded: bitwise equal."""
     fresh, warm = tmp_path / "cache-a", tmp_path / "cache-b"
-    cfg = resolve_config({**BASE, "train.threads": 1, "data.cache_dir": str(fresh)})
+    cfg = assigned_config({**BASE, "train.threads": 1, "data.cache_dir": str(fresh)})
     train(cfg, tmp_path / "inproc", quiet=True)  # builds cache-a
     reference = _losses(tmp_path / "inproc")
     assert len(reference) == 9
@@ -94,7 +94,7 @@ def test_train_threads_apply_to_the_run_only(tmp_path):
     import torch
 
     before = torch.get_num_threads()
-    cfg = resolve_config({**BASE, "train.steps": 2, "train.threads": before + 1, "data.cache_dir": str(tmp_path / "c")})
+    cfg = assigned_config({**BASE, "train.steps": 2, "train.threads": before + 1, "data.cache_dir": str(tmp_path / "c")})
     train(cfg, tmp_path / "run", quiet=True)
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["threads"] == before + 1
     assert torch.get_num_threads() == before

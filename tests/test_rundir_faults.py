@@ -30,9 +30,10 @@ from safetensors.torch import load_file
 from scalevec.cli import main
 from scalevec.config import to_dict
 from scalevec.experiments.sweep import expand, run_status, spec_from_dict
-from scalevec.training import checkpoint, rundir
+from scalevec.resolve import resolve_config
+from scalevec.training import checkpoint, command, rundir
 from scalevec.training import trainer as train_mod
-from scalevec.training.trainer import TrainingDiverged, make_config, train
+from scalevec.training.trainer import TrainingDiverged, train
 
 STEPS = 8
 ITEMS = {"train.steps": STEPS, "train.batch_size": 2, "train.seq_len": 16, "train.eval_every": 4, "train.log_every": 1,
@@ -42,7 +43,7 @@ ITEMS = {"train.steps": STEPS, "train.batch_size": 2, "train.seq_len": 16, "trai
 
 def tiny_cfg(cache: Path, **over):
     items = {**ITEMS, "data.cache_dir": str(cache), **over}
-    return make_config("tiny", "baseline", [f"{k}={v}" for k, v in items.items()])
+    return resolve_config("tiny", "baseline", [f"{k}={v}" for k, v in items.items()])
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,7 @@ def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(env, ca
             return result
 
         monkeypatch.setattr(train_mod.Trainer, "train_step", step_then_term)
-        assert main(train_argv(env, out)) == train_mod.PREEMPTED_EXIT
+        assert main(train_argv(env, out)) == command.PREEMPTED_EXIT
         assert "SIGTERM" in capsys.readouterr().err
         assert rundir.checkpoint_dirs(out)[0].name == f"step_{at + 1:07d}"
         monkeypatch.setattr(train_mod.Trainer, "train_step", real_step)
@@ -383,7 +384,7 @@ def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys,
                 return real_append(run, row)
 
             monkeypatch.setattr(rundir, "append_metrics", append)
-        assert main(train_argv(env, out)) == train_mod.FAILED_EXIT
+        assert main(train_argv(env, out)) == command.FAILED_EXIT
         last = one_line_error(capsys, "No space left on device")
         assert "--resume" in last
         assert not list((out / "checkpoints").glob(".tmp_*"))
@@ -494,7 +495,7 @@ def test_lr_that_kills_the_model_leaves_no_usable_checkpoint(env, capsys):
     """--lr 1e6: the run stops at the guard (non-finite gradient or dead model) with no checkpoint from
     before the trouble; export and generate refuse it with one line (exit 2)."""
     out = env["root"] / "lr1e6"
-    assert main(train_argv(env, out, "--lr", "1e6")) == train_mod.DIVERGED_EXIT
+    assert main(train_argv(env, out, "--lr", "1e6")) == command.DIVERGED_EXIT
     assert "no checkpoint from before" in capsys.readouterr().err
     assert rundir.read_diverged(out)["checkpoint"] is None
     assert main(["export", str(out), "--out", str(env["root"] / "hf-1e6")]) == 2

@@ -12,8 +12,9 @@ import torch
 from scalevec import ScaleConfig, build_model, get_preset
 from scalevec.config import MoEConfig, TrainConfig, from_dict, normalize_compile
 from scalevec.model.flops import flops_per_token, matmul_params_per_token, peak_flops
+from scalevec.resolve import resolve_config
 from scalevec.training.autocompile import CUDA_MIN_STEPS, resolve
-from scalevec.training.trainer import make_config, train
+from scalevec.training.trainer import train
 
 MATMUL_ROLES = ("matrix", "lm_head", "router")
 
@@ -81,7 +82,7 @@ def tiny_run(tmp_path, steps=8, **over):
     items = {"train.steps": steps, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": steps,
              "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 2048, "schedule.warmup": 2,
              "data.cache_dir": str(tmp_path / "cache"), **over}
-    return make_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
+    return resolve_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
 
 
 def rows(run, kind="train"):

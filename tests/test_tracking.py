@@ -7,15 +7,16 @@ import sys
 import pytest
 
 from scalevec.cli import main
+from scalevec.resolve import resolve_config
 from scalevec.training import tracking
-from scalevec.training.trainer import make_config, train
+from scalevec.training.trainer import train
 
 
 def tiny_run(tmp_path, steps=6, **over):
     items = {"train.steps": steps, "train.batch_size": 2, "train.seq_len": 16, "train.eval_every": 3,
              "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 512,
              "data.cache_dir": str(tmp_path / "cache"), **over}
-    return make_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
+    return resolve_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
 
 
 def rows(run):

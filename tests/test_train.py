@@ -8,14 +8,10 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.cli import main
-from scalevec.training.trainer import (
-    Trainer,
-    TrainingDiverged,
-    accumulate_gradients,
-    load_run_model,
-    make_config,
-    train,
-)
+from scalevec.resolve import resolve_config
+from scalevec.training import rundir
+from scalevec.training.step import accumulate_gradients
+from scalevec.training.trainer import Trainer, TrainingDiverged, train
 
 
 def tiny_run(tmp_path, strategy="baseline", steps=10, **over):
@@ -23,7 +19,7 @@ def tiny_run(tmp_path, strategy="baseline", steps=10, **over):
     items = {"train.steps": steps, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 5,
              "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 2048, "schedule.warmup": 2,
              "data.cache_dir": str(tmp_path / "cache"), **over}
-    return make_config("tiny", strategy, [f"{k}={v}" for k, v in items.items()])
+    return resolve_config("tiny", strategy, [f"{k}={v}" for k, v in items.items()])
 
 
 def read_metrics(run, kind="train"):
@@ -90,7 +86,7 @@ def test_run_directory_contents(tmp_path):
     assert on_disk["tokens"] == 6 * 4 * 32
     # bytes tokenizer: bits-per-byte is nats/token divided by ln 2
     assert summary["final_val_bpb"] == pytest.approx(summary["final_val_loss"] / math.log(2), rel=1e-9)
-    cfg, model = load_run_model(run)
+    cfg, model, _ = rundir.load_model(run)
     assert cfg.strategy == "hg" and model.num_params() == summary["params"]
 
 
@@ -141,7 +137,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
         trainer.fit()
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
     assert not (run / "DONE").exists()
-    load_run_model(run)
+    rundir.load_model(run)
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -195,13 +191,13 @@ def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
 
 def test_config_diff_ignores_execution_fields(tmp_path):
     """Resuming may change how a run executes (dist, device, compile) but not what it computes."""
-    from scalevec.config import apply_overrides
-    from scalevec.training.trainer import config_diff
+    from scalevec.config import apply_overrides, config_diff
 
     cfg = tiny_run(tmp_path)
-    moved = apply_overrides(cfg, ["train.dist=ddp", "train.device=cpu", "train.compile=true"])
-    assert config_diff(cfg, moved) == []
-    assert config_diff(cfg, apply_overrides(cfg, ["optim.lr=0.5", "model.d_model=32"])) == ["model.d_model", "optim.lr"]
+    moved = apply_overrides(cfg, ["train.dist=ddp", "train.device=cpu", "train.compile=true", "train.threads=3"])
+    assert config_diff(cfg, moved) == {}
+    changed = apply_overrides(cfg, ["optim.lr=0.5", "model.d_model=32"])
+    assert config_diff(cfg, changed) == {"model.d_model": (64, 32), "optim.lr": (cfg.optim.lr, 0.5)}
 
 
 def test_cli_resume_uses_stored_config(tmp_path, capsys, monkeypatch):
@@ -234,6 +230,6 @@ def test_tied_embeddings_checkpoint_and_resume_bitwise(tmp_path):
     assert train(cfg, split, stop_at=3, quiet=True) == {"stopped_at": 3}
     train(cfg, split, resume=True, quiet=True)
     assert [r["loss"] for r in read_metrics(straight)] == [r["loss"] for r in read_metrics(split)]
-    _, model = load_run_model(split)
+    _, model, _ = rundir.load_model(split)
     tied = [n for n, p in model.named_parameters(remove_duplicate=False) if p is model.embed.weight]
     assert len(tied) == 2

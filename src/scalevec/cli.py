@@ -15,7 +15,7 @@ import sys
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
     ("prepare-data", "scalevec.data.prepared", "tokenize a corpus into memory-mapped shards and a manifest (--workers N, --verify)"),
-    ("train", "scalevec.training.trainer", "train one run into a run directory"),
+    ("train", "scalevec.training.command", "train one run into a run directory"),
     ("compare", "scalevec.experiments.compare", "train strategies × seeds on one config and print the paired comparison"),
     ("sweep", "scalevec.experiments.sweep", "run a grid of runs from a YAML file (resumable, --jobs N, --dry-run)"),
     ("study", "scalevec.experiments.study", "tune lr per strategy until the best is inside the grid, then add seeds (resumable)"),

@@ -419,6 +419,10 @@ class RunConfig:
                 f"train.seq_len={self.train.seq_len} exceeds the model's max_seq_len={self.model.max_seq_len}; "
                 f"lower --seq-len or set model.max_seq_len"
             )
+        if (self.train.sharpness_every or self.train.probe_every) and self.train.dist == "fsdp2":
+            # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
+            raise ValueError("--probe-every and --sharpness-every need the whole model on one process; "
+                             "use --dist ddp or drop them")
 
 
 def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
@@ -462,6 +466,67 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------------------------- derived
+
+
+def tokens_per_step(cfg: RunConfig) -> int:
+    """Tokens of one optimizer step: the global batch, ``train.batch_size × train.seq_len``."""
+    return cfg.train.batch_size * cfg.train.seq_len
+
+
+def total_steps(cfg: RunConfig) -> int:
+    """Optimizer steps of the run (the one step counter): ``ceil(train.tokens / tokens per step)`` when
+    ``train.tokens`` is set, else ``train.steps``."""
+    if cfg.train.tokens > 0:
+        return math.ceil(cfg.train.tokens / tokens_per_step(cfg))
+    return cfg.train.steps
+
+
+def run_tokens(cfg: RunConfig) -> int:
+    """Training tokens of the run: its steps × tokens per step (``train.tokens`` rounded up to whole steps)."""
+    return total_steps(cfg) * tokens_per_step(cfg)
+
+
+def budget_tokens(tokens_per_param: float, params: int) -> int:
+    """A token budget of ``tokens_per_param`` tokens per parameter (DESIGN.md §9: a cell's budget uses the
+    baseline strategy's ``params`` so that every strategy trains on the same tokens), for ``train.tokens``.
+    Raises ``ValueError`` for a ratio that is not > 0 or a budget below one token."""
+    if not float(tokens_per_param) > 0:
+        raise ValueError(f"tokens_per_param={tokens_per_param} must be > 0 (e.g. 20)")
+    tokens = round(float(tokens_per_param) * params)
+    if tokens < 1:
+        raise ValueError(f"tokens_per_param={tokens_per_param} gives {tokens} tokens for {params:,} parameters; "
+                         f"raise it (e.g. 20)")
+    return tokens
+
+
+def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
+    """The fields that differ between two configs (``RunConfig`` or their ``to_dict`` mappings), execution
+    fields (``EXECUTION_FIELDS``) excepted: ``{dotted name: (value in a, value in b)}``, sorted by name.
+
+    A section that is a mapping on one side and not on the other (``model.moe: None`` vs experts) is one
+    entry under the section's name. Resuming a run and rerunning a sweep both refuse a non-empty diff."""
+    da = a if isinstance(a, dict) else to_dict(a)
+    db = b if isinstance(b, dict) else to_dict(b)
+    out: dict[str, tuple[Any, Any]] = {}
+
+    def walk(x: dict, y: dict, prefix: str) -> None:
+        for k in sorted(set(x) | set(y)):
+            vx, vy = x.get(k), y.get(k)
+            if isinstance(vx, dict) and isinstance(vy, dict):
+                walk(vx, vy, f"{prefix}{k}.")
+            elif vx != vy and f"{prefix}{k}" not in EXECUTION_FIELDS:
+                out[f"{prefix}{k}"] = (vx, vy)
+
+    walk(da, db, "")
+    return out
+
+
+def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
+    """``config_diff``'s result as one line: ``optim.lr: 0.003 -> 0.01, train.steps: 10 -> 20``."""
+    return ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in diff.items())
 
 
 # --------------------------------------------------------------------------------------------- I/O
@@ -605,5 +670,6 @@ def _positive(obj: Any, *names: str) -> None:
 __all__ = [
     "MoEConfig", "RopeScalingConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
     "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
-    "load_yaml", "save_yaml", "replace", "EXECUTION_FIELDS", "usable_cpus",
+    "load_yaml", "save_yaml", "replace", "EXECUTION_FIELDS", "usable_cpus", "tokens_per_step", "total_steps",
+    "run_tokens", "budget_tokens", "config_diff", "format_diff",
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from scalevec.training.trainer import cpu_model
+from scalevec.model.flops import cpu_name
 
 GOLDEN = Path(__file__).with_name("losses.json")
 STEPS = 20
@@ -46,11 +46,11 @@ def machine_key() -> str:
 
 def case_losses(name: str, cache_dir: str) -> list[float]:
     """The per-step training losses (nats/token) and the final validation loss of one case, one thread."""
-    from scalevec.experiments.sweep import resolve_config
+    from scalevec.experiments.sweep import assigned_config
     from scalevec.training.trainer import train
 
     assign = {"preset": "tiny", **BASE, "data.cache_dir": cache_dir, **CASES[name]}
-    cfg = resolve_config(assign)
+    cfg = assigned_config(assign)
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", quiet=True)
         rows = [json.loads(ln) for ln in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<24} first {values[0]:.6f}  last train {values[-2]:.6f}  val {values[-1]:.6f}")
     if args.update:
         data = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
-        data[machine_key()] = {"cpu": cpu_model(),
+        data[machine_key()] = {"cpu": cpu_name(),
                                "losses": {k: [float.hex(v) for v in vs] for k, vs in losses.items()}}
         GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"wrote {GOLDEN} [{machine_key()}]")

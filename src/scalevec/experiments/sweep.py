@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import math
 import os
 import re
 import signal
@@ -51,18 +49,24 @@ from typing import Any
 import yaml
 
 from scalevec.config import (
-    EXECUTION_FIELDS,
     RunConfig,
     ScaleConfig,
     apply_overrides,
+    budget_tokens,
+    config_diff,
+    format_diff,
     from_dict,
     load_yaml,
+    replace,
+    run_tokens,
     to_dict,
+    total_steps,
     usable_cpus,
 )
 from scalevec.experiments import sweepdir
-from scalevec.presets import get_preset
+from scalevec.resolve import resolve_config
 from scalevec.training import rundir
+from scalevec.training.command import DIVERGED_EXIT  # the trainer's exit code when its health guard stopped it
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
            "steps": "train.steps", "tokens": "train.tokens", "tpp": "tokens_per_param"}
@@ -232,23 +236,20 @@ def baseline_params(cfg: RunConfig) -> int:
     return run_params(cfg, "baseline")
 
 
-def resolve_config(assign: dict[str, Any]) -> RunConfig:
-    """A RunConfig from flat assignments: preset and strategy defaults, then fields, then the token budget.
+def assigned_config(assign: dict[str, Any]) -> RunConfig:
+    """The validated RunConfig of one grid point's flat assignments (``preset``, ``strategy``,
+    ``tokens_per_param`` and dotted fields): ``resolve.resolve_config``, then the token budget
+    (``config.budget_tokens`` × the baseline strategy's parameters, ``baseline_params``).
 
     Raises ``ValueError`` for unknown presets, strategies or fields and invalid values.
     """
     a = dict(assign)
-    preset, strategy = str(a.pop("preset", "small")), str(a.pop("strategy", "baseline"))
+    preset, strategy = a.pop("preset", None), a.pop("strategy", None)
     tpp = a.pop("tokens_per_param", None)
-    if a.get("schedule.name") == "wsd" and "schedule.min_lr_ratio" not in a:
-        a["schedule.min_lr_ratio"] = 0.0  # DESIGN.md §7: WSD decays to 0 (as `scalevec train --schedule wsd`)
-    cfg = RunConfig(preset=preset, strategy=strategy, model=get_preset(preset), scale=ScaleConfig.preset(strategy))
-    cfg = apply_overrides(cfg, [f"{k}={json.dumps(v)}" for k, v in a.items()])
-    if tpp is not None:
-        if not float(tpp) > 0:
-            raise ValueError(f"tokens_per_param={tpp} must be > 0 (e.g. 20)")
-        cfg = apply_overrides(cfg, [f"train.tokens={round(float(tpp) * baseline_params(cfg))}"])
-    cfg.validate()
+    cfg = resolve_config(str(preset) if preset is not None else None, str(strategy) if strategy is not None else None,
+                         overrides=a)
+    if tpp is not None:  # a positive whole number of tokens: still valid (TrainConfig.validate), not checked again
+        cfg = replace(cfg, train=replace(cfg.train, tokens=budget_tokens(tpp, baseline_params(cfg))))
     return cfg
 
 
@@ -283,7 +284,7 @@ def expand(spec: SweepSpec) -> list[Run]:
         if name in seen:
             raise ValueError(f"two runs of the grid are both named {name!r}; give bundle values distinct 'name' keys")
         try:
-            cfg = resolve_config(assign)
+            cfg = assigned_config(assign)
         except ValueError as e:
             raise ValueError(f"run {name}: {e}") from None
         seen[name] = True
@@ -291,23 +292,7 @@ def expand(spec: SweepSpec) -> list[Run]:
     return runs
 
 
-def run_tokens(cfg: RunConfig) -> int:
-    """Training tokens of a run: ``train.tokens`` rounded up to whole steps, else steps × batch × seq_len."""
-    per_step = cfg.train.batch_size * cfg.train.seq_len
-    steps = math.ceil(cfg.train.tokens / per_step) if cfg.train.tokens > 0 else cfg.train.steps
-    return steps * per_step
-
-
 # ----------------------------------------------------------------------------------------- state on disk
-
-
-DIVERGED_EXIT = 3  # `scalevec train` exit code when its health guard stopped the run (DIVERGED written)
-PREEMPTED_EXIT = 75  # `scalevec train` exit code after SIGTERM (checkpointed; resumable)
-
-
-def diverged(run_dir: Path) -> bool:
-    """True when the run stopped on its health guard (``rundir.is_diverged``)."""
-    return rundir.is_diverged(run_dir)
 
 
 def run_status(run: Run, runs_dir: Path) -> str:
@@ -322,26 +307,13 @@ def run_status(run: Run, runs_dir: Path) -> str:
     if status == "new":
         return "new"
     if rundir.is_run(d):
-        stored = to_dict(rundir.load_config(d))
-        expected = to_dict(run.cfg)
-        diff = sorted(k for k in _diff_keys(stored, expected) if k.split(":")[0] not in EXECUTION_FIELDS)
+        diff = config_diff(rundir.load_config(d), run.cfg)
         if diff:
-            raise ValueError(f"{d} was trained with a different config ({', '.join(diff)}); use a new --out, "
+            raise ValueError(f"{d} was trained with a different config ({format_diff(diff)}); use a new --out, "
                              f"or delete that run directory to retrain it")
     if status not in ("done", "diverged") and rundir.locked_by(d):
         return "locked"
     return status
-
-
-def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _diff_keys(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
-    return out
 
 
 write_atomic = rundir.write_atomic  # a per-process temporary file, then a rename
@@ -398,9 +370,7 @@ def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
 
     items = []
     for run, _ in todo:
-        tokens = run_tokens(run.cfg)
-        items.append((run.name, runs_dir / run.name, tokens // (run.cfg.train.batch_size * run.cfg.train.seq_len),
-                      6.0 * run_params(run.cfg) * tokens))
+        items.append((run.name, runs_dir / run.name, total_steps(run.cfg), 6.0 * run_params(run.cfg) * run_tokens(run.cfg)))
     return GridProgress(items).start()
 
 
@@ -420,8 +390,7 @@ def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
     lines = [f"{'run':<48} {'status':<8} {'lr':>9} {'steps':>7} {'tokens':>12} {'params':>12}"]
     total = todo = flops = 0
     for run, status in zip(runs, statuses):
-        tokens, params = run_tokens(run.cfg), run_params(run.cfg)
-        steps = tokens // (run.cfg.train.batch_size * run.cfg.train.seq_len)
+        tokens, params, steps = run_tokens(run.cfg), run_params(run.cfg), total_steps(run.cfg)
         total += tokens
         if status != "done":
             todo += tokens
@@ -490,7 +459,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         head = f"[{i + 1}/{len(todo)}] {run.name}:"
         if rc == 0 and rundir.is_done(runs_dir / run.name):
             say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
-        elif rc == DIVERGED_EXIT and diverged(runs_dir / run.name):  # a result (this lr is too high), not a failure
+        elif rc == DIVERGED_EXIT and rundir.is_diverged(runs_dir / run.name):  # a result (this lr is too high), not a failure
             div = rundir.read_diverged(runs_dir / run.name) or {}
             say(f"{head} diverged ({div.get('reason', 'health guard')}); the report counts it as a failed lr")
         elif _stopping.is_set():
@@ -560,9 +529,8 @@ __all__ = [
     "expand",
     "load_spec",
     "name_part",
-    "resolve_config",
+    "assigned_config",
     "run_status",
     "run_sweep",
-    "run_tokens",
     "spec_from_dict",
 ]

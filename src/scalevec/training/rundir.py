@@ -269,6 +269,36 @@ def state(run_dir: str | Path) -> str:
     return "resume" if checkpoint_dirs(d) else "restart"
 
 
+def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    """May a run be written into ``out``? Refuses to clobber an existing run (``FileExistsError`` naming
+    ``--resume``/``--overwrite``), to resume what is not a run or diverged (``FileNotFoundError``,
+    ``ValueError``), and a path under a file (``NotADirectoryError``). The trainer checks it before its
+    work and again under the run's lock before anything is written (``Trainer.setup_run_dir``)."""
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite exclude each other; pick one")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
+    parent = next((p for p in out.absolute().parents if p.exists()), None)
+    if not out.exists() and parent is not None and not parent.is_dir():
+        raise NotADirectoryError(f"{parent} is a file, so --out {out} cannot be created; choose another --out")
+    existing = out.is_dir() and any(p.name != LOCK for p in out.iterdir())
+    if resume:
+        if not is_run(out):
+            raise FileNotFoundError(f"{out} is not a scalevec run directory (no config.yaml), so there is nothing to "
+                                    f"resume; drop --resume to start a new run")
+        div = read_diverged(out)
+        if div:
+            raise ValueError(f"{out} diverged at step {div['step']} ({div['reason']}); it is kept as a result "
+                             f"(DIVERGED); start a new --out with a lower lr, or --overwrite it")
+    elif existing and not (out / "config.yaml").is_file():
+        # --overwrite removes the directory: never do that to one that is not a scalevec run
+        raise FileExistsError(f"{out} is not empty and is not a scalevec run directory (no config.yaml); "
+                              f"choose a new or empty --out")
+    elif existing and not overwrite:
+        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it (from its last checkpoint, "
+                              f"or step 0 when it has none) or --overwrite to replace it")
+
+
 # ----------------------------------------------------------------------------------------- the lock
 
 

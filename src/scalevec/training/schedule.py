@@ -1,10 +1,11 @@
 """Learning-rate schedules as pure functions of the step (DESIGN.md §7).
 
-``lr_at(step, total_steps, peak, cfg)``: linear warmup from ``peak/warmup`` (never 0) to ``peak`` at step
-``warmup - 1``, then ``cosine`` / ``linear`` decay reaching the floor exactly at the last step, ``wsd``
-(stable at peak, then decay over the last ``decay_frac`` of the steps with a ``linear``, ``cosine`` or
-``1-sqrt`` shape, ending exactly at the floor), or ``constant``. Floor = ``min_lr_ratio · peak``.
-Only the step is checkpointed; the schedule has no state.
+``lr_multiplier(step, total_steps, cfg)`` is the factor every optimizer group's peak lr is multiplied
+by at that step (group lr = its peak lr × multiplier; ``optim.set_lr``): linear warmup from
+``1/warmup`` (never 0) to 1 at step ``warmup - 1``, then ``cosine`` / ``linear`` decay reaching the
+floor exactly at the last step, ``wsd`` (stable at 1, then decay over the last ``decay_frac`` of the
+steps with a ``linear``, ``cosine`` or ``1-sqrt`` shape, ending exactly at the floor), or ``constant``.
+Floor = ``min_lr_ratio``. Only the step is checkpointed; the schedule has no state.
 """
 
 from __future__ import annotations
@@ -25,11 +26,23 @@ def _shape(p: float, shape: str) -> float:
     raise ValueError(f"unknown decay shape {shape!r}; use linear, cosine or 1-sqrt")
 
 
-def lr_at(step: int, total_steps: int, peak: float, cfg: ScheduleConfig) -> float:
-    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``. Raises ``ValueError`` if
-    ``step`` is outside ``[0, total_steps)``."""
+def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig, peak: float = 1.0) -> float:
+    """The multiplier of every group's peak lr at optimizer step ``step`` (0-based) of ``total_steps``:
+    in ``(0, 1]`` during warmup, 1 at the peak, ``cfg.min_lr_ratio`` at the last step of a decay.
+
+    ``peak`` is only where the value is rounded: the multiplier is computed as ``lr(step) / peak`` on the
+    scale of the run's lr (``optim.lr``), which is how the trainer computed it before issue 16, so that
+    runs keep their numerics bit for bit (tests/test_golden.py). With the default 1.0 it is the plain
+    formula; for any other ``peak`` it differs from that by rounding only (a few units in the last place).
+    Raises ``ValueError`` if ``step`` is outside ``[0, total_steps)``.
+    """
     if not 0 <= step < total_steps:
         raise ValueError(f"step {step} is outside [0, {total_steps})")
+    return _lr(step, total_steps, peak, cfg) / peak
+
+
+def _lr(step: int, total_steps: int, peak: float, cfg: ScheduleConfig) -> float:
+    """The learning rate of optimizer step ``step`` (0-based, checked by the caller) for the peak lr ``peak``."""
     warmup = min(cfg.warmup, total_steps)
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -49,10 +62,12 @@ def lr_at(step: int, total_steps: int, peak: float, cfg: ScheduleConfig) -> floa
 
 
 def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
-    """A one-line warning when the warmup does not fit the run (``lr_at`` then warms up over all of it and
+    """A one-line warning when the warmup does not fit the run (``lr_multiplier`` then rises over all of it and
     never decays: a run of 40 steps under the default warmup of 50), else None (issue 12)."""
     if cfg.name != "constant" and cfg.warmup >= total_steps:
         return (f"schedule.warmup={cfg.warmup} is not below the run's {total_steps} steps: the lr rises for the whole "
                 f"run and never decays; pass --warmup N with N < {total_steps} (e.g. {max(1, total_steps // 10)})")
     return None
 
+
+__all__ = ["lr_multiplier", "warmup_warning"]

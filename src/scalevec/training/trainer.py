@@ -1,7 +1,8 @@
 """The trainer: one CPU or many GPUs, exact resume, a self-describing run directory (DESIGN.md §8).
 
-``train(cfg, out_dir)`` validates everything first (config, data, model) and only then creates the
-run directory, so a bad input writes nothing. The step: the global batch of ``train.batch_size``
+``train(cfg, out_dir)`` takes a validated ``RunConfig`` (``resolve.resolve_config`` validates, once),
+checks everything else first (data, model, the run directory) and only then creates the run
+directory, so a bad input writes nothing. The step (``step.accumulate_gradients``): the global batch of ``train.batch_size``
 sequences is split across ranks and micro-batches; the loss is summed in nats and divided by the
 number of target tokens of the whole global batch (so accumulation and world size do not change
 it); gradients are clipped; a non-finite loss or gradient norm stops the run with the last good
@@ -9,20 +10,17 @@ checkpoint kept. Checkpoints are written atomically (temporary directory, then r
 model (safetensors), optimizer, step and RNG states; the data sampler is stateless (batch = f(seed,
 step)), so resume is exact. Only rank 0 writes.
 
-Run directory: ``config.yaml``, ``meta.json``, ``optim_groups.txt``, ``metrics.jsonl``,
-``summary.json``, ``tokenizer/``, ``checkpoints/step_XXXXXXX/`` + ``checkpoints/latest``, ``DONE``.
+Run directory (its layout and readers: ``rundir``): ``config.yaml``, ``meta.json`` (``environment``),
+``optim_groups.txt``, ``metrics.jsonl`` (with ``telemetry``), ``summary.json``, ``tokenizer/``,
+``checkpoints/step_XXXXXXX/`` + ``checkpoints/latest``, ``DONE``. The command line: ``command``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import platform
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -32,30 +30,30 @@ from pathlib import Path
 
 import torch
 
-from scalevec import __version__
 from scalevec.config import (
-    EXECUTION_FIELDS,
     RunConfig,
-    ScaleConfig,
-    apply_overrides,
     checkpoint_blocks,
-    from_dict,
-    load_yaml,
+    config_diff,
+    format_diff,
+    run_tokens,
     save_yaml,
     to_dict,
-    usable_cpus,
+    tokens_per_step,
+    total_steps,
 )
 from scalevec.data.corpus import prepare_data
 from scalevec.data.sampler import TrainSampler, val_batches
 from scalevec.model.flops import flops_per_token, peak_flops
-from scalevec.model.scales import scale_vectors
-from scalevec.model.transformer import Transformer, build_model
-from scalevec.presets import get_preset
+from scalevec.model.params import count_params
+from scalevec.model.transformer import build_model
 from scalevec.training import autocompile, distributed, init_from, rundir, tracking
 from scalevec.training.checkpoint import load_checkpoint, save_checkpoint
+from scalevec.training.environment import run_meta
 from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
-from scalevec.training.rundir import CKPT_DIR, RunDirError, write_json
-from scalevec.training.schedule import lr_at, warmup_warning
+from scalevec.training.rundir import CKPT_DIR, RunDirError, check_out_dir, write_json
+from scalevec.training.schedule import lr_multiplier, warmup_warning
+from scalevec.training.step import accumulate_gradients
+from scalevec.training.telemetry import moe_stats, scale_stats
 
 
 class TrainingDiverged(RuntimeError):
@@ -70,11 +68,6 @@ class TrainingFailed(RuntimeError):
 
 class Preempted(RuntimeError):
     """SIGTERM (how SLURM and Kubernetes preempt): a checkpoint was written at the step boundary."""
-
-
-DIVERGED_EXIT = 3  # `scalevec train` exit codes (README "Run directories"): 2 bad input or unusable run directory,
-FAILED_EXIT = 3  # 3 the run diverged or failed during training (DIVERGED tells which),
-PREEMPTED_EXIT = 75  # 75 (EX_TEMPFAIL) SIGTERM: checkpointed, continue with --resume, 130 Ctrl-C (also checkpointed)
 
 
 @contextmanager
@@ -109,185 +102,6 @@ def deferred_sigint(enabled: bool = True, sigint: bool = True):
         signal.signal(signal.SIGTERM, old_term)
 
 
-def make_config(preset: str = "small", strategy: str = "baseline", overrides: list[str] | None = None,
-                file_data: dict | None = None) -> RunConfig:
-    """Resolve a run's config: preset and strategy defaults, then a YAML mapping, then ``key=value`` overrides.
-
-    Raises ``ValueError`` for unknown presets, strategies or keys, and invalid values.
-    """
-    file_data = dict(file_data or {})
-    preset = file_data.pop("preset", preset)
-    strategy = file_data.pop("strategy", strategy)
-    base = RunConfig(preset=preset, strategy=strategy, model=get_preset(preset), scale=ScaleConfig.preset(strategy))
-    data = to_dict(base)
-    for section, values in file_data.items():
-        if section not in data or not isinstance(data[section], dict):
-            raise ValueError(f"unknown config section {section!r}; known: {', '.join(k for k, v in data.items() if isinstance(v, dict))}")
-        if not isinstance(values, dict):
-            raise ValueError(f"config section {section!r} must be a mapping")
-        if section == "model" and "moe" in values and isinstance(values["moe"], dict) and data["model"]["moe"]:
-            values = {**values, "moe": {**data["model"]["moe"], **values["moe"]}}
-        data[section] = {**data[section], **values}
-    cfg = apply_overrides(from_dict(RunConfig, data), overrides or [])
-    cfg.validate()
-    return cfg
-
-
-
-
-def config_diff(a: RunConfig, b: RunConfig) -> list[str]:
-    """Dotted names of the fields that differ between two configs, execution fields excepted."""
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    fa, fb = flat(to_dict(a)), flat(to_dict(b))
-    return [k for k in sorted(fa.keys() | fb.keys()) if k not in EXECUTION_FIELDS and fa.get(k) != fb.get(k)]
-
-
-def total_steps(cfg: RunConfig) -> int:
-    """Optimizer steps of the run: ``train.steps``, or ``ceil(train.tokens / tokens per step)`` if set."""
-    if cfg.train.tokens > 0:
-        return math.ceil(cfg.train.tokens / (cfg.train.batch_size * cfg.train.seq_len))
-    return cfg.train.steps
-
-
-# ----------------------------------------------------------------------------------------- run directory
-
-
-def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber an existing run (``FileExistsError`` naming ``--resume``/``--overwrite``). Checked
-    again under the run's lock before anything is written (``Trainer.setup_run_dir``)."""
-    if resume and overwrite:
-        raise ValueError("--resume and --overwrite exclude each other; pick one")
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
-    parent = next((p for p in out.absolute().parents if p.exists()), None)
-    if not out.exists() and parent is not None and not parent.is_dir():
-        raise NotADirectoryError(f"{parent} is a file, so --out {out} cannot be created; choose another --out")
-    existing = out.is_dir() and any(p.name != rundir.LOCK for p in out.iterdir())
-    if resume:
-        if not rundir.is_run(out):
-            raise FileNotFoundError(f"{out} is not a scalevec run directory (no config.yaml), so there is nothing to "
-                                    f"resume; drop --resume to start a new run")
-        div = rundir.read_diverged(out)
-        if div:
-            raise ValueError(f"{out} diverged at step {div['step']} ({div['reason']}); it is kept as a result "
-                             f"(DIVERGED); start a new --out with a lower lr, or --overwrite it")
-    elif existing and not (out / "config.yaml").is_file():
-        # --overwrite removes the directory: never do that to one that is not a scalevec run
-        raise FileExistsError(f"{out} is not empty and is not a scalevec run directory (no config.yaml); "
-                              f"choose a new or empty --out")
-    elif existing and not overwrite:
-        raise FileExistsError(f"{out} already holds a run; pass --resume to continue it (from its last checkpoint, "
-                              f"or step 0 when it has none) or --overwrite to replace it")
-
-
-def cpu_model() -> str:
-    """The CPU model as /proc/cpuinfo names it (``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def run_meta(cfg: RunConfig) -> dict:
-    """Versions, code version, host and start time, for ``meta.json``."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "scalevec": __version__, "torch": torch.__version__, "python": platform.python_version(),
-        "git_commit": commit, "host": socket.gethostname(), "platform": platform.platform(),
-        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "world_size": distributed.world_size(), "threads": torch.get_num_threads(),
-        "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }
-
-
-def load_run_config(run_dir: str | Path) -> RunConfig:
-    """The ``RunConfig`` stored in ``run_dir/config.yaml`` (``rundir.load_config``)."""
-    return rundir.load_config(run_dir)
-
-
-def load_run_model(run_dir: str | Path, device: str = "cpu") -> tuple[RunConfig, Transformer]:
-    """``(config, model)`` of a run: its newest intact checkpoint (the final one for a finished run; for a
-    diverged run the one from before the trouble), verified, dead models refused (``rundir.load_model``)."""
-    cfg, model, _ = rundir.load_model(run_dir, device=device)
-    return cfg, model
-
-
-def load_run_tokenizer(run_dir: str | Path):
-    return rundir.load_tokenizer(run_dir)
-
-
-# ----------------------------------------------------------------------------------------- telemetry
-
-
-def scale_stats(model: torch.nn.Module) -> dict[str, dict[str, float]]:
-    """Mean, std, min, max of every effective scale vector (DESIGN.md §8 telemetry)."""
-    out = {}
-    for name, g in scale_vectors(model).items():
-        g = distributed.full_tensor(g).float().flatten()  # FSDP2: gather the sharded vector (every rank calls)
-        out[name] = {"mean": g.mean().item(), "std": g.std(unbiased=False).item(), "min": g.min().item(),
-                     "max": g.max().item()}
-    return out
-
-
-def moe_stats(model: torch.nn.Module) -> dict:
-    """Per-layer MoE telemetry that ``moe.MoE`` leaves in ``last_stats`` (load balance, entropy); with
-    several processes every tensor is averaged over ranks (each rank's last micro-batch; every rank calls)."""
-    out = {}
-    world = distributed.world_size()
-    for name, m in model.named_modules():
-        stats = getattr(m, "last_stats", None)
-        if stats:
-            if world > 1:
-                stats = {k: distributed.all_reduce_sum(v.float()) / world if torch.is_tensor(v) else v
-                         for k, v in stats.items()}
-            out[name] = {k: (v.tolist() if torch.is_tensor(v) else v) for k, v in stats.items()}
-    return out
-
-
-# ----------------------------------------------------------------------------------------- the step
-
-
-def accumulate_gradients(model: torch.nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-                         autocast=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward over this rank's micro-batches of one global batch (DESIGN.md §8).
-
-    The loss is the cross-entropy summed in nats over every target ``!= -100`` of the *global* batch
-    (all micro-batches, all ranks) divided by their count, so the gradient does not depend on how the
-    batch is split; MoE aux losses are averaged over micro-batches. DDP/FSDP average gradients over
-    ranks, hence each rank's loss carries a factor ``world_size``. Gradients sync on the last
-    micro-batch only. Returns the global (loss, aux) as detached scalars.
-    """
-    world = distributed.world_size()
-    device = micro_batches[0][0].device
-    n_local = sum(int((y != -100).sum()) for _, y in micro_batches)
-    n_global = distributed.all_reduce_sum(torch.tensor(float(n_local), device=device))
-    ce_total = torch.zeros((), device=device)
-    aux_total = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(micro_batches):
-        with distributed.grad_sync(model, last=i == len(micro_batches) - 1):
-            with autocast or nullcontext():
-                ce, _, aux = model(x, y)
-            loss = ce * (world / n_global) + aux / len(micro_batches)
-            loss.backward()
-        ce_total += ce.detach()
-        aux_total += aux.detach() / len(micro_batches)
-    loss = distributed.all_reduce_sum(ce_total) / n_global
-    return loss, distributed.all_reduce_sum(aux_total) / world
-
-
 # ----------------------------------------------------------------------------------------- the trainer
 
 
@@ -296,7 +110,6 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
                  quiet: bool = False, init: init_from.InitFrom | None = None):
-        cfg.validate()
         self.init = init  # --init-from: a Hugging Face model or a parent run (init_from.py)
         self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
         self.overwrite = overwrite
@@ -305,10 +118,6 @@ class Trainer:
         tracking.check(cfg.train.tracker)  # a missing optional package fails before anything is written
         self.lock = rundir.RunLock(self.out)
 
-        if (cfg.train.sharpness_every or cfg.train.probe_every) and cfg.train.dist == "fsdp2":
-            # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
-            raise ValueError("--probe-every and --sharpness-every need the whole model on one process; "
-                             "use --dist ddp or drop them")
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.dist = distributed.setup(cfg.train)
@@ -335,10 +144,9 @@ class Trainer:
             # config.yaml holds the resolved value.
             cfg.model.vocab_size = self.data.tokenizer.vocab_size
         if resume:
-            stored = load_run_config(self.out)
-            diff = config_diff(stored, cfg)
+            diff = config_diff(rundir.load_config(self.out), cfg)
             if diff:
-                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {', '.join(diff)}; "
+                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {format_diff(diff)}; "
                                  f"resume with the stored config (scalevec train --resume --out {self.out})")
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
         self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
@@ -504,10 +312,14 @@ class Trainer:
 
     # -- the step ---------------------------------------------------------------------------------------
 
+    def lr_multiplier(self, step: int) -> float:
+        """The schedule's multiplier of every group's peak lr at ``step`` (rounded on the scale of
+        ``optim.lr``, as before issue 16: the golden losses stay bitwise; ``schedule.lr_multiplier``)."""
+        return lr_multiplier(step, self.steps, self.cfg.schedule, peak=self.cfg.optim.lr)
+
     def train_step(self, step: int) -> tuple[float, float, float]:
         """One optimizer step; returns (loss in nats/token over the global batch, aux loss, grad norm)."""
-        lr = lr_at(step, self.steps, self.cfg.optim.lr, self.cfg.schedule)
-        set_lr(self.optimizers, lr / self.cfg.optim.lr)
+        set_lr(self.optimizers, self.lr_multiplier(step))
         x, y = self.sampler.batch(step, self.rank, self.world)
         x, y = x.to(self.device), y.to(self.device)
         micro = [(x[i:i + self.micro], y[i:i + self.micro]) for i in range(0, self.local_batch, self.micro)]
@@ -609,15 +421,14 @@ class Trainer:
                                  f"--out {self.out} ({last})") from None
 
     def _train(self, stop_at: int | None) -> dict:
-        t = self.cfg.train
-        tokens_per_step = t.batch_size * t.seq_len
+        per_step = tokens_per_step(self.cfg)
         end = min(self.steps, stop_at) if stop_at is not None else self.steps
         note = warmup_warning(self.steps, self.cfg.schedule)
         if note and self.step == 0 and self.write:
             print(f"warning: {note}", file=sys.stderr, flush=True)
         if self.step == 0 and self.write:
             self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {self.model.num_params():,} params · "
-                     f"{self.steps} steps × {tokens_per_step:,} tokens · {self.world} process(es) on {self.device}")
+                     f"{self.steps} steps × {per_step:,} tokens · {self.world} process(es) on {self.device}")
             self.say(group_table(self.groups))
             self.say(f"compile: {'on' if self.compiled else 'off'} ({self.compile_why})")
         bar = None
@@ -646,7 +457,7 @@ class Trainer:
         raises ``KeyboardInterrupt``; on SIGTERM (``interrupt["term"]``, agreed by every rank) it does the
         same and raises ``Preempted``; ``--resume`` continues from there, bit for bit."""
         t = self.cfg.train
-        tokens_per_step = t.batch_size * t.seq_len
+        per_step = tokens_per_step(self.cfg)
         saved = self.step
         while self.step < end:
             term = interrupt["term"]
@@ -677,12 +488,12 @@ class Trainer:
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             self.step = step + 1
             if step % t.log_every == 0 or self.step == self.steps:
-                row = {"kind": "train", "step": step, "tokens": self.step * tokens_per_step,
-                       "lr": lr_at(step, self.steps, self.cfg.optim.lr, self.cfg.schedule), "loss": loss,
-                       "grad_norm": grad_norm, "tok_per_s": tokens_per_step / dt, "step_time": dt,
+                row = {"kind": "train", "step": step, "tokens": self.step * per_step,
+                       "lr": self.cfg.optim.lr * self.lr_multiplier(step), "loss": loss,
+                       "grad_norm": grad_norm, "tok_per_s": per_step / dt, "step_time": dt,
                        # process CPU seconds of the step (all threads): comparable on a loaded machine
-                       "cpu_time": cpu, "flops_per_s": self.flops_per_token * tokens_per_step / dt,
-                       "mfu": self.flops_per_token * tokens_per_step / dt / self.peak_flops if self.peak_flops else None,
+                       "cpu_time": cpu, "flops_per_s": self.flops_per_token * per_step / dt,
+                       "mfu": self.flops_per_token * per_step / dt / self.peak_flops if self.peak_flops else None,
                        "scales": scale_stats(self.model)}
                 if self.cfg.model.moe is not None:
                     row["aux_loss"] = aux
@@ -697,7 +508,7 @@ class Trainer:
             if self.step % t.eval_every == 0 or self.step == self.steps:
                 val_loss, val_bpb = self.evaluate()
                 self.best_val = min(self.best_val, val_loss)
-                self.log({"kind": "eval", "step": self.step, "tokens": self.step * tokens_per_step,
+                self.log({"kind": "eval", "step": self.step, "tokens": self.step * per_step,
                           "val_loss": val_loss, "val_bpb": val_bpb})
                 if bar is None:
                     self.say(f"step {self.step:>6} val_loss {val_loss:.4f} val_bpb {val_bpb:.4f}")
@@ -725,8 +536,7 @@ class Trainer:
             row["sharpness"] = sharpness(self.model, batch_loss(x.to(self.device), y.to(self.device)), n_iters=20)
             row["sharpness_iters"] = 20
         if row:
-            self.log({"kind": "probe", "step": self.step, "tokens": self.step * self.cfg.train.batch_size *
-                      self.cfg.train.seq_len, **row})
+            self.log({"kind": "probe", "step": self.step, "tokens": self.step * tokens_per_step(self.cfg), **row})
 
     def checkpoint(self) -> None:
         # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py)
@@ -743,15 +553,13 @@ class Trainer:
         times = [r["step_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5]
         cpu_times = [r["cpu_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5 and "cpu_time" in r]
         final = evals[-1] if evals else {"val_loss": math.nan, "val_bpb": math.nan}
-        from scalevec.model.params import count_params
-
         counts = count_params(self.model)
         return {
             "preset": self.cfg.preset, "strategy": self.cfg.strategy, "optimizer": self.cfg.optim.name,
             "schedule": self.cfg.schedule.name, "lr": self.cfg.optim.lr, "seed": self.cfg.train.seed,
             "final_val_loss": final["val_loss"], "final_val_bpb": final["val_bpb"],
             "best_val_loss": min((e["val_loss"] for e in evals), default=math.nan),
-            "steps": self.steps, "tokens": self.steps * self.cfg.train.batch_size * self.cfg.train.seq_len,
+            "steps": self.steps, "tokens": run_tokens(self.cfg),
             "wall_time_s": wall, "step_time_s": statistics.median(times) if times else math.nan,
             "cpu_time_s": statistics.median(cpu_times) if cpu_times else math.nan,
             "compiled": self.compiled, "peak_flops": self.peak_flops,
@@ -782,117 +590,3 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
         torch.set_num_threads(threads)
 
 
-# ----------------------------------------------------------------------------------------- CLI
-
-FLAG_FIELDS = {  # --flag -> config field
-    "optimizer": "optim.name", "lr": "optim.lr", "schedule": "schedule.name", "warmup": "schedule.warmup",
-    "steps": "train.steps", "tokens": "train.tokens", "batch_size": "train.batch_size",
-    "micro_batch_size": "train.micro_batch_size", "seq_len": "train.seq_len", "seed": "train.seed",
-    "data": "data.source", "tokenizer": "data.tokenizer", "device": "train.device", "dtype": "train.dtype",
-    "dist": "train.dist", "probe_every": "train.probe_every", "sharpness_every": "train.sharpness_every",
-    "eval_every": "train.eval_every", "tracker": "train.tracker", "threads": "train.threads",
-}
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--config", help="YAML file with any RunConfig fields (preset, strategy, model, scale, optim, ...)")
-    p.add_argument("--preset", help="model preset (default small; see `scalevec info`)")
-    p.add_argument("--strategy", help="scale-vector strategy (default baseline)")
-    p.add_argument("--optimizer", choices=["adamw", "muon"])
-    p.add_argument("--schedule", choices=["cosine", "wsd", "linear", "constant"],
-                   help="wsd decays to 0 unless schedule.min_lr_ratio is given")
-    for flag, kind in (("lr", float), ("warmup", int), ("steps", int), ("tokens", int), ("batch-size", int),
-                       ("micro-batch-size", int), ("seq-len", int), ("seed", int), ("eval-every", int),
-                       ("probe-every", int), ("sharpness-every", int)):
-        p.add_argument(f"--{flag}", type=kind)
-    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, hf:NAME[:CONFIG], "
-                                   "or a folder written by `scalevec prepare-data` (memory-mapped shards)")
-    p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
-    p.add_argument("--device", help="auto (default), cpu, cuda")
-    p.add_argument("--threads", type=int, help="CPU threads (default: every CPU this process may use); the "
-                   "thread count changes the last bits of fp32 sums, so reproduce a run with the same one")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--dist", choices=["none", "ddp", "fsdp2"], help="data parallelism under torchrun")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile each block (--no-compile: eager); default train.compile=auto: compiled on "
-                        "CUDA for runs of 1000+ steps, eager on CPU (docs/performance.md)")
-    p.add_argument("--out", help="run directory (default runs/<preset>-<strategy>-seed<seed>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
-    p.add_argument("--init-from", metavar="DIR",
-                   help="start from a Hugging Face model directory (Llama, Qwen3, Mixtral, Qwen3-MoE) or branch a run: "
-                        "RUN_DIR or RUN_DIR/checkpoints/step_N (its config is the base; flags change it)")
-    p.add_argument("--reset-optimizer", action="store_true",
-                   help="with --init-from RUN: do not carry the optimizer state")
-    p.add_argument("--schedule-from", choices=list(init_from.SCHEDULE_FROM), default="restart",
-                   help="with --init-from RUN: restart the schedule at step 0 (default) or continue from the "
-                        "parent's step")
-    p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
-                   help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
-    p.add_argument("--quiet", action="store_true")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.d_model=256")
-
-
-def config_from_args(args, base: dict | None = None) -> RunConfig:
-    """The RunConfig of a ``train``-style command line (precedence: preset/strategy < file < flags < key=value).
-    ``base``: sections below the file (``--init-from``: ``init_from.base_sections``)."""
-    file_data = load_yaml(args.config) if args.config else {}
-    if base:
-        file_data = {**base, **{k: {**base[k], **v} if isinstance(base.get(k), dict) and isinstance(v, dict) else v
-                                for k, v in file_data.items()}}
-    preset = args.preset or file_data.get("preset", "small")
-    strategy = args.strategy or file_data.get("strategy", "baseline")
-    file_data = {k: v for k, v in file_data.items() if k not in ("preset", "strategy")}
-    if args.preset and "model" in file_data:
-        raise ValueError("--preset conflicts with the model section of --config; drop one of them")
-    flags = []
-    for name, key in FLAG_FIELDS.items():
-        value = getattr(args, name, None)
-        if value is not None:
-            flags.append(f"{key}={value}")
-    if getattr(args, "schedule", None) == "wsd" and not any(o.startswith("schedule.min_lr_ratio") for o in args.overrides):
-        flags.append("schedule.min_lr_ratio=0.0")  # DESIGN.md §7: WSD decays to 0
-    if getattr(args, "compile", None) is not None:
-        flags.append(f"train.compile={'true' if args.compile else 'false'}")
-    for item in args.overrides:
-        if "=" not in item:
-            raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.d_model=256)")
-    return make_config(preset, strategy, flags + list(args.overrides), file_data)
-
-
-def run(args) -> int:
-    init = None
-    if getattr(args, "init_from", None):
-        if args.resume:
-            raise ValueError("--resume continues the run in --out; drop --init-from (the branch's origin is in "
-                             "its meta.json)")
-        init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
-    if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
-        cfg = load_run_config(args.out)
-        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker", "threads": "train.threads"}
-        if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
-            raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
-                             "--tracker, --threads and --compile (or start a new --out)")
-        cfg = apply_overrides(cfg, [f"{key}={getattr(args, n)}" for n, key in execution.items()
-                                    if getattr(args, n, None) is not None]
-                            + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))
-    else:
-        cfg = config_from_args(args, init_from.base_sections(init, args.preset, args.strategy, args.tokenizer)
-                               if init is not None else None)
-        if init is not None:
-            cfg.preset = init_from.preset_label(init, args.preset, cfg.preset)
-    if not cfg.train.threads:  # explicit, so that the same command gives the same numbers however it is started
-        cfg = apply_overrides(cfg, [f"train.threads={usable_cpus()}"])
-    out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
-    try:
-        train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
-    except TrainingDiverged as e:
-        print(f"scalevec train: {e}", file=sys.stderr)
-        return DIVERGED_EXIT
-    except TrainingFailed as e:
-        print(f"scalevec train: error: {e}", file=sys.stderr)
-        return FAILED_EXIT
-    except Preempted as e:
-        print(f"scalevec train: {e}", file=sys.stderr)
-        return PREEMPTED_EXIT
-    return 0

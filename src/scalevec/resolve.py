@@ -1,0 +1,100 @@
+"""Inputs -> one validated ``RunConfig``: the one config resolution (DESIGN.md §12; issue 16).
+
+``scalevec train`` (preset, ``--config`` file, flags, ``key=value``), ``sweep`` / ``compare`` / ``study``
+(a grid point's flat assignments) and ``train --resume`` (the stored config plus execution flags) all
+resolve their inputs here, and this is where a run's config is validated, once. The layers, lowest
+first:
+
+1. the defaults: ``base`` (a stored config) or the ``preset``'s model and the ``strategy``'s scales;
+2. ``sections``: a nested mapping (a YAML file, a parent run's sections); its ``preset`` and
+   ``strategy`` keys choose the defaults when the arguments do not;
+3. ``overrides``: ``key=value`` strings or a ``{dotted key: value}`` mapping, applied in order.
+
+One rule of its own (DESIGN.md §7): ``wsd`` decays to 0. A layer that sets ``schedule.name: wsd``
+without ``schedule.min_lr_ratio``, where no layer above it sets the ratio, gets ``min_lr_ratio = 0``
+(the config default 0.1 is the cosine floor). Consumers (the trainer, the model builder) take the
+result as given. The token budget per parameter needs a model to count and lives with the sweep
+(``sweep.assigned_config``); its arithmetic is ``config.budget_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from scalevec.config import RunConfig, ScaleConfig, apply_overrides, from_dict, to_dict
+from scalevec.presets import get_preset
+
+WSD_FLOOR = "schedule.min_lr_ratio=0.0"  # DESIGN.md §7: WSD decays to 0
+
+
+def resolve_config(preset: str | None = None, strategy: str | None = None,
+                   overrides: list[str] | Mapping[str, Any] | None = None, sections: Mapping | None = None, *,
+                   base: RunConfig | None = None) -> RunConfig:
+    """The validated ``RunConfig`` of the layers in the module docstring.
+
+    ``preset`` / ``strategy``: the defaults' names (else ``sections['preset']`` / ``['strategy']``, else
+    ``small`` / ``baseline``); ``base``: a config to start from instead (``--resume``; then neither may be
+    given). ``overrides``: ``["optim.lr=0.01", ...]`` (YAML values, as on the command line) or
+    ``{"optim.lr": 0.01, ...}`` (typed values, as in a sweep file). Raises ``ValueError`` for an unknown
+    preset, strategy, section or key, a malformed override and every invalid value.
+    """
+    data_in = dict(sections or {})
+    items = _override_items(overrides)
+    if base is not None:
+        if preset or strategy:
+            raise ValueError("resolve_config: give preset/strategy or a base config, not both")
+        data = to_dict(base)
+    else:
+        preset = preset or data_in.get("preset") or "small"
+        strategy = strategy or data_in.get("strategy") or "baseline"
+        data = to_dict(RunConfig(preset=str(preset), strategy=str(strategy), model=get_preset(str(preset)),
+                                 scale=ScaleConfig.preset(str(strategy))))
+    data_in.pop("preset", None)
+    data_in.pop("strategy", None)
+    for section, values in data_in.items():
+        if section not in data or not isinstance(data[section], dict):
+            known = ", ".join(k for k, v in data.items() if isinstance(v, dict))
+            raise ValueError(f"unknown config section {section!r}; known: {known}")
+        if not isinstance(values, Mapping):
+            raise ValueError(f"config section {section!r} must be a mapping")
+        if section == "model" and isinstance(values.get("moe"), Mapping) and data["model"]["moe"]:
+            values = {**values, "moe": {**data["model"]["moe"], **values["moe"]}}  # a preset's experts, edited
+        data[section] = {**data[section], **values}
+    floor = _wsd_floor(data_in.get("schedule"), items)
+    cfg = apply_overrides(from_dict(RunConfig, data), items + ([floor] if floor else []))
+    cfg.validate()
+    return cfg
+
+
+def _override_items(overrides: list[str] | Mapping[str, Any] | None) -> list[str]:
+    """``key=value`` strings; a mapping's values are written as JSON (a YAML subset) so that types survive."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.d_model=256)")
+    return list(overrides)
+
+
+def _wsd_floor(schedule_section: Any, items: list[str]) -> str | None:
+    """``WSD_FLOOR`` when the layer that chose ``wsd`` (overrides, else sections) leaves the floor unset."""
+    def key_of(item: str) -> str:
+        return item.split("=", 1)[0].strip()
+
+    def value_of(item: str) -> str:
+        return item.split("=", 1)[1].strip().strip("'\"")
+
+    names = [value_of(i) for i in items if key_of(i) == "schedule.name"]
+    ratio_in_items = any(key_of(i) == "schedule.min_lr_ratio" for i in items)
+    if names:  # the last override of schedule.name decides
+        return WSD_FLOOR if names[-1] == "wsd" and not ratio_in_items else None
+    if isinstance(schedule_section, Mapping) and schedule_section.get("name") == "wsd":
+        return WSD_FLOOR if "min_lr_ratio" not in schedule_section and not ratio_in_items else None
+    return None
+
+
+__all__ = ["WSD_FLOOR", "resolve_config"]

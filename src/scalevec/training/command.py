@@ -1,0 +1,129 @@
+"""``scalevec train``: the command line of one run (README "Train one run"; DESIGN.md §8, §12).
+
+Flags and ``key=value`` overrides become a ``RunConfig`` through ``resolve.resolve_config`` (the one
+resolution; ``--resume`` resolves the stored config with execution flags only), then
+``trainer.train`` runs it. Exit codes: 0 done, 2 bad input or an unusable run directory (``cli.py``
+prints the one-line error), 3 the run diverged (``DIVERGED``) or failed during training, 75 SIGTERM
+(checkpointed; continue with ``--resume``), 130 Ctrl-C (also checkpointed). ``sweep`` reads the same
+codes from its trainer subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from scalevec.config import RunConfig, load_yaml, replace, usable_cpus
+from scalevec.resolve import resolve_config
+from scalevec.training import init_from, rundir
+from scalevec.training.trainer import Preempted, TrainingDiverged, TrainingFailed, train
+
+DIVERGED_EXIT = 3  # the health guard stopped the run (DIVERGED written)
+FAILED_EXIT = 3  # training could not go on (an OSError such as a full disk); resumable
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL: SIGTERM, checkpointed, continue with --resume
+
+FLAG_FIELDS = {  # --flag -> config field
+    "optimizer": "optim.name", "lr": "optim.lr", "schedule": "schedule.name", "warmup": "schedule.warmup",
+    "steps": "train.steps", "tokens": "train.tokens", "batch_size": "train.batch_size",
+    "micro_batch_size": "train.micro_batch_size", "seq_len": "train.seq_len", "seed": "train.seed",
+    "data": "data.source", "tokenizer": "data.tokenizer", "device": "train.device", "dtype": "train.dtype",
+    "dist": "train.dist", "probe_every": "train.probe_every", "sharpness_every": "train.sharpness_every",
+    "eval_every": "train.eval_every", "tracker": "train.tracker", "threads": "train.threads",
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", help="YAML file with any RunConfig fields (preset, strategy, model, scale, optim, ...)")
+    p.add_argument("--preset", help="model preset (default small; see `scalevec info`)")
+    p.add_argument("--strategy", help="scale-vector strategy (default baseline)")
+    p.add_argument("--optimizer", choices=["adamw", "muon"])
+    p.add_argument("--schedule", choices=["cosine", "wsd", "linear", "constant"],
+                   help="wsd decays to 0 unless schedule.min_lr_ratio is given")
+    for flag, kind in (("lr", float), ("warmup", int), ("steps", int), ("tokens", int), ("batch-size", int),
+                       ("micro-batch-size", int), ("seq-len", int), ("seed", int), ("eval-every", int),
+                       ("probe-every", int), ("sharpness-every", int)):
+        p.add_argument(f"--{flag}", type=kind)
+    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, hf:NAME[:CONFIG], "
+                                   "or a folder written by `scalevec prepare-data` (memory-mapped shards)")
+    p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
+    p.add_argument("--device", help="auto (default), cpu, cuda")
+    p.add_argument("--threads", type=int, help="CPU threads (default: every CPU this process may use); the "
+                   "thread count changes the last bits of fp32 sums, so reproduce a run with the same one")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--dist", choices=["none", "ddp", "fsdp2"], help="data parallelism under torchrun")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each block (--no-compile: eager); default train.compile=auto: compiled on "
+                        "CUDA for runs of 1000+ steps, eager on CPU (docs/performance.md)")
+    p.add_argument("--out", help="run directory (default runs/<preset>-<strategy>-seed<seed>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from a Hugging Face model directory (Llama, Qwen3, Mixtral, Qwen3-MoE) or branch a run: "
+                        "RUN_DIR or RUN_DIR/checkpoints/step_N (its config is the base; flags change it)")
+    p.add_argument("--reset-optimizer", action="store_true",
+                   help="with --init-from RUN: do not carry the optimizer state")
+    p.add_argument("--schedule-from", choices=list(init_from.SCHEDULE_FROM), default="restart",
+                   help="with --init-from RUN: restart the schedule at step 0 (default) or continue from the "
+                        "parent's step")
+    p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
+                   help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.d_model=256")
+
+
+def config_from_args(args, base: dict | None = None) -> RunConfig:
+    """The RunConfig of a ``train``-style command line (precedence: preset/strategy < file < flags < key=value),
+    through ``resolve.resolve_config``. ``base``: sections below the file (``--init-from``:
+    ``init_from.base_sections``)."""
+    file_data = load_yaml(args.config) if args.config else {}
+    if base:
+        file_data = {**base, **{k: {**base[k], **v} if isinstance(base.get(k), dict) and isinstance(v, dict) else v
+                                for k, v in file_data.items()}}
+    if args.preset and "model" in file_data:
+        raise ValueError("--preset conflicts with the model section of --config; drop one of them")
+    flags = [f"{key}={getattr(args, name)}" for name, key in FLAG_FIELDS.items() if getattr(args, name, None) is not None]
+    if getattr(args, "compile", None) is not None:
+        flags.append(f"train.compile={'true' if args.compile else 'false'}")
+    return resolve_config(args.preset, args.strategy, flags + list(args.overrides), file_data)
+
+
+def run(args) -> int:
+    init = None
+    if getattr(args, "init_from", None):
+        if args.resume:
+            raise ValueError("--resume continues the run in --out; drop --init-from (the branch's origin is in "
+                             "its meta.json)")
+        init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
+    if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
+        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker", "threads": "train.threads"}
+        if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
+            raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
+                             "--tracker, --threads and --compile (or start a new --out)")
+        cfg = resolve_config(base=rundir.load_config(args.out),
+                             overrides=[f"{key}={getattr(args, n)}" for n, key in execution.items()
+                                        if getattr(args, n, None) is not None]
+                             + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))
+    else:
+        cfg = config_from_args(args, init_from.base_sections(init, args.preset, args.strategy, args.tokenizer)
+                               if init is not None else None)
+        if init is not None:
+            cfg.preset = init_from.preset_label(init, args.preset, cfg.preset)
+    if not cfg.train.threads:  # explicit, so that the same command gives the same numbers however it is started
+        cfg = replace(cfg, train=replace(cfg.train, threads=usable_cpus()))  # a positive count: still valid
+    out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
+    try:
+        train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
+    except TrainingDiverged as e:
+        print(f"scalevec train: {e}", file=sys.stderr)
+        return DIVERGED_EXIT
+    except TrainingFailed as e:
+        print(f"scalevec train: error: {e}", file=sys.stderr)
+        return FAILED_EXIT
+    except Preempted as e:
+        print(f"scalevec train: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
+    return 0
+
+
+__all__ = ["DIVERGED_EXIT", "FAILED_EXIT", "FLAG_FIELDS", "PREEMPTED_EXIT", "add_arguments", "config_from_args", "run"]

@@ -1,0 +1,45 @@
+"""The arithmetic of one training step: the loss over a split global batch (DESIGN.md §8).
+
+``accumulate_gradients`` runs forward and backward over one rank's micro-batches so that the gradient is
+that of the token-mean loss of the *whole* global batch, however it is split over micro-batches and
+ranks. The optimizer step, clipping and the health guard are the trainer's (``trainer.Trainer.train_step``).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from scalevec.training import distributed
+
+
+def accumulate_gradients(model: torch.nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                         autocast=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward over this rank's micro-batches of one global batch (DESIGN.md §8).
+
+    The loss is the cross-entropy summed in nats over every target ``!= -100`` of the *global* batch
+    (all micro-batches, all ranks) divided by their count, so the gradient does not depend on how the
+    batch is split; MoE aux losses are averaged over micro-batches. DDP/FSDP average gradients over
+    ranks, hence each rank's loss carries a factor ``world_size``. Gradients sync on the last
+    micro-batch only. Returns the global (loss, aux) as detached scalars.
+    """
+    world = distributed.world_size()
+    device = micro_batches[0][0].device
+    n_local = sum(int((y != -100).sum()) for _, y in micro_batches)
+    n_global = distributed.all_reduce_sum(torch.tensor(float(n_local), device=device))
+    ce_total = torch.zeros((), device=device)
+    aux_total = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(micro_batches):
+        with distributed.grad_sync(model, last=i == len(micro_batches) - 1):
+            with autocast or nullcontext():
+                ce, _, aux = model(x, y)
+            loss = ce * (world / n_global) + aux / len(micro_batches)
+            loss.backward()
+        ce_total += ce.detach()
+        aux_total += aux.detach() / len(micro_batches)
+    loss = distributed.all_reduce_sum(ce_total) / n_global
+    return loss, distributed.all_reduce_sum(aux_total) / world
+
+
+__all__ = ["accumulate_gradients"]
