@@ -28,7 +28,8 @@ def test_report_reads_eval_json_into_runs_csv(tmp_path):
     """eval.json written by `scalevec eval` becomes eval.<task>.<metric> columns of report's runs.csv rows."""
     import fakerun
     from scalevec.config import RunConfig, to_dict
-    from scalevec.experiments.report import load_runs, runs_frame
+    from scalevec.experiments.frames import runs_frame
+    from scalevec.experiments.records import load_runs
 
     fakerun.write_run(tmp_path / "runs" / "r0", to_dict(RunConfig(strategy="unified")))
     write_eval(tmp_path / "runs" / "r0", {"hellaswag": {"acc,none": 0.31, "acc_stderr,none": 0.01,

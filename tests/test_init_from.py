@@ -14,7 +14,7 @@ import torch
 import transformers  # a dev dependency: missing it fails these tests, never skips
 
 from scalevec.cli import main
-from scalevec.experiments.report import _parent_curves
+from scalevec.experiments.figures import parent_curves
 from scalevec.resolve import resolve_config
 from scalevec.training import rundir
 from scalevec.training.init_from import resolve
@@ -97,7 +97,7 @@ def test_branch_continue_reproduces_the_parent(tmp_path):
     assert (info["step"], info["strategy"], info["optimizer"], info["weights"]) == (4, "hg", "carried", "as saved")
     assert info["run_dir"] == str(parent.resolve())
     # report draws the parent up to the branch point, at its own tokens (continue)
-    (name, tokens, loss), = _parent_curves([SimpleNamespace(path=branch)])
+    (name, tokens, loss), = parent_curves([SimpleNamespace(path=branch)])
     evals = [r for r in rows(parent) if r["kind"] == "eval" and r["step"] <= 4]
     assert list(tokens) == [r["tokens"] for r in evals] and list(loss) == [r["val_loss"] for r in evals]
     assert "parent parent (hg) to step 4" == name
@@ -126,7 +126,7 @@ def test_reset_optimizer(tmp_path, small_parent):
     assert main(["train", "--init-from", str(small_parent), "--reset-optimizer", "--out", str(tmp_path / "b"),
                  "--quiet"]) == 0
     assert json.loads((tmp_path / "b" / "meta.json").read_text())["init_from"]["optimizer"] == "reset"
-    (_, tokens, _), = _parent_curves([SimpleNamespace(path=tmp_path / "b")])
+    (_, tokens, _), = parent_curves([SimpleNamespace(path=tmp_path / "b")])
     assert tokens[-1] == 0 and tokens[0] < 0  # restart: the parent ends where the branch starts
 
 

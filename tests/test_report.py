@@ -13,7 +13,9 @@ import yaml
 import fakerun
 from scalevec.cli import main
 from scalevec.config import to_dict
-from scalevec.experiments.report import analyze, load_runs, write_report
+from scalevec.experiments.analysis import analyze
+from scalevec.experiments.records import load_runs
+from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import expand, run_sweep, spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

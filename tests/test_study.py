@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalevec.experiments.report import analyze, load_runs
+from scalevec.experiments.analysis import analyze
+from scalevec.experiments.records import load_runs
 from scalevec.experiments.study import parse, run_study
 from scalevec.experiments.sweepdir import load_specs, write_spec
 

@@ -23,8 +23,9 @@ from pathlib import Path
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.experiments.report import LEGEND, cell_rows, text_table, write_report
+from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import run_sweep, spec_from_dict
+from scalevec.experiments.tables import LEGEND, cell_rows, text_table
 
 # The main job (`scalevec compare` with no arguments): 3 strategies × 3 seeds of `cpu-80k` at 20 tokens
 # per parameter (2.16M tokens per run) on the bundled Shakespeare as bytes.

@@ -1,0 +1,267 @@
+"""Run records -> the comparison: cells, each strategy at its tuned value, paired deltas, scaling fits (DESIGN.md §9).
+
+A cell is the runs that differ only in strategy, tuned value and seed. In each, every strategy is taken at
+its own best value of the tuned axis (``stats.pick_lr`` on the seeds every value was run with), compared
+with the baseline by seed (``stats.paired_delta``) and by token efficiency on the seed-averaged
+validation curves; cells that differ only in size get power-law fits and compute multipliers. Numbers
+only: tables, CSV and figures are built from the ``Analysis`` elsewhere (``tables``, ``frames``, ``figures``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scalevec.experiments import stats
+from scalevec.experiments.labels import Labeler, is_size_key, si, varying_keys
+from scalevec.experiments.records import RunRecord
+
+EXCLUDED_PREFIXES = ("strategy", "scale.", "train.seed")  # what varies inside a cell
+EXTRAPOLATE = 10.0  # extrapolated compute multiplier at 10× the largest measured size
+
+
+@dataclass
+class StrategyResult:
+    """One strategy in one cell, at its chosen (tuned) value; ``runs`` are its finished runs there."""
+
+    strategy: str
+    runs: list[RunRecord]
+    pick: stats.LrPick | None = None
+    loss_mean: float = math.nan
+    loss_std: float = math.nan
+    bpb_mean: float = math.nan
+    delta: stats.PairedDelta | None = None
+    token_efficiency: float = math.nan
+    token_efficiency_is_bound: bool = False  # reached at the first evaluation: the true value is >= this
+    params: int = 0
+    non_embedding_params: int = 0
+    scale_params: int = 0
+    extra_params: int = 0
+    step_time_s: float = math.nan
+    step_time_ratio: float = math.nan
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.final_loss for r in self.runs]
+
+
+@dataclass
+class Cell:
+    """Runs that differ only in strategy, tuned value and seed."""
+
+    key: tuple
+    label: str
+    results: list[StrategyResult]
+    tune_key: str | None
+    size: str = ""  # the model-size part of the label: a bundle name of the sweep, else the preset
+
+
+@dataclass
+class ScalingResult:
+    """Fits of one group of cells that differ only in size (needs >= 3 sizes)."""
+
+    label: str
+    sizes: list[tuple[str, Cell]]  # (size label, cell), by increasing baseline size
+    fits: dict[str, stats.PowerLawFit]
+    shared: dict[str, stats.SharedFit]
+    per_size: dict[str, list[float]]  # compute multiplier of each strategy at each size
+    extrapolated: dict[str, float]
+    n_extrapolated: float
+
+
+@dataclass
+class Analysis:
+    """Everything the report shows; built by ``analyze`` from run records only."""
+
+    name: str
+    baseline: str
+    cells: list[Cell]
+    scaling: list[ScalingResult]
+    runs: list[RunRecord]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _strategy_order(runs: list[RunRecord], spec: dict, baseline: str) -> list[str]:
+    present = {r.cfg.strategy for r in runs}
+    grid = spec.get("grid") or {}
+    order = [str(s) for s in grid.get("strategy", [])] if isinstance(grid.get("strategy"), list) else []
+    rest = sorted(present - set(order) - {baseline})
+    order = [s for s in order if s in present]
+    return ([baseline] if baseline in present and baseline not in order else []) + order + rest
+
+
+def mean_curve(runs: list[RunRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """Seed-averaged validation curve ``(tokens, loss)`` over the eval steps every run has."""
+    if not runs:
+        return np.array([]), np.array([])
+    by_step = [{e["step"]: e for e in r.evals} for r in runs]
+    steps = sorted(set.intersection(*(set(b) for b in by_step)))
+    tokens = np.array([by_step[0][s]["tokens"] for s in steps], dtype=float)
+    loss = np.array([np.mean([b[s]["val_loss"] for b in by_step]) for s in steps], dtype=float)
+    return tokens, loss
+
+
+def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None, warnings: list[str],
+                     label: str) -> StrategyResult | None:
+    finished = [r for r in runs if r.done]
+    pick = None
+    if tune_key is not None:
+        # The value is picked on the seeds that every value was run with (a study tunes on seed 0, then adds
+        # seeds at the picked value only: those confirm the pick and must not re-choose it, issue 12).
+        seeds_of: dict[float, set[int]] = defaultdict(set)
+        for r in runs:
+            seeds_of[float(r.flat[tune_key])].add(r.seed)
+        common = set.intersection(*seeds_of.values()) if seeds_of else set()
+        by_value: dict[float, list[float]] = defaultdict(list)
+        for r in runs:  # an unfinished or diverged run makes its value ineligible (counts as inf)
+            if r.seed in common:
+                by_value[float(r.flat[tune_key])].append(r.final_loss)
+        try:
+            pick = stats.pick_lr(by_value)
+        except ValueError:
+            warnings.append(f"[{label}] {strategy}: no {tune_key} value has all its runs finished")
+            return None
+        if pick.warning:
+            warnings.append(f"[{label}] {strategy}: {pick.warning}")
+        finished = [r for r in finished if float(r.flat[tune_key]) == pick.lr]
+    if not finished:
+        return None
+    finished.sort(key=lambda r: r.seed)
+    res = StrategyResult(strategy, finished, pick)
+    res.loss_mean, res.loss_std = stats.mean_std(res.losses)
+    res.bpb_mean = float(np.mean([r.summary["final_val_bpb"] for r in finished]))
+    s = finished[0].summary
+    res.params, res.non_embedding_params = int(s["params"]), int(s["non_embedding_params"])
+    res.scale_params = int(s.get("scale_params", 0))
+    # step time does not depend on lr or seed: average every finished run of the strategy in the cell
+    # CPU (process) time per step where every run logged it (issue 17): wall clock on a shared machine measures
+    # the neighbours too (it showed `none` 0.35x); older runs without cpu_time_s fall back to wall clock
+    done = [r.summary for r in runs if r.done]
+    key = "cpu_time_s" if done and all(math.isfinite(d.get("cpu_time_s", math.nan)) for d in done) else "step_time_s"
+    res.step_time_s = float(np.mean([d[key] for d in done]))
+    return res
+
+
+def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: list[str]) -> None:
+    base = results[0]
+    base_curve = mean_curve(base.runs)
+    t_base = stats.tokens_to_reach(*base_curve, base.loss_mean) if base_curve[0].size else math.nan
+    base_by_seed = {r.seed: r.final_loss for r in base.runs}
+    for res in results:
+        res.extra_params = res.params - base.params
+        res.step_time_ratio = res.step_time_s / base.step_time_s
+        if res is base:
+            continue
+        seeds = [r.seed for r in res.runs if r.seed in base_by_seed]
+        if len(seeds) < len(res.runs) or len(seeds) < len(base.runs):
+            warnings.append(f"[{label}] {res.strategy}: seeds differ from the baseline's; paired over {seeds}")
+        if seeds:
+            mine = {r.seed: r.final_loss for r in res.runs}
+            res.delta = stats.paired_delta([base_by_seed[s] for s in seeds], [mine[s] for s in seeds])
+        curve = mean_curve(res.runs)
+        if curve[0].size and math.isfinite(t_base):
+            res.token_efficiency = t_base / stats.tokens_to_reach(*curve, base.loss_mean)
+            res.token_efficiency_is_bound = bool(curve[1][0] <= base.loss_mean)
+
+
+def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
+    """Group runs into cells, pick each strategy's tuned value, compare with the baseline, fit scaling.
+
+    ``spec``: the sweep's ``sweep.yaml`` mapping (``tune``, ``baseline``, ``grid.strategy`` order) or
+    None to infer them (tune ``optim.lr`` if it varies; baseline ``baseline`` or the first strategy).
+    """
+    spec = spec or {}
+    warnings: list[str] = []
+    strategies = {r.cfg.strategy for r in runs}
+    baseline = str(spec.get("baseline") or ("baseline" if "baseline" in strategies else min(strategies)))
+    order = _strategy_order(runs, spec, baseline)
+    if baseline not in strategies:
+        warnings.append(f"no run of the baseline strategy {baseline!r}; comparing against {order[0]!r}")
+        baseline = order[0]
+    varying = varying_keys(runs)
+    tune = spec.get("tune")
+    tune_key = (tune[0] if tune else None) if tune is not None else ("optim.lr" if "optim.lr" in varying else None)
+    setting_keys = [k for k in varying if k != tune_key and not k.startswith(EXCLUDED_PREFIXES)]
+    labeler = Labeler(runs, setting_keys, spec)
+
+    groups: dict[tuple, list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        groups[tuple((k, r.flat.get(k)) for k in setting_keys)].append(r)
+    cells = []
+    for key, cell_runs in groups.items():
+        example = next((r for r in cell_runs if r.done), cell_runs[0])
+        label = labeler.label(key, example)
+        results = []
+        for strategy in order:
+            res = _strategy_result(strategy, [r for r in cell_runs if r.cfg.strategy == strategy], tune_key,
+                                   warnings, label)
+            if res is not None:
+                results.append(res)
+        if not results or results[0].strategy != baseline:
+            warnings.append(f"[{label}] the baseline {baseline!r} has no finished run; cell skipped")
+            continue
+        _compare_to_baseline(results, label, warnings)
+        cells.append(Cell(key, label, results, tune_key, labeler.size(example)))
+    cells.sort(key=lambda c: (c.results[0].non_embedding_params, c.label))
+    for status in ("diverged", "unfinished"):
+        names = [r.name for r in runs if r.status == status]
+        if names:
+            warnings.append(f"{len(names)} run(s) {'diverged' if status == 'diverged' else 'not finished'} "
+                            f"(left out; their lr counts as failed): {', '.join(names)}")
+    scaling = _scaling(cells, setting_keys, labeler, baseline, warnings)
+    return Analysis(str(spec.get("name") or ""), baseline, cells, scaling, runs, warnings)
+
+
+def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, baseline: str,
+             warnings: list[str]) -> list[ScalingResult]:
+    if not any(is_size_key(k) for k in setting_keys):
+        return []
+    groups: dict[tuple, list[Cell]] = defaultdict(list)
+    for c in cells:
+        groups[tuple((k, v) for k, v in c.key if not is_size_key(k))].append(c)
+    out = []
+    for gkey, gcells in groups.items():
+        label = labeler.label(gkey, gcells[0].results[0].runs[0], sizes=False)
+        sizes = sorted({c.results[0].non_embedding_params for c in gcells})
+        if len(sizes) < 3:
+            continue
+        if len(sizes) < len(gcells):
+            warnings.append(f"[scaling {label}] several cells share a model size; no fit (vary one size axis)")
+            continue
+        gcells = sorted(gcells, key=lambda c: c.results[0].non_embedding_params)
+        size_labels = [c.size for c in gcells]
+        if len(set(size_labels)) < len(size_labels):
+            size_labels = [f"{c.size} ({si(c.results[0].non_embedding_params)})" for c in gcells]
+        points: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
+        for c in gcells:
+            for res in c.results:
+                points[res.strategy][0].extend([res.non_embedding_params] * len(res.runs))
+                points[res.strategy][1].extend(res.losses)
+        fits, shared, per_size, extrapolated = {}, {}, {}, {}
+        for strategy, (n, loss) in points.items():
+            try:
+                fits[strategy] = stats.fit_power_law(n, loss)
+            except (ValueError, RuntimeError) as e:
+                warnings.append(f"[scaling {label}] {strategy}: {e}")
+        n_x = EXTRAPOLATE * max(sizes)
+        base_fit = fits.get(baseline)
+        if base_fit is not None:
+            for strategy, fit in fits.items():
+                if strategy == baseline:
+                    continue
+                try:
+                    shared[strategy] = stats.fit_shared_power_law(*points[baseline], *points[strategy])
+                except (ValueError, RuntimeError) as e:
+                    warnings.append(f"[scaling {label}] {strategy}: shared fit failed: {e}")
+                per_size[strategy] = [
+                    next((stats.compute_multiplier(base_fit, r.loss_mean, r.non_embedding_params)
+                          for r in c.results if r.strategy == strategy), math.nan) for c in gcells]
+                extrapolated[strategy] = stats.compute_multiplier(base_fit, float(fit.predict(n_x)), n_x)
+        out.append(ScalingResult(label, list(zip(size_labels, gcells)), fits, shared, per_size, extrapolated, n_x))
+    return out
+
+
+__all__ = ["Analysis", "Cell", "EXCLUDED_PREFIXES", "EXTRAPOLATE", "ScalingResult", "StrategyResult", "analyze", "mean_curve"]

@@ -1,0 +1,87 @@
+"""Run directories -> ``RunRecord``s: what the report reads of each run (DESIGN.md §9).
+
+Like lingua's run folder -> DataFrame: a record is one run's resolved config (flattened to dotted
+keys), its summary when finished, its evaluation rows and its status (done, diverged, unfinished). Every
+file is read through ``training.rundir``; nothing is written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalevec.config import RunConfig, to_dict
+from scalevec.training import rundir
+
+
+@dataclass
+class RunRecord:
+    """One run directory read from disk. ``summary`` is None for an unfinished run."""
+
+    name: str
+    path: Path
+    cfg: RunConfig
+    flat: dict[str, Any]
+    summary: dict | None
+    evals: list[dict]
+    status: str  # done | diverged | unfinished
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.train.seed
+
+    @property
+    def final_loss(self) -> float:
+        return float(self.summary["final_val_loss"]) if self.summary else math.nan
+
+
+def flatten_config(cfg: RunConfig) -> dict[str, Any]:
+    """``{dotted key: value}`` of a RunConfig; lists become tuples so that values are hashable."""
+    out: dict[str, Any] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[prefix + k] = tuple(v) if isinstance(v, list) else v
+
+    walk(to_dict(cfg), "")
+    return out
+
+
+def read_run(path: Path) -> RunRecord:
+    """Read one run directory through ``rundir`` (``config.yaml`` required; summary and metrics when
+    present; a cut-off last metrics line is skipped). ``RunDirError`` names a damaged file and the fix."""
+    cfg = rundir.load_config(path)
+    summary = None
+    if rundir.is_done(path) and (path / rundir.SUMMARY).is_file():
+        summary = rundir.read_json(path / rundir.SUMMARY, fix="retrain the run, or delete its DONE to report it unfinished")
+    evals = rundir.read_metrics(path, kind="eval")
+    status = "done" if summary else ("diverged" if rundir.is_diverged(path) else "unfinished")
+    return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status)
+
+
+def load_runs(root: str | Path) -> list[RunRecord]:
+    """Every run directory under ``root/runs/`` (or directly under ``root``), sorted by name.
+
+    Raises ``FileNotFoundError`` when ``root`` is missing or holds no run directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory; pass the --out folder of a sweep or compare")
+    base = root / "runs" if (root / "runs").is_dir() else root
+    runs = [read_run(d) for d in sorted(base.iterdir()) if d.is_dir() and (d / "config.yaml").is_file()]
+    if not runs:
+        raise FileNotFoundError(f"no run directories (with config.yaml) in {base}; run `scalevec sweep` or "
+                                f"`scalevec compare` with --out {root} first")
+    return runs
+
+
+__all__ = ["RunRecord", "flatten_config", "load_runs", "read_run"]
