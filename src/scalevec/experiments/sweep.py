@@ -24,15 +24,17 @@ run whose stored config differs from the sweep's is an error naming the fix); a 
 ``DONE`` or ``DIVERGED`` is skipped, one with a checkpoint is resumed, one without is restarted, one
 that another process holds (its lock, ``rundir.RunLock``) is skipped with a message (nanochat's sweeps
 skip finished runs the same way); SIGINT or SIGTERM to the sweep sends SIGTERM to its trainers, which
-checkpoint at their next step and exit, and the sweep then stops (exit 130); the token budget of ``tokens_per_param`` uses the ``baseline``
-strategy's parameter count so that every strategy of a cell trains on the same tokens; ``wsd``
-decays to 0 unless ``schedule.min_lr_ratio`` is given (as ``scalevec train --schedule wsd``).
+checkpoint at their next step and exit, and the sweep then stops (exit 130); the token budget of
+``tokens_per_param`` uses the ``baseline`` strategy's parameter count so that every strategy of a cell
+trains on the same tokens. Every grid point resolves through ``resolve.resolve_config``, as ``scalevec
+train`` does (so ``wsd`` decays to 0 unless ``schedule.min_lr_ratio`` is given).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import re
 import signal
@@ -214,21 +216,21 @@ def load_spec(path: str | Path) -> SweepSpec:
 
 
 @cache
-def _count_params(model_yaml: str, scale_yaml: str) -> int:
-    """Total parameters of a model and scale config (given as YAML, for caching), built on the meta device."""
+def _count_params(model_json: str, scale_json: str) -> int:
+    """Total parameters of a model and scale config (given as JSON, for caching), built on the meta device."""
     from scalevec.config import ModelConfig
     from scalevec.model.params import count_params
     from scalevec.model.transformer import build_model
 
-    model = from_dict(ModelConfig, yaml.safe_load(model_yaml))
-    scale = from_dict(ScaleConfig, yaml.safe_load(scale_yaml))
+    model = from_dict(ModelConfig, json.loads(model_json))
+    scale = from_dict(ScaleConfig, json.loads(scale_json))
     return count_params(build_model(model, scale, device="meta"))["params"]
 
 
 def run_params(cfg: RunConfig, strategy: str | None = None) -> int:
     """Total parameters of ``cfg.model`` with ``cfg.scale`` (or the named ``strategy``)."""
     scale = ScaleConfig.preset(strategy) if strategy else cfg.scale
-    return _count_params(yaml.safe_dump(to_dict(cfg.model)), yaml.safe_dump(to_dict(scale)))
+    return _count_params(json.dumps(to_dict(cfg.model), sort_keys=True), json.dumps(to_dict(scale), sort_keys=True))
 
 
 def baseline_params(cfg: RunConfig) -> int:
