@@ -101,6 +101,7 @@ def test_bench_inference_folded_models_are_plain_llamas(result):
         assert isinstance(rows[name]["targets"]["forward"]["met"], bool)
 
 
+@pytest.mark.slow  # a real training step per strategy
 def test_step_peak_bytes_sees_the_activations():
     """The CPU memory probe grows with the batch: 4× the tokens allocate more than 2× the step memory."""
     cfg = get_preset("tiny")

@@ -76,6 +76,7 @@ def test_out_below_a_file_names_the_file(tmp_path, capsys):
     fails(capsys, train_argv(tmp_path / "f" / "run"), "is a file", "choose another --out")
 
 
+@pytest.mark.slow  # trains, interrupts and resumes
 def test_ctrl_c_checkpoints_and_resume_continues(tmp_path, capsys, monkeypatch):
     """Ctrl-C mid-run saves the completed steps (exit 130); --resume then finishes the run."""
     from scalevec.training import trainer as train_mod

@@ -21,6 +21,12 @@ from scalevec.data.tokenizer import load_tokenizer  # noqa: E402
 from scalevec.hf.export import VerifyError, export_model, verify  # noqa: E402
 
 FOLDABLE = ("baseline", "hg", "dp", "or", "unified_foldable", "none")
+
+
+def some_fast(cases, fast):
+    """pytest params over ``cases`` (tuples); those not in ``fast`` are ``slow`` (the whole suite runs them; the
+    fast loop keeps a few that cover each path)."""
+    return [pytest.param(*c, marks=() if c in fast else pytest.mark.slow) for c in cases]
 MOE = MoEConfig(n_experts=4, top_k=2, d_expert=16)
 INPUT_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "model.norm.weight")
 
@@ -53,8 +59,8 @@ def _tokenizer_dir(path, vocab_size=64):
     return path
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("strategy", FOLDABLE)
+@pytest.mark.parametrize("strategy, tie", some_fast([(s, t) for s in FOLDABLE for t in (False, True)],
+                                                   {("baseline", False), ("or", False), ("unified_foldable", True)}))
 def test_dense_round_trip_verifies(tmp_path, make_cfg, perturb_scales, tokens, strategy, tie):
     """Export + verify: a folded foldable model loads in transformers with no key problems, same logits and loss."""
     model = _trained_like(make_cfg, perturb_scales, strategy, tie_embeddings=tie)
@@ -65,8 +71,8 @@ def test_dense_round_trip_verifies(tmp_path, make_cfg, perturb_scales, tokens, s
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("strategy", ("baseline", "unified_foldable", "none"))
+@pytest.mark.parametrize("strategy, tie", some_fast([(s, t) for s in ("baseline", "unified_foldable", "none")
+                                                    for t in (False, True)], {("unified_foldable", True)}))
 def test_qk_norm_round_trip_is_qwen3(tmp_path, make_cfg, perturb_scales, tokens, strategy, tie):
     """QK-norm models export as Qwen3ForCausalLM; their (trained) q/k-norm γ become q_norm/k_norm weights."""
     model = _trained_like(make_cfg, perturb_scales, strategy, qk_norm=True, tie_embeddings=tie)
@@ -78,8 +84,10 @@ def test_qk_norm_round_trip_is_qwen3(tmp_path, make_cfg, perturb_scales, tokens,
     assert torch.equal(hf["model.layers.1.self_attn.q_norm.weight"], expected.detach())
 
 
-@pytest.mark.parametrize("qk_norm, arch", [(False, "MixtralForCausalLM"), (True, "Qwen3MoeForCausalLM")])
-@pytest.mark.parametrize("strategy", ("baseline", "hg", "unified_foldable", "none"))
+@pytest.mark.parametrize("strategy, qk_norm, arch", some_fast(
+    [(s, *f) for s in ("baseline", "hg", "unified_foldable", "none")
+     for f in ((False, "MixtralForCausalLM"), (True, "Qwen3MoeForCausalLM"))],
+    {("baseline", False, "MixtralForCausalLM"), ("unified_foldable", True, "Qwen3MoeForCausalLM")}))
 def test_moe_round_trip_verifies(tmp_path, make_cfg, perturb_scales, tokens, strategy, qk_norm, arch):
     """MoE models export as Mixtral (Qwen3-MoE with QK-norm); routing and experts reproduce our logits."""
     model = _trained_like(make_cfg, perturb_scales, strategy, qk_norm=qk_norm, moe=MOE)

@@ -119,6 +119,9 @@ CACHE_CASES = [  # (strategy, model overrides): dense and MoE, pre and peri, QK-
     ("baseline", {"qk_norm": True}),
     ("unified", {"moe": "moe"}),
 ]
+# the fast loop runs the first (dense, pre) and the MoE case; the whole suite all of them
+CACHE_PARAMS = [c if i in (0, len(CACHE_CASES) - 1) else pytest.param(*c, marks=pytest.mark.slow)
+                for i, c in enumerate(CACHE_CASES)]
 
 
 def _cache_model(make_cfg, perturb_scales, strategy, overrides):
@@ -140,7 +143,7 @@ def test_causal_mask_lets_new_queries_see_every_cached_key():
     assert torch.equal(causal_mask(4, 4, torch.device("cpu")), torch.ones(4, 4, dtype=torch.bool).tril())
 
 
-@pytest.mark.parametrize("strategy, overrides", CACHE_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("strategy, overrides", CACHE_PARAMS, ids=lambda c: str(c))
 def test_decode_in_pieces_gives_the_forward_logits(make_cfg, perturb_scales, strategy, overrides):
     """Feeding a sequence as 5 + 1 + 1 + rest tokens through the KV cache gives forward()'s logits (fp32 rounding)."""
     from scalevec.model.transformer import KVCache
@@ -158,7 +161,7 @@ def test_decode_in_pieces_gives_the_forward_logits(make_cfg, perturb_scales, str
         m.decode(x[:, :1], cache)
 
 
-@pytest.mark.parametrize("strategy, overrides", CACHE_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("strategy, overrides", CACHE_PARAMS, ids=lambda c: str(c))
 def test_cached_greedy_equals_uncached(make_cfg, perturb_scales, strategy, overrides):
     """Greedy ids with the KV cache equal the uncached path's, also past the context (16) where the cache is dropped."""
     from scalevec.model.transformer import KVCache

@@ -16,16 +16,25 @@ import math
 
 import pytest
 
-from golden.generate import CASES, GOLDEN, STEPS, all_losses, machine_key
+from golden.generate import CASES, GOLDEN, STEPS, case_losses, machine_key
 
 CROSS_MACHINE_TOL = 2e-3  # nats per step; see the module docstring
-
-pytestmark = pytest.mark.slow  # 9 x 20 training steps: ~15 s; run it after any change to numerics
+# The fast loop (`-m "not slow"`) trains one case, the one that takes most paths at once (branch scales,
+# DNP, OR, input weight decay); the other eight (~15 s together) run with the whole suite.
+FAST_CASES = ("unified",)
 
 
 @pytest.fixture(scope="module")
-def current():
-    return all_losses()
+def current(tmp_path_factory):
+    """``current(name)``: the case's losses with the current code, trained once per module (shared data cache)."""
+    cache, done = tmp_path_factory.mktemp("golden-cache"), {}
+
+    def losses(name: str) -> list[float]:
+        if name not in done:
+            done[name] = case_losses(name, str(cache))
+        return done[name]
+
+    return losses
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +48,10 @@ def _decode(record: dict, name: str) -> list[float]:
     return [float.fromhex(h) for h in record["losses"][name]]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST_CASES else pytest.mark.slow) for n in CASES])
 def test_golden_losses(name, current, stored):
     """The losses of the current code equal the stored ones (bitwise on the same machine kind)."""
-    got = current[name]
+    got = current(name)
     assert len(got) == STEPS + 1 and all(math.isfinite(v) for v in got)
     key = machine_key()
     if key in stored:
@@ -57,7 +66,8 @@ def test_golden_losses(name, current, stored):
         assert worst <= CROSS_MACHINE_TOL, f"{name}: differs from the record of {other} by {worst:.2e} nats"
 
 
+@pytest.mark.slow  # trains every case
 def test_golden_cases_are_distinct(current):
     """Every case takes its own path through the numerics (a case that equals another guards nothing)."""
-    finals = [tuple(v) for v in current.values()]
+    finals = [tuple(current(name)) for name in CASES]
     assert len(set(finals)) == len(finals)

@@ -121,6 +121,7 @@ def test_branch_into_another_strategy_keeps_the_function(tmp_path):
     assert cfg.train.steps == 6 and cfg.scale.param == "magdir"  # the parent's config, the new strategy
 
 
+@pytest.mark.slow  # trains a parent run
 def test_reset_optimizer(tmp_path, small_parent):
     """--reset-optimizer starts the branch with a fresh optimizer even when the parameters match."""
     assert main(["train", "--init-from", str(small_parent), "--reset-optimizer", "--out", str(tmp_path / "b"),
@@ -142,13 +143,15 @@ def small_parent(tmp_path_factory):
 @pytest.mark.parametrize("args, message", [
     (["--init-from", "nowhere"], "does not exist"),
     (["--init-from", "HF", "--schedule-from", "continue"], "continue needs a scalevec run"),
-    (["--init-from", "PARENT", "--schedule-from", "continue", "--steps", "2"], "beyond it"),
+    pytest.param(["--init-from", "PARENT", "--schedule-from", "continue", "--steps", "2"], "beyond it",
+                 marks=pytest.mark.slow),  # trains the parent run
     (["--init-from", "HF", "--strategy", "baseline", "--seq-len", "32", "model.d_model=64"], "shape"),
-    (["--init-from", "PARENT", "--resume"], "drop --init-from"),
+    (["--init-from", "nowhere", "--resume"], "drop --init-from"),  # refused before the source is read
 ])
-def test_init_from_errors_exit_2(tmp_path, hf_llama, small_parent, capsys, args, message):
+def test_init_from_errors_exit_2(tmp_path, hf_llama, request, capsys, args, message):
     """A missing source, continue from an HF model, too few steps, a changed shape, --resume: one line, exit 2."""
-    args = [str(hf_llama[0]) if a == "HF" else str(small_parent) if a == "PARENT" else a for a in args]
+    parent = request.getfixturevalue("small_parent") if "PARENT" in args else None
+    args = [str(hf_llama[0]) if a == "HF" else str(parent) if a == "PARENT" else a for a in args]
     out = tmp_path / "new"
     assert main(["train", *args, "--out", str(out), "--quiet", f"data.cache_dir={tmp_path / 'cache'}"]) == 2
     assert message in capsys.readouterr().err

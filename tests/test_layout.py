@@ -8,6 +8,7 @@ a new module must be placed in it, or ``test_every_module_has_a_layer`` fails.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,12 @@ def layer_of(module: str) -> int | None:
     return best
 
 
+@functools.cache
+def _nodes(path: Path) -> list[ast.AST]:
+    """Every node of a file's syntax tree, parsed once per test session (each test walks every module)."""
+    return list(ast.walk(ast.parse(path.read_text(), str(path))))
+
+
 def imports_of(module: str) -> list[tuple[str, list[str], int]]:
     """``[(imported scalevec module, names taken from it, line)]``, every import in the file, nested ones too.
 
@@ -60,7 +67,7 @@ def imports_of(module: str) -> list[tuple[str, list[str], int]]:
     path = MODULES[module]
     is_pkg = path.name == "__init__.py"
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == "scalevec"]
         elif isinstance(node, ast.ImportFrom):

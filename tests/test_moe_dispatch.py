@@ -78,6 +78,7 @@ def test_moe_block_same_numbers_as_the_loop(strategy, monkeypatch):
         assert torch.equal(new[2][name], old[2][name]), name
 
 
+@pytest.mark.slow  # torch.compile
 def test_moe_block_is_one_graph_under_compile():
     """No host sync, no graph break: under bf16 autocast (how the trainer runs on a GPU) the block compiles
     with fullgraph=True, and a counting backend sees one graph (the ``.tolist()`` dispatch made 9). In fp32

@@ -246,6 +246,7 @@ def test_memmap_sampler_equals_in_memory_sampler(tmp_path):
     assert na == nb and all(x.equal(y) for p, q in zip(va, vb) for x, y in zip(p, q))
 
 
+@pytest.mark.slow  # trains and resumes
 def test_train_on_prepared_dir_resumes_exactly(tmp_path):
     """`train --data DIR`: 6 steps straight equal 3 steps + resume + 3 steps, bitwise, on memmapped shards."""
     P.prepare_shards("shakespeare", "bytes", tmp_path / "p", shard_tokens=1_000_000)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from scalevec.config import to_dict, usable_cpus
@@ -37,6 +38,7 @@ def _busy(stop) -> None:
         pass
 
 
+@pytest.mark.slow  # reproducibility: the same run started three ways
 def test_same_numbers_however_the_run_is_started(tmp_path):
     """In-process, CLI subprocess and sweep subprocess; fresh and warm cache; idle and loaded: bitwise equal."""
     fresh, warm = tmp_path / "cache-a", tmp_path / "cache-b"
@@ -68,6 +70,7 @@ def test_same_numbers_however_the_run_is_started(tmp_path):
     assert _losses(tmp_path / "loaded") == reference
 
 
+@pytest.mark.slow  # reproducibility: the same run started three ways
 def test_thread_count_is_explicit_and_recorded(tmp_path):
     """`scalevec train` without --threads uses every usable CPU and says so in config.yaml and meta.json;
     a sweep gives each of its --jobs an equal share."""

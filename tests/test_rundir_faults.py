@@ -47,15 +47,21 @@ def tiny_cfg(cache: Path, **over):
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """A config file for the CLI and an uninterrupted reference run (its losses and final weights)."""
+def config(tmp_path_factory):
+    """The run's config and a config file for the CLI (no training: the fast test needs only these)."""
     root = tmp_path_factory.mktemp("faults")
     cfg = tiny_cfg(root / "cache")
     cfg_file = root / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    ref = root / "ref"
-    train(cfg, ref, quiet=True)
-    return {"root": root, "cfg": cfg, "cfg_file": cfg_file, "ref": ref}
+    return {"root": root, "cfg": cfg, "cfg_file": cfg_file}
+
+
+@pytest.fixture(scope="module")
+def env(config):
+    """``config`` and an uninterrupted reference run (its losses and final weights)."""
+    ref = config["root"] / "ref"
+    train(config["cfg"], ref, quiet=True)
+    return {**config, "ref": ref}
 
 
 def train_argv(env, out: Path, *extra: str) -> list[str]:
@@ -105,6 +111,7 @@ def killed_run(env, out: Path, where: str, at: int) -> int:
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_sigkill_at_random_steps_and_inside_checkpoint_writes_resumes_bitwise(env, capsys):
     """SIGKILL before the first checkpoint, at two random steps and at four points inside a checkpoint
     write: `train --resume` ends bit for bit equal to the uninterrupted run (losses and weights)."""
@@ -124,6 +131,7 @@ def test_sigkill_at_random_steps_and_inside_checkpoint_writes_resumes_bitwise(en
 # ----------------------------------------------------------------------------------------- SIGTERM
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(env, capsys, monkeypatch):
     """SIGTERM during step 2 (3 and 5 with an odd stop): the step finishes, a checkpoint is written,
     exit 75; --resume then matches the uninterrupted run bit for bit."""
@@ -173,6 +181,7 @@ CKPT_FILES = ["dcp", "model.safetensors", "train_state.json", "MANIFEST.json"]
 
 
 @pytest.mark.parametrize("how", ["truncate", "zero", "flip"])
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_damaged_checkpoint_file_falls_back_or_fails_in_one_line(env, partial, capsys, how):
     """Each file of the newest checkpoint truncated, zero-filled or with a flipped byte: --resume skips
     it (saying which and why) and ends bit for bit equal to the uninterrupted run; export and generate
@@ -198,6 +207,7 @@ def test_damaged_checkpoint_file_falls_back_or_fails_in_one_line(env, partial, c
         assert_same_as_reference(env, out)
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_cut_off_metrics_line_is_dropped_on_resume_and_skipped_by_report(env, partial, capsys):
     """A partial last line in metrics.jsonl (a kill or a full disk): report reads the rest, --resume drops
     it with a notice and the run ends bit for bit equal to the uninterrupted one."""
@@ -246,6 +256,7 @@ PAYLOAD_FILES = [("config.yaml", "yaml"), ("meta.json", "pickle"), ("metrics.jso
                  ("CKPT/train_state.pt", "torch")]
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_pickle_payloads_in_every_file_never_run(env, partial, capsys):
     """A payload that writes a marker when unpickled (or YAML-constructed), placed in each file that any
     command reads: train --resume, export, generate and report refuse it (exit 2, one line) or never
@@ -297,6 +308,7 @@ def hold_lock(run: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_second_writer_is_refused_and_sigkill_releases_the_lock(env, partial, capsys):
     """While another process holds the run's lock, --resume, --overwrite and a sweep are refused at once
     naming its PID (the sweep skips the run); after that process is SIGKILLed, --resume works and every
@@ -329,6 +341,7 @@ def test_second_writer_is_refused_and_sigkill_releases_the_lock(env, partial, ca
     assert_same_as_reference(env, out)
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_two_trainers_on_one_new_directory(env, capsys):
     """Two `train` started together into one new --out: one trains, the other is refused with exit 2 (the
     lock or the run it finds), and metrics.jsonl holds each step once."""
@@ -342,6 +355,7 @@ def test_two_trainers_on_one_new_directory(env, capsys):
     assert steps == sorted(set(steps))
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_overwrite_never_deletes_a_run_that_appeared_meanwhile(env, capsys):
     """A trainer validated while --out did not exist finds a run there when it starts writing: it stops
     with FileExistsError and the other run keeps all its files."""
@@ -362,6 +376,7 @@ def enospc(path) -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys, monkeypatch):
     """ENOSPC inside the step-4 checkpoint write, and in a metrics append at step 5: exit 3 with one line
     naming the file, no temporary checkpoint left, and --resume ends bit for bit equal."""
@@ -394,6 +409,7 @@ def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys,
         assert_same_as_reference(env, out)
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_unusable_target_is_one_line_exit_2(env, capsys, monkeypatch):
     """A read-only target (mkdir, or the lock of an existing run, fail with EROFS) and a full disk while
     the run directory is set up: exit 2, one line naming the path; the existing run resumes afterwards."""
@@ -439,10 +455,10 @@ def test_unusable_target_is_one_line_exit_2(env, capsys, monkeypatch):
     assert_same_as_reference(env, existing)
 
 
-def test_overflowing_lr_is_refused_at_validation(env, capsys):
+def test_overflowing_lr_is_refused_at_validation(config, capsys):
     """--lr 1e38 overflows float32 in AdamW's first update: refused before anything is written (exit 2)."""
-    out = env["root"] / "lr1e38"
-    assert main(train_argv(env, out, "--lr", "1e38")) == 2
+    out = config["root"] / "lr1e38"
+    assert main(train_argv(config, out, "--lr", "1e38")) == 2
     one_line_error(capsys, "overflows float32")
     assert not out.exists()
 
@@ -467,6 +483,7 @@ def poisoned(monkeypatch, trainer, first_bad: int, how: str) -> None:
 
 
 @pytest.mark.parametrize("how,first_bad,kept", [("dead", 5, "step_0000004"), ("spike", 7, "step_0000006")])
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_dead_model_and_spike_write_diverged_with_the_checkpoint_from_before(env, capsys, monkeypatch, how,
                                                                              first_bad, kept):
     """Dead from step 5 (3 steps at ln(vocab) with zero gradient) or a 10x loss spike at step 7 (window 4):
@@ -491,6 +508,7 @@ def test_dead_model_and_spike_write_diverged_with_the_checkpoint_from_before(env
     one_line_error(capsys, "diverged")
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_lr_that_kills_the_model_leaves_no_usable_checkpoint(env, capsys):
     """--lr 1e6: the run stops at the guard (non-finite gradient or dead model) with no checkpoint from
     before the trouble; export and generate refuse it with one line (exit 2)."""
@@ -504,6 +522,7 @@ def test_lr_that_kills_the_model_leaves_no_usable_checkpoint(env, capsys):
     one_line_error(capsys, "no healthy model")
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_dead_checkpoint_without_diverged_is_refused_by_export(env, partial, capsys):
     """A checkpoint whose model predicts the uniform distribution (zero output head and final scale),
     without a DIVERGED marker: export and generate refuse it as a dead model (exit 2)."""
@@ -524,6 +543,7 @@ def test_dead_checkpoint_without_diverged_is_refused_by_export(env, partial, cap
     one_line_error(capsys, "dead model")
 
 
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_guard_never_fires_on_a_healthy_run(env):
     """40 steps at lr 1e-2 with a short spike window (5) and the dead check on: no DIVERGED, and the
     losses equal a run with the guard off (the guard only reads, it never changes numbers)."""

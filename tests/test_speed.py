@@ -89,6 +89,7 @@ def rows(run, kind="train"):
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
+@pytest.mark.slow  # trains
 def test_train_rows_carry_speed_metrics(tmp_path):
     """Each train row: cpu_time (process seconds), flops_per_s = FLOPs/token · tokens / step_time, and
     mfu = flops_per_s / train.peak_flops; the summary has the median cpu_time and the compile decision."""

@@ -30,6 +30,7 @@ def _names(log: Path) -> list[str]:
     return log.read_text().split() if log.is_file() else []
 
 
+@pytest.mark.slow  # an end-to-end study
 def test_study_extends_past_the_edge_then_confirms_seeds(tmp_path, monkeypatch):
     """Best lr at the upper edge -> ×2 steps until it is inside; seeds 1, 2 only at the picked lr; a rerun
     trains nothing; the report picks the lr on seed 0 and averages the three seeds there."""
@@ -54,6 +55,7 @@ def test_study_extends_past_the_edge_then_confirms_seeds(tmp_path, monkeypatch):
     assert stored["study"]["confirm_seeds"] == [1, 2] and stored["grid"]["optim.lr"] == [2.5e-4, 5e-4]
 
 
+@pytest.mark.slow  # an end-to-end study
 def test_study_stops_at_max_extensions_and_the_report_warns(tmp_path):
     """With no extension allowed, the edge winner stays and the report says to widen the grid."""
     spec = {**STUDY, "study": {"max_extensions": 0, "confirm_seeds": [1]}}

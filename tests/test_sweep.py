@@ -71,6 +71,7 @@ def test_bad_specs_raise_value_error(bad, match):
         expand(spec_from_dict(bad))
 
 
+@pytest.mark.slow  # end-to-end sweep or every shipped file expanded
 def test_shipped_sweep_files_parse():
     """Every file in sweeps/ expands into valid, uniquely named configs."""
     files = sorted((ROOT / "sweeps").glob("*.yaml"))
@@ -94,6 +95,7 @@ def test_dry_run_prints_budget_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # end-to-end sweep or every shipped file expanded
 def test_sweep_runs_all_then_skips_done(tmp_path, monkeypatch):
     """A sweep trains every run once; running it again trains nothing (DONE runs are skipped)."""
     log = tmp_path / "calls.log"
@@ -119,6 +121,7 @@ def test_diverged_run_is_not_retried(tmp_path, monkeypatch, capsys):
     assert log.read_text().split() == ["tiny_baseline_lr0.003", "tiny_baseline_lr0.01"]
 
 
+@pytest.mark.slow  # end-to-end sweep or every shipped file expanded
 def test_changed_config_of_finished_run_is_an_error(tmp_path):
     """Rerunning into a folder whose finished run has another config fails before writing anything."""
     spec = spec_from_dict(SPEC)

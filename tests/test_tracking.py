@@ -36,6 +36,7 @@ def test_flatten_row_forwards_every_number_and_a_scale_summary():
         "eval/val_loss": 2.0, "eval/val_bpb": 2.9}
 
 
+@pytest.mark.slow  # trains and resumes
 def test_tensorboard_holds_the_metrics_rows_across_resume(tmp_path):
     """TensorBoard scalars equal metrics.jsonl, step by step, after 3 steps + resume + 3 (no stale points)."""
     pytest.importorskip("tensorboard")
@@ -78,6 +79,7 @@ class FakeWandb:
         return Run()
 
 
+@pytest.mark.slow  # trains and resumes
 def test_wandb_logs_the_rows_and_resumes_the_same_run(tmp_path, monkeypatch):
     """wandb.init gets the config and a run id kept for --resume; every row is logged at its step; finish is called."""
     fake = FakeWandb()
@@ -106,6 +108,7 @@ def test_missing_tracker_package_fails_before_writing(tmp_path, monkeypatch, cap
         tiny_run(tmp_path, **{"train.tracker": "mlflow"})
 
 
+@pytest.mark.slow  # trains and resumes
 def test_resume_may_switch_the_tracker_on(tmp_path, monkeypatch):
     """train.tracker is an execution field: `--resume --tracker wandb` continues a run begun without one."""
     fake = FakeWandb()

@@ -97,6 +97,7 @@ def test_training_lowers_the_loss(tmp_path):
     assert summary["final_val_loss"] < 3.5
 
 
+@pytest.mark.slow  # trains and resumes
 def test_existing_run_is_never_overwritten(tmp_path):
     """A second run into the same directory is refused unless --resume or --overwrite; the first is intact."""
     run = tmp_path / "run"
@@ -118,6 +119,7 @@ def test_resume_with_different_config_is_refused(tmp_path):
         train(tiny_run(tmp_path, steps=4, **{"optim.lr": 1e-2}), run, resume=True, quiet=True)
 
 
+@pytest.mark.slow  # trains and resumes
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
     """A NaN loss stops the run with TrainingDiverged; the last good checkpoint stays loadable."""
     run = tmp_path / "run"
@@ -200,6 +202,7 @@ def test_config_diff_ignores_execution_fields(tmp_path):
     assert config_diff(cfg, changed) == {"model.d_model": (64, 32), "optim.lr": (cfg.optim.lr, 0.5)}
 
 
+@pytest.mark.slow  # trains and resumes
 def test_cli_resume_uses_stored_config(tmp_path, capsys, monkeypatch):
     """`scalevec train --resume --out RUN` continues with the stored config; changing a field is refused."""
     monkeypatch.setenv("SCALEVEC_CACHE", str(tmp_path / "cache"))
@@ -221,6 +224,7 @@ def test_overrides_between_flags_are_applied(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # trains and resumes
 def test_tied_embeddings_checkpoint_and_resume_bitwise(tmp_path):
     """A tied-embedding run (Qwen3-0.6B style) checkpoints (the shared tensor is stored once) and resumes
     bitwise; the resumed model still has one tensor behind both names."""
