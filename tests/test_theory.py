@@ -19,7 +19,8 @@ from scalevec.model.moe import MoE
 from scalevec.model.scales import NormLinear, OutputNorm
 from scalevec.training.probes import batch_loss, probe_scales, sharpness
 
-pytestmark = pytest.mark.slow  # runs the §4 experiments (module fixtures) and Hessian probes
+# The §4 experiments that train (precondition, weight decay, placement, the subcommand) and the full-model
+# Hessian probe are slow; the fold and magdir experiments, the probes and the small Hessian checks (~1 s) are not.
 
 # ------------------------------------------------------------------ experiments (each computed once per module)
 
@@ -69,6 +70,7 @@ def test_fold_output_norm_scale_changes_function_and_cannot_fold(fold_result):
     assert peri["fold"].startswith("refused: cannot fold layers.0.attn_out")
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_conserved_quantity_drift_halves_with_the_step(precondition_result):
     """precondition (a): over a fixed time, the drift of γ_j² − ‖w_j‖² halves (±20 %) when the step halves."""
     assert len(precondition_result["drift_ratios"]) == 2
@@ -77,6 +79,7 @@ def test_conserved_quantity_drift_halves_with_the_step(precondition_result):
     assert precondition_result["drift"][-1]["norm"] > 0  # a real, measured drift (not a vanishing artefact)
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_one_step_matches_preconditioned_gradient_to_first_order(precondition_result):
     """precondition (b): Δ(γ_j w_j) = −η(γ_j² I + w_j w_jᵀ) g_j within 1e-3 relative, error ∝ η."""
     errs = {m["lr"]: m["rel_err"] for m in precondition_result["first_order"]}
@@ -85,6 +88,7 @@ def test_one_step_matches_preconditioned_gradient_to_first_order(precondition_re
         assert 8 <= errs[big] / errs[small] <= 12  # first order: the residual is O(η²), i.e. O(η) relative
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_preconditioner_lambda_min_is_at_least_gamma_squared(precondition_result):
     """precondition (c): λ_min(γ_j² I + w_j w_jᵀ) ≥ γ_j² on every column at every snapshot (rounding 1e-12)."""
     bound = precondition_result["lambda_min"]
@@ -93,6 +97,7 @@ def test_preconditioner_lambda_min_is_at_least_gamma_squared(precondition_result
     assert bound["max_rel_err_lambda_max"] <= 1e-12  # and λ_max = γ_j² + ‖w_j‖²
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_gamma_reaches_target_in_fewer_steps_on_least_squares(precondition_result):
     """precondition (d): from the same effective weight, GD with γ reaches the target loss in fewer steps."""
     ls = precondition_result["least_squares"]
@@ -101,6 +106,7 @@ def test_gamma_reaches_target_in_fewer_steps_on_least_squares(precondition_resul
     assert ls["steps_with_gamma"] < ls["steps_without_gamma"]
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_gamma_reaches_target_in_fewer_steps_on_two_layer_net(precondition_result):
     """precondition (d): the same holds on the two-layer Pre-Norm network (seed 0)."""
     net = precondition_result["two_layer"]
@@ -109,6 +115,7 @@ def test_gamma_reaches_target_in_fewer_steps_on_two_layer_net(precondition_resul
     assert net["steps_with_gamma"] < net["steps_without_gamma"]
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_weight_decay_on_input_norm_balances_and_lowers_sharpness(wd_result):
     """weight-decay: with wd on γ and W, |γ_j| = ‖w_j‖ and the sharpness at matched loss is lower."""
     inp = wd_result["input_norm"]
@@ -123,6 +130,7 @@ def test_weight_decay_on_input_norm_balances_and_lowers_sharpness(wd_result):
     assert runs["iwd"]["final"]["power"] == pytest.approx(runs["iwd"]["final"]["exact"], rel=1e-6)
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_weight_decay_on_output_norm_raises_the_loss(wd_result):
     """weight-decay: on the Output-Norm toy, wd on γ leaves a loss floor the run without wd goes below."""
     out = wd_result["output_norm"]
@@ -139,6 +147,7 @@ def test_output_floor_formula():
     assert weight_decay.output_floor(m, c, 0.1) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_dual_placement_rate_gain_is_grad_s_squared(placement_result):
     """placement: rate_dual − rate_single = ‖∂L/∂s‖² (1e-6 relative) and ≥ 0 at every random point."""
     points = placement_result["points"]
@@ -171,6 +180,7 @@ def test_magdir_preconditioner_matches_formula_off_init(magdir_result):
 # ------------------------------------------------------------------ CLI
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_theory_subcommand_writes_json_and_png_deterministically(tmp_path):
     """CLI: `theory magdir --out DIR --seed 1` writes magdir.json and magdir.png; same seed, same JSON."""
     assert ("theory", "scalevec.experiments.theory.lab") in [(n, m) for n, m, _ in SUBCOMMANDS]
@@ -290,6 +300,7 @@ def test_sharpness_through_attention_matches_the_exact_hessian(make_cfg):
     assert sharpness(model, loss_fn, n_iters=20) == pytest.approx(top, rel=1e-4)
 
 
+@pytest.mark.slow  # trains a §4 experiment or probes the full model
 def test_sharpness_on_the_full_tiny_model_converges_from_below(make_cfg, tokens):
     """sharpness: on all parameters of a tiny MoE + QK-norm model at init (a negative eigenvalue competes, so
     the shifted pass runs) 20 iterations land within 10 % below 60 iterations' estimate, both positive."""
