@@ -53,16 +53,24 @@ def test_linear_and_constant():
     assert [lr_multiplier(s, 10, const) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
 
 
-def test_peak_only_changes_the_rounding():
-    """With ``peak`` (the run's lr) the multiplier is the absolute lr divided back by it, as the trainer computed
-    it before the schedule returned multipliers (so old runs keep their numerics bit for bit): exactly
-    ``(peak * 4 / 5) / peak`` in warmup, and within a few ulps of the plain multiplier everywhere."""
+def test_every_group_gets_its_peak_lr_times_the_multiplier(make_cfg):
+    """optim.set_lr: each torch param group's lr is its own peak lr (role multipliers and Muon's included) times
+    the schedule's multiplier, exactly; the multiplier equals the old absolute lr / peak up to rounding."""
+    from scalevec import ScaleConfig, build_model
+    from scalevec.config import OptimConfig
+    from scalevec.training.optim import build_optimizers, param_groups, set_lr
+
+    scfg = ScaleConfig.preset("unified")
+    model, ocfg = build_model(make_cfg(), scfg), OptimConfig(name="muon", muon_lr=0.02)  # two peak lrs
+    opts = build_optimizers(param_groups(model, ocfg, scfg, model.param_roles()), ocfg)
     cfg = ScheduleConfig(name="cosine", warmup=5, min_lr_ratio=0.1)
-    assert lr_multiplier(3, 20, cfg, peak=1e-2) == (1e-2 * 4 / 5) / 1e-2
-    # step 5 is where the two roundings differ for this peak (measured; tests/golden cases use it)
-    assert lr_multiplier(5, 20, cfg, peak=1e-2) != lr_multiplier(5, 20, cfg)
-    for s in range(20):
-        assert lr_multiplier(s, 20, cfg, peak=1e-2) == pytest.approx(lr_multiplier(s, 20, cfg), rel=1e-15)
+    m = lr_multiplier(7, 20, cfg)
+    set_lr(opts, m)
+    groups = [g for opt in opts for g in opt.param_groups]
+    assert len({g["peak_lr"] for g in groups}) > 1 and all(g["lr"] == g["peak_lr"] * m for g in groups)
+    peak = 1e-2  # the trainer used to compute lr(step) at the peak and divide by it: the same number, rounded
+    old = peak * 0.1 + (peak - peak * 0.1) * 0.5 * (1 + math.cos(math.pi * (7 - 4) / 15))
+    assert m == pytest.approx(old / peak, rel=1e-15)
 
 
 def test_out_of_range_step():

@@ -227,7 +227,7 @@ def build_optimizers(groups: list[Group], cfg: OptimConfig) -> list[torch.optim.
 
 
 def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
-    """Set every group's lr to ``peak_lr · multiplier`` (multiplier = schedule lr / peak)."""
+    """Set every group's lr to ``peak_lr · multiplier`` (the multiplier of ``schedule.lr_multiplier``)."""
     for opt in optimizers:
         for g in opt.param_groups:
             g["lr"] = g["peak_lr"] * multiplier

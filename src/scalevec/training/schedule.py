@@ -26,39 +26,30 @@ def _shape(p: float, shape: str) -> float:
     raise ValueError(f"unknown decay shape {shape!r}; use linear, cosine or 1-sqrt")
 
 
-def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig, peak: float = 1.0) -> float:
+def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     """The multiplier of every group's peak lr at optimizer step ``step`` (0-based) of ``total_steps``:
-    in ``(0, 1]`` during warmup, 1 at the peak, ``cfg.min_lr_ratio`` at the last step of a decay.
+    ``(step + 1) / warmup`` during warmup, 1 at the peak, ``cfg.min_lr_ratio`` at the last step of a decay.
 
-    ``peak`` is only where the value is rounded: the multiplier is computed as ``lr(step) / peak`` on the
-    scale of the run's lr (``optim.lr``), which is how the trainer computed it before issue 16, so that
-    runs keep their numerics bit for bit (tests/test_golden.py). With the default 1.0 it is the plain
-    formula; for any other ``peak`` it differs from that by rounding only (a few units in the last place).
     Raises ``ValueError`` if ``step`` is outside ``[0, total_steps)``.
     """
     if not 0 <= step < total_steps:
         raise ValueError(f"step {step} is outside [0, {total_steps})")
-    return _lr(step, total_steps, peak, cfg) / peak
-
-
-def _lr(step: int, total_steps: int, peak: float, cfg: ScheduleConfig) -> float:
-    """The learning rate of optimizer step ``step`` (0-based, checked by the caller) for the peak lr ``peak``."""
     warmup = min(cfg.warmup, total_steps)
     if step < warmup:
-        return peak * (step + 1) / warmup
-    floor = cfg.min_lr_ratio * peak
+        return (step + 1) / warmup
+    floor = cfg.min_lr_ratio
     if cfg.name == "constant":
-        return peak
+        return 1.0
     if cfg.name == "wsd":
         n_decay = max(1, round(cfg.decay_frac * total_steps))
-        start = total_steps - n_decay - 1  # last step at peak; the decay ends at total_steps - 1
+        start = total_steps - n_decay - 1  # last step at the peak; the decay ends at total_steps - 1
         if step <= start:
-            return peak
-        return floor + (peak - floor) * _shape((step - start) / n_decay, cfg.decay_shape)
+            return 1.0
+        return floor + (1.0 - floor) * _shape((step - start) / n_decay, cfg.decay_shape)
     top = max(warmup - 1, 0)  # the step at which the peak is reached
     span = total_steps - 1 - top
     p = 1.0 if span <= 0 else (step - top) / span
-    return floor + (peak - floor) * _shape(p, "cosine" if cfg.name == "cosine" else "linear")
+    return floor + (1.0 - floor) * _shape(p, "cosine" if cfg.name == "cosine" else "linear")
 
 
 def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:

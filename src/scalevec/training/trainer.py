@@ -312,14 +312,9 @@ class Trainer:
 
     # -- the step ---------------------------------------------------------------------------------------
 
-    def lr_multiplier(self, step: int) -> float:
-        """The schedule's multiplier of every group's peak lr at ``step`` (rounded on the scale of
-        ``optim.lr``, as before issue 16: the golden losses stay bitwise; ``schedule.lr_multiplier``)."""
-        return lr_multiplier(step, self.steps, self.cfg.schedule, peak=self.cfg.optim.lr)
-
     def train_step(self, step: int) -> tuple[float, float, float]:
         """One optimizer step; returns (loss in nats/token over the global batch, aux loss, grad norm)."""
-        set_lr(self.optimizers, self.lr_multiplier(step))
+        set_lr(self.optimizers, lr_multiplier(step, self.steps, self.cfg.schedule))
         x, y = self.sampler.batch(step, self.rank, self.world)
         x, y = x.to(self.device), y.to(self.device)
         micro = [(x[i:i + self.micro], y[i:i + self.micro]) for i in range(0, self.local_batch, self.micro)]
@@ -489,7 +484,7 @@ class Trainer:
             self.step = step + 1
             if step % t.log_every == 0 or self.step == self.steps:
                 row = {"kind": "train", "step": step, "tokens": self.step * per_step,
-                       "lr": self.cfg.optim.lr * self.lr_multiplier(step), "loss": loss,
+                       "lr": self.cfg.optim.lr * lr_multiplier(step, self.steps, self.cfg.schedule), "loss": loss,
                        "grad_norm": grad_norm, "tok_per_s": per_step / dt, "step_time": dt,
                        # process CPU seconds of the step (all threads): comparable on a loaded machine
                        "cpu_time": cpu, "flops_per_s": self.flops_per_token * per_step / dt,
