@@ -4,8 +4,8 @@
                                                    --threads 1 --hf]
 
 For each strategy a freshly built (random-init, seed 0) model of ``--preset`` samples ``--new-tokens``
-greedy tokens after a 7-token prompt (``--prompt-len``), through ``scalevec.hf.generate.sample``: once rerunning the whole
-context every step (no cache, what ``scalevec generate --no-cache`` does), once with
+greedy tokens after a 7-token prompt (``--prompt-len``), through ``scalevec.hf.generate.sample``: once rerunning the
+whole context every step (no cache, what ``scalevec generate --no-cache`` does), once with
 ``Transformer.decode`` and its KV cache. Both must give the same ids (checked). With ``--hf`` the model
 is also exported (plain Llama family or the custom architecture) and timed through transformers'
 ``generate()`` with ``use_cache`` True/False. Prints a markdown table. Tokens per second of this

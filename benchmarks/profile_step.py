@@ -35,7 +35,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = get_preset(args.preset)
-    data = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    data = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1),
+                         generator=torch.Generator().manual_seed(0))
     x, y = data[:, :-1], data[:, 1:]
     names = parse_candidates(args.strategies)
     cands = [make_candidate(n, cfg, x, y, torch.device("cpu"), nullcontext(), False, 0, OptimConfig()) for n in names]

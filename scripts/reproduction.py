@@ -7,8 +7,8 @@
 Reads only ``results/<cell>/runs.csv`` (one row per run, written by ``scalevec report``). A cell's
 *arms* are its strategies, or, when a setting varies within a strategy (``scale.wd`` in the C4 study:
 ``report.setting_columns``), that setting's values. For each cell: the seed-0 lr curve of every arm
-on its tuning seeds (the seeds every lr has), each arm at its tuned lr with its per-seed losses. For each claim: the paired difference
-(arm − control, matched seeds) with a 95 % t interval, the verdict, and how many seeds a difference of
+on its tuning seeds (the seeds every lr has), each arm at its tuned lr with its per-seed losses. For each claim: the
+paired difference (arm − control, matched seeds) with a 95 % t interval, the verdict, and how many seeds a difference of
 the observed size and spread would need (``stats.seeds_needed``). C8: a joint power-law fit over the
 sizes of one corpus (``stats.fit_shared_power_law``) gives each strategy's compute multiplier.
 Verdict rule: *reproduced* when the interval excludes 0 on the paper's side, *contradicted* when it
@@ -218,7 +218,7 @@ def scaling(cells: dict[str, dict]) -> list[dict]:
             by_corpus[m.group(2)][int(m.group(1))] = a
     fits = []
     for corpus, sizes in sorted(by_corpus.items()):
-        def points(arm: str) -> tuple[list[float], list[float]]:
+        def points(arm: str, sizes: dict = sizes) -> tuple[list[float], list[float]]:
             n, y = [], []
             for a in sizes.values():
                 s = a["arms"].get(arm)

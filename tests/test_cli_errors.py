@@ -47,7 +47,8 @@ def train_argv(out, *extra: str) -> list[str]:
     ("model.d_model=[x", ("model.d_model", "not a valid int")),
 ])
 def test_bad_config_values_exit_2_and_write_nothing(tmp_path, capsys, override, words):
-    """Malformed or out-of-range config values (betas, eps, momentum, inf/nan, seed, bool-as-int) exit 2 before writing."""
+    """Malformed or out-of-range config values (betas, eps, momentum, inf/nan, seed, bool-as-int) exit 2 before
+    writing."""
     out = tmp_path / "run"
     fails(capsys, train_argv(out, override), *words)
     assert not out.exists()

@@ -30,7 +30,8 @@ def test_no_arguments_is_the_main_job():
     runs = expand(spec)
     d = compare.DEFAULTS
     assert [r.name for r in runs] == [f"{s}_s{i}" for s in d["strategies"].split(",") for i in range(d["seeds"])]
-    tuned = compare.TUNED_LR[(d["preset"], "shakespeare", "bytes", d["optimizer"], d["schedule"], d["tokens_per_param"])]
+    key = (d["preset"], "shakespeare", "bytes", d["optimizer"], d["schedule"], d["tokens_per_param"])
+    tuned = compare.TUNED_LR[key]
     base_params = sweep.baseline_params(runs[0].cfg)
     for r in runs:
         assert r.cfg.preset == d["preset"] and r.cfg.optim.lr == tuned[r.cfg.strategy]
@@ -85,10 +86,12 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
 
 @pytest.mark.slow  # trains: ~2 s
 def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypatch):
-    """With the synthetic trainer: unified's planted gain is flagged, and report.md/results.csv/loss_curves.png exist."""
+    """With the synthetic trainer: unified's planted gain is flagged, and report.md/results.csv/loss_curves.png
+    exist."""
     monkeypatch.setattr(sweep, "DEFAULT_TRAIN_CMD", FAKE)
     out = tmp_path / "cmp"
-    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3", "--out", str(out)]) == 0
+    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3",
+                 "--out", str(out)]) == 0
     text = capsys.readouterr().out
     rows: dict[str, str] = {}
     for line in text.splitlines():  # the first table's rows (the per-seed table below starts its rows the same way)
@@ -101,7 +104,8 @@ def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypa
         assert (out / name).is_file()
     # rerunning the same command trains nothing new and prints the same table
     before = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
-    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3", "--out", str(out)]) == 0
+    assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3",
+                 "--out", str(out)]) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")} == before
 
 
@@ -110,8 +114,8 @@ def test_compare_end_to_end_same_start_per_seed(tmp_path, capsys):
     """Real training on `tiny`: strategies equal at init see the same first batch and matrices per seed."""
     out = tmp_path / "cmp"
     argv = ["compare", "--strategies", "baseline,unified_foldable", "--seeds", "2", "--preset", "tiny", "--steps", "6",
-            "--batch-size", "4", "--seq-len", "32", "--lr", "3e-3", "--jobs", "2", "--out", str(out), "data.val_tokens=2048",
-            "train.log_every=1"]
+            "--batch-size", "4", "--seq-len", "32", "--lr", "3e-3", "--jobs", "2", "--out", str(out),
+            "data.val_tokens=2048", "train.log_every=1"]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "unified_foldable" in text and "val loss" in text

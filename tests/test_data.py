@@ -73,8 +73,8 @@ def test_folder_gives_one_document_per_txt_file_sorted(tmp_path):
 def test_jsonl_reads_text_field(tmp_path):
     """A .jsonl file gives the "text" field of each line, skipping blank lines; U+2028 stays inside a document."""
     path = tmp_path / "c.jsonl"
-    path.write_text(json.dumps({"text": "one", "id": 1}) + "\n\n" + json.dumps({"text": "two\u2028lines"}, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    path.write_text(json.dumps({"text": "one", "id": 1}) + "\n\n"
+                    + json.dumps({"text": "two\u2028lines"}, ensure_ascii=False) + "\n", encoding="utf-8")
     assert load_documents(str(path)) == ["one", "two\u2028lines"]
 
 

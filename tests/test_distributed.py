@@ -172,7 +172,8 @@ def test_two_processes_match_one(runs, dist_mode, strategy, optimizer, arch):
 
 @pytest.mark.parametrize("dist_mode", ["ddp", "fsdp2"])
 def test_consolidated_checkpoint_is_the_trained_model(runs, dist_mode):
-    """The model.safetensors written by 2 processes loads with rundir.load_model and equals the 1-process model (5e-5)."""
+    """The model.safetensors written by 2 processes loads with rundir.load_model and equals the 1-process model
+    (5e-5)."""
     root, _ = runs
     for s in STRATEGIES:
         for o in OPTIMIZERS:

@@ -5,8 +5,8 @@ per-step losses must equal the stored ones **bitwise** on a machine with the sam
 CPU instruction set as a stored record. On another machine the fp32 kernels round differently, so
 the check there is a tolerance: 2e-3 nats per step, far below what a changed formula moves (dropping
 the scale vectors alone moves the 20th-step loss by 5e-3, `unified` vs `baseline` by 0.35) and well
-above rounding drift between instruction sets (fp32, ~1e-7 relative per operation, grown over 20 steps). To change the numerics on
-purpose: ``python tests/golden/generate.py --update`` and say so in the commit.
+above rounding drift between instruction sets (fp32, ~1e-7 relative per operation, grown over 20 steps). To change the
+numerics on purpose: ``python tests/golden/generate.py --update`` and say so in the commit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tests for scalevec.experiments.report: run folders -> tables, lr picks, paired deltas, token efficiency, scaling fits."""
+"""Tests for scalevec report (records, analysis, tables, frames, figures): run folders -> tables, lr picks, paired
+deltas, token efficiency, scaling fits."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def test_unfinished_or_diverged_run_is_left_out_and_blocks_its_lr(tmp_path):
     assert any("not finished" in w and "baseline_lr0.003_s0" in w for w in a.warnings)
     assert any("diverged" in w and "baseline_lr0.01_s0" in w for w in a.warnings)
     rows = {r["run"]: r["status"] for r in read_csv(tmp_path / "runs.csv")}
-    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "unfinished", "baseline_lr0.01_s0": "diverged"}
+    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "unfinished",
+                    "baseline_lr0.01_s0": "diverged"}
 
 
 def test_token_efficiency_interpolates_to_baseline_loss(tmp_path):

@@ -62,7 +62,8 @@ def test_same_numbers_however_the_run_is_started(tmp_path):
     for p in loaders:
         p.start()
     try:  # two busy loops on a 2-core machine: the trainer's threads are preempted, the sums are not reordered
-        subprocess.run([*CLI, "train", "--config", str(cfg_file), "--out", str(tmp_path / "loaded"), "--quiet"], check=True)
+        subprocess.run([*CLI, "train", "--config", str(cfg_file), "--out", str(tmp_path / "loaded"), "--quiet"],
+                       check=True)
     finally:
         stop.set()
         for p in loaders:
@@ -97,7 +98,8 @@ def test_train_threads_apply_to_the_run_only(tmp_path):
     import torch
 
     before = torch.get_num_threads()
-    cfg = assigned_config({**BASE, "train.steps": 2, "train.threads": before + 1, "data.cache_dir": str(tmp_path / "c")})
+    cfg = assigned_config({**BASE, "train.steps": 2, "train.threads": before + 1,
+                           "data.cache_dir": str(tmp_path / "c")})
     train(cfg, tmp_path / "run", quiet=True)
     assert json.loads((tmp_path / "run" / "meta.json").read_text())["threads"] == before + 1
     assert torch.get_num_threads() == before

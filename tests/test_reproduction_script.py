@@ -7,11 +7,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import fakerun
 import pytest
-from test_report import BASE, SIZES, fabricate
 
+import fakerun
 from scalevec.experiments.report import write_report
+from test_report import BASE, SIZES, fabricate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,7 +31,7 @@ from scalevec.cli import main
 from scalevec.config import to_dict
 from scalevec.experiments.sweep import expand, run_status, spec_from_dict
 from scalevec.resolve import resolve_config
-from scalevec.training import checkpoint, command, rundir
+from scalevec.training import command, rundir
 from scalevec.training import trainer as train_mod
 from scalevec.training.trainer import TrainingDiverged, train
 
@@ -139,7 +139,7 @@ def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(env, ca
         out = env["root"] / f"term{at}"
         real_step = train_mod.Trainer.train_step
 
-        def step_then_term(self, s, at=at):
+        def step_then_term(self, s, at=at, real_step=real_step):
             result = real_step(self, s)
             if s == at:
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -262,7 +262,8 @@ def test_pickle_payloads_in_every_file_never_run(env, partial, capsys):
     command reads: train --resume, export, generate and report refuse it (exit 2, one line) or never
     read it, and the marker is never created."""
     marker = env["root"] / "PWNED"
-    must_refuse = {"config.yaml": {"export", "generate", "report", "train"}, "DIVERGED": {"export", "generate", "train"},
+    must_refuse = {"config.yaml": {"export", "generate", "report", "train"},
+                   "DIVERGED": {"export", "generate", "train"},
                    "model.safetensors": {"export", "generate"}, "MANIFEST.json": {"export", "generate"}}
     results = []
     for i, (rel, kind) in enumerate(PAYLOAD_FILES):

@@ -1,4 +1,5 @@
-"""Tests for scalevec.experiments.stats: paired comparison, power-law fits, compute multiplier, token efficiency, lr picker."""
+"""Tests for scalevec.experiments.stats: paired comparison, power-law fits, compute multiplier, token efficiency,
+lr picker."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_power_law_fit_rejects_too_few_points():
 
 
 def test_compute_multiplier_recovers_known_factor():
-    """Curves differing by k in N (compute k²=1.25) give 1.25 within 2 %: shared fit and per-size on independent fits."""
+    """Curves differing by k in N (compute k²=1.25) give 1.25 within 2 %: shared fit and per-size on independent
+    fits."""
     k = math.sqrt(1.25)
     rng = np.random.default_rng(0)
     base = curve(SIZES) + rng.normal(0, 0.002, SIZES.size)

@@ -40,7 +40,8 @@ def test_study_extends_past_the_edge_then_confirms_seeds(tmp_path, monkeypatch):
     assert run_study(*parse(STUDY), out, train_cmd=FAKE, quiet=True) == 0
     names = _names(log)
     for strategy in ("baseline", "unified"):
-        lrs = sorted(float(n.split("_lr")[1].split("_")[0]) for n in names if n.startswith(strategy) and n.endswith("_s0"))
+        lrs = sorted(float(n.split("_lr")[1].split("_")[0]) for n in names
+                     if n.startswith(strategy) and n.endswith("_s0"))
         assert lrs == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3]  # 4e-3 wins (optimum 3e-3), inside once 8e-3 ran
         confirm = sorted(n for n in names if n.startswith(strategy) and not n.endswith("_s0"))
         assert len(confirm) == 2 and all("_lr0.004_" in n for n in confirm), confirm  # loss(4e-3) < loss(2e-3)
@@ -80,7 +81,8 @@ def test_study_file_errors_name_the_fix(bad, match):
 
 def test_specs_of_several_sweeps_share_a_folder(tmp_path):
     """A second sweep into a folder keeps the first one's spec; the report reads both; disagreement is an error."""
-    write_spec(tmp_path, {"name": "a", "tune": ["optim.lr"], "baseline": "baseline", "grid": {"strategy": ["baseline", "none"]}})
+    write_spec(tmp_path, {"name": "a", "tune": ["optim.lr"], "baseline": "baseline",
+                          "grid": {"strategy": ["baseline", "none"]}})
     write_spec(tmp_path, {"name": "b", "tune": ["optim.lr"], "grid": {"strategy": ["unified", "none"]}})
     assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["name"] == "a"
     merged = load_specs(tmp_path)

@@ -1,4 +1,5 @@
-"""Tests for scalevec.experiments.sweep: grid expansion, stable names, token budgets, skip/resume, dry run (fake trainer)."""
+"""Tests for scalevec.experiments.sweep: grid expansion, stable names, token budgets, skip/resume, dry run (fake
+trainer)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ def test_resume_is_bitwise_exact(tmp_path):
         b = [r["loss"] for r in read_metrics(split)]
         assert len(a) == len(b) == 10
         assert a == b
-        assert [r["val_loss"] for r in read_metrics(straight, "eval")] == [r["val_loss"] for r in read_metrics(split, "eval")]
+        assert ([r["val_loss"] for r in read_metrics(straight, "eval")]
+                == [r["val_loss"] for r in read_metrics(split, "eval")])
 
 
 def test_run_directory_contents(tmp_path):
@@ -80,7 +81,8 @@ def test_run_directory_contents(tmp_path):
     assert [r["step"] for r in rows] == list(range(6))
     assert {"lr", "loss", "grad_norm", "tok_per_s", "tokens"} <= set(rows[0])
     scales = rows[-1]["scales"]
-    assert any("in_scale" in k for k in scales) and all(set(v) == {"mean", "std", "min", "max"} for v in scales.values())
+    assert any("in_scale" in k for k in scales)
+    assert all(set(v) == {"mean", "std", "min", "max"} for v in scales.values())
     on_disk = json.loads((run / "summary.json").read_text())
     assert on_disk["final_val_loss"] == summary["final_val_loss"] == read_metrics(run, "eval")[-1]["val_loss"]
     assert on_disk["tokens"] == 6 * 4 * 32

@@ -14,16 +14,22 @@ import sys
 # (name, module, help). Each module registers its own arguments; its work runs only for its subcommand.
 SUBCOMMANDS = [
     ("info", "scalevec.info", "parameter counts of a preset and strategy (built on the meta device)"),
-    ("prepare-data", "scalevec.data.prepared", "tokenize a corpus into memory-mapped shards and a manifest (--workers N, --verify)"),
+    ("prepare-data", "scalevec.data.prepared",
+     "tokenize a corpus into memory-mapped shards and a manifest (--workers N, --verify)"),
     ("train", "scalevec.training.command", "train one run into a run directory"),
-    ("compare", "scalevec.experiments.compare", "train strategies × seeds on one config and print the paired comparison"),
+    ("compare", "scalevec.experiments.compare",
+     "train strategies × seeds on one config and print the paired comparison"),
     ("sweep", "scalevec.experiments.sweep", "run a grid of runs from a YAML file (resumable, --jobs N, --dry-run)"),
-    ("study", "scalevec.experiments.study", "tune lr per strategy until the best is inside the grid, then add seeds (resumable)"),
-    ("report", "scalevec.experiments.report", "rebuild report.md, results.csv and figures from a sweep's run directories"),
-    ("theory", "scalevec.experiments.theory.lab", "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
+    ("study", "scalevec.experiments.study",
+     "tune lr per strategy until the best is inside the grid, then add seeds (resumable)"),
+    ("report", "scalevec.experiments.report",
+     "rebuild report.md, results.csv and figures from a sweep's run directories"),
+    ("theory", "scalevec.experiments.theory.lab",
+     "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
     ("export", "scalevec.hf.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
     ("generate", "scalevec.hf.generate", "sample text from a run directory or an exported Hugging Face directory"),
-    ("eval", "scalevec.hf.evaluation", "score a run or an exported directory on lm-evaluation-harness tasks (eval.json)"),
+    ("eval", "scalevec.hf.evaluation",
+     "score a run or an exported directory on lm-evaluation-harness tasks (eval.json)"),
     ("bench", "scalevec.bench", "time a training step, peak memory and folded inference per strategy, vs HF Llama"),
 ]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -99,11 +99,14 @@ def _jsonl_documents(path: Path) -> list[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); fix or remove that line") from None
+            raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
+                             f"fix or remove that line") from None
         if not isinstance(row, dict) or "text" not in row:
-            raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like {{"text": "..."}}')
+            raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like '
+                             f'{{"text": "..."}}')
         if not isinstance(row["text"], str):
-            raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, not a string; store the text as a string')
+            raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, not a string; '
+                             'store the text as a string')
         docs.append(row["text"])
     return docs
 
@@ -120,10 +123,12 @@ def open_parquet_text(path: Path):
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError types for a corrupt file
-        raise ValueError(f"data file {path} is not a readable parquet file ({first_line(e)}); rewrite it with pyarrow or pandas") from None
+        raise ValueError(f"data file {path} is not a readable parquet file ({first_line(e)}); rewrite it with pyarrow "
+                         "or pandas") from None
     names = pf.schema_arrow.names
     if "text" not in names:
-        raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(names)}); name the text column 'text'")
+        raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(names)}); name the text column "
+                         "'text'")
     return pf
 
 
@@ -135,11 +140,13 @@ def _parquet_documents(path: Path) -> list[str]:
 def _hf_documents(source: str) -> list[str]:
     name, _, config = source[len("hf:"):].partition(":")
     if not name:
-        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], e.g. hf:roneneldan/TinyStories")
+        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], e.g. "
+                         "hf:roneneldan/TinyStories")
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"data source {source!r} needs the optional 'datasets' package; pip install datasets") from None
+        raise ValueError(f"data source {source!r} needs the optional 'datasets' package; "
+                         f"pip install datasets") from None
     try:
         ds = datasets.load_dataset(name, config or None, split="train")
     except Exception as e:  # offline, unknown name, bad config: the library raises many types
@@ -148,7 +155,8 @@ def _hf_documents(source: str) -> list[str]:
             f"check the name and config, and that the machine is online or the dataset is in the local HF cache"
         ) from None
     if "text" not in ds.column_names:
-        raise ValueError(f"Hugging Face dataset {source!r} has no 'text' column (columns: {', '.join(ds.column_names)}); pick a dataset with a 'text' column")
+        raise ValueError(f"Hugging Face dataset {source!r} has no 'text' column (columns: "
+                         f"{', '.join(ds.column_names)}); pick a dataset with a 'text' column")
     return _text_values(ds["text"], f"Hugging Face dataset {source!r} column 'text'")
 
 

@@ -16,7 +16,8 @@ import torch
 from scalevec.data.tokens import TokenData
 
 
-def val_batches(data: TokenData, seq_len: int, n_tokens: int, batch_size: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+def val_batches(data: TokenData, seq_len: int, n_tokens: int,
+                batch_size: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
     """The fixed validation set (DESIGN.md §8): the same for every run with the same data, tokenizer and seq_len.
 
     Windows of ``seq_len + 1`` tokens at offsets ``0, T, 2T, ...`` of the val stream, so the targets
@@ -28,9 +29,11 @@ def val_batches(data: TokenData, seq_len: int, n_tokens: int, batch_size: int) -
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive")
     if n_tokens < seq_len:
-        raise ValueError(f"data.val_tokens={n_tokens} is smaller than one window of seq_len={seq_len}; raise data.val_tokens")
+        raise ValueError(f"data.val_tokens={n_tokens} is smaller than one window of seq_len={seq_len}; raise "
+                         "data.val_tokens")
     if len(data.val) - 1 < seq_len:
-        raise ValueError(f"the validation stream has {len(data.val)} tokens, fewer than one window of seq_len+1={seq_len + 1}; "
+        raise ValueError(f"the validation stream has {len(data.val)} tokens, fewer than one window of "
+                         f"seq_len+1={seq_len + 1}; "
                          f"lower --seq-len or raise data.val_frac")
     n_windows = min(n_tokens, len(data.val) - 1) // seq_len
     stream = torch.from_numpy(np.asarray(data.val[: n_windows * seq_len + 1], dtype=np.int64))
@@ -116,7 +119,8 @@ class TrainSampler:
             raise ValueError(f"order={self.order!r} is unknown; use permutation or feistel")
         self.n_windows = (len(tokens) - 1) // seq_len
         if self.n_windows < 1:
-            raise ValueError(f"the training stream has {len(tokens)} tokens, fewer than one window of seq_len+1={seq_len + 1}; "
+            raise ValueError(f"the training stream has {len(tokens)} tokens, fewer than one window of "
+                             f"seq_len+1={seq_len + 1}; "
                              f"lower --seq-len or use more data")
         self._perms: dict[int, np.ndarray] = {}
 

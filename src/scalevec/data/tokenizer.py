@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -172,13 +172,16 @@ def load_tokenizer(spec: str, train_docs: list[str] | None = None, cache_dir: st
     if spec.startswith("bpe:"):
         n = spec[len("bpe:"):]
         if not n.isdigit() or int(n) < 258:
-            raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258 (256 bytes + <|bos|> + <|eos|>); e.g. bpe:4096")
+            raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258 (256 bytes + <|bos|> + <|eos|>); e.g. "
+                             "bpe:4096")
         if not train_docs:
-            raise ValueError(f"tokenizer {spec!r} is trained on the training documents; pass train_docs (or use prepare_data)")
+            raise ValueError(f"tokenizer {spec!r} is trained on the training documents; pass train_docs (or use "
+                             "prepare_data)")
         return _bpe_tokenizer(int(n), train_docs, cache_root(cache_dir))
     path = Path(spec).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"tokenizer {spec!r} is not 'bytes' or 'bpe:N' and no such file exists; {TOKENIZER_HELP}")
+        raise FileNotFoundError(f"tokenizer {spec!r} is not 'bytes' or 'bpe:N' and no such file exists; "
+                                f"{TOKENIZER_HELP}")
     return _tokenizer_from_file(path / "tokenizer.json" if path.is_dir() else path, spec)
 
 
@@ -187,7 +190,8 @@ def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
     Raises ``FileNotFoundError`` if ``directory/tokenizer.json`` is missing, ``ValueError`` if invalid."""
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; pass a folder written by Tokenizer.save (or an exported model)")
+        raise FileNotFoundError(f"{path} does not exist; pass a folder written by Tokenizer.save "
+                                f"(or an exported model)")
     config = _read_tokenizer_config(path.parent)
     return _tokenizer_from_file(path, config.get("scalevec_tokenizer", str(path)))
 
@@ -202,7 +206,8 @@ def _tokenizer_from_file(path: Path, spec: str) -> Tokenizer:
     try:
         hf = HFTokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for malformed files
-        raise ValueError(f"tokenizer file {path} is not a valid tokenizer.json ({first_line(e)}); {TOKENIZER_HELP}") from None
+        raise ValueError(f"tokenizer file {path} is not a valid tokenizer.json ({first_line(e)}); "
+                         f"{TOKENIZER_HELP}") from None
 
     def special(key: str, candidates: tuple[str, ...]) -> str | None:
         value = config.get(key)

@@ -264,4 +264,5 @@ def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, basel
     return out
 
 
-__all__ = ["Analysis", "Cell", "EXCLUDED_PREFIXES", "EXTRAPOLATE", "ScalingResult", "StrategyResult", "analyze", "mean_curve"]
+__all__ = ["Analysis", "Cell", "EXCLUDED_PREFIXES", "EXTRAPOLATE", "ScalingResult", "StrategyResult", "analyze",
+           "mean_curve"]

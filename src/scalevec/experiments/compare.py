@@ -103,7 +103,8 @@ def tuned_lrs(args: argparse.Namespace, strategies: list[str], tpp: float | None
                          f"(e.g. --lr 5e-3,1e-2,2e-2) or run `scalevec study`")
     missing = [s for s in strategies if s not in table]
     if missing:
-        raise ValueError(f"--lr tuned: no tuned lr for {', '.join(missing)} in this setting (tuned: {', '.join(table)}); "
+        raise ValueError(f"--lr tuned: no tuned lr for {', '.join(missing)} in this setting (tuned: "
+                         f"{', '.join(table)}); "
                          f"drop it from --strategies or pass --lr with a comma list to tune now")
     return {s: table[s] for s in strategies}
 
@@ -121,7 +122,8 @@ def build_spec(args: argparse.Namespace) -> dict:
     if tpp is None and args.steps is None:
         tpp = DEFAULTS["tokens_per_param"]
     base = {"preset": args.preset, "optim.name": args.optimizer, "schedule.name": args.schedule,
-            "train.batch_size": args.batch_size, "train.seq_len": args.seq_len, "train.eval_every": DEFAULTS["eval_every"]}
+            "train.batch_size": args.batch_size, "train.seq_len": args.seq_len,
+            "train.eval_every": DEFAULTS["eval_every"]}
     if args.steps is not None:
         base["train.steps"] = args.steps
         base["train.eval_every"] = min(DEFAULTS["eval_every"], args.steps)
@@ -146,7 +148,8 @@ def build_spec(args: argparse.Namespace) -> dict:
         try:
             values = [float(x) for x in lr_items]
         except ValueError:
-            raise ValueError(f"--lr {args.lr!r} is 'tuned', a number or a comma list of numbers (e.g. 3e-3,1e-2)") from None
+            raise ValueError(f"--lr {args.lr!r} is 'tuned', a number or a comma list of numbers "
+                             f"(e.g. 3e-3,1e-2)") from None
         grid["strategy"] = strategies
         if len(values) > 1:
             grid["lr"] = values
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         if str(args.lr).strip() == "tuned":
             lrs = {v["strategy"]: v["optim.lr"] for v in dict(spec.axes)["strategy"]}
-            print("lr per strategy (tuned, TUNED_LR in compare.py): " + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()))
+            print("lr per strategy (tuned, TUNED_LR in compare.py): "
+                  + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()))
         return rc
     analysis = write_report(args.out, quiet=True)
     for cell in analysis.cells:

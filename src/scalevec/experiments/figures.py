@@ -140,7 +140,8 @@ def plot_scaling(a: Analysis, path: Path) -> None:
         n_all = [r.non_embedding_params for _, c in s.sizes for r in c.results]
         grid = np.geomspace(min(n_all) / 1.5, s.n_extrapolated, 200)
         for strategy in s.fits:
-            n = [r.non_embedding_params for _, c in s.sizes for r in c.results if r.strategy == strategy for _ in r.runs]
+            n = [r.non_embedding_params for _, c in s.sizes for r in c.results if r.strategy == strategy
+                 for _ in r.runs]
             y = [x for _, c in s.sizes for r in c.results if r.strategy == strategy for x in r.losses]
             pts = ax.scatter(n, y, s=14, label=strategy)
             fit = s.fits[strategy]

@@ -62,7 +62,8 @@ def read_run(path: Path) -> RunRecord:
     cfg = rundir.load_config(path)
     summary = None
     if rundir.is_done(path) and (path / rundir.SUMMARY).is_file():
-        summary = rundir.read_json(path / rundir.SUMMARY, fix="retrain the run, or delete its DONE to report it unfinished")
+        summary = rundir.read_json(path / rundir.SUMMARY, fix="retrain the run, or delete its DONE to report it "
+                                                              "unfinished")
     evals = rundir.read_metrics(path, kind="eval")
     status = "done" if summary else ("diverged" if rundir.is_diverged(path) else "unfinished")
     return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status)

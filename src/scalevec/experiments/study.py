@@ -86,7 +86,7 @@ def _cell(run: Run) -> tuple:
 def narrowed(spec: SweepSpec, example: Run, strategy: str, lrs: list[float], seeds: list[int]) -> SweepSpec:
     """``spec`` with every other axis fixed at ``example``'s value: the same run names as the full grid."""
     axes = []
-    for key, values in spec.axes:
+    for key, _ in spec.axes:
         if key == STRATEGY:
             axes.append((key, [strategy]))
         elif key == LR:
@@ -154,13 +154,15 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                 if nxt is None:
                     break
                 nxt = float(f"{nxt:.6g}")
-                say(f"study: {strategy} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding {nxt:g}")
+                say(f"study: {strategy} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
+                    f"{nxt:g}")
                 lrs.append(nxt)
                 rc |= run_sweep(narrowed(spec, examples[cell], strategy, [nxt], tuning), out, jobs=jobs,
                                 train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
             if not plan.confirm_seeds:
                 continue
-            losses = {lr: [_final(runs_dir, r.name) for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
+            losses = {lr: [_final(runs_dir, r.name)
+                           for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
                       for lr in lrs}
             if any(v is None for vs in losses.values() for v in vs):
                 continue

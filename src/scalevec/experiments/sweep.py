@@ -193,7 +193,8 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
         raise ValueError(f"{where}.baseline={baseline!r} is not among the strategies {strategies}; pick one of them")
     command = data.get("command")
     if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
-        raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, scalevec, train]")
+        raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, "
+                         "scalevec, train]")
     return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None)
 
 
@@ -344,7 +345,8 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     cfg_path = runs_dir / f"{run.name}.yaml"
     cfg = run.cfg if run.cfg.train.threads else apply_overrides(run.cfg, [f"train.threads={threads}"])
     write_atomic(cfg_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]  # not --quiet: the log holds its output
+    # not --quiet: the log holds its output
+    cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]
     cmd += {"resume": ["--resume"], "restart": ["--overwrite"]}.get(status, [])
     env = dict(os.environ)
     with open(runs_dir / f"{run.name}.log", "a") as log:
@@ -372,7 +374,8 @@ def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
 
     items = []
     for run, _ in todo:
-        items.append((run.name, runs_dir / run.name, total_steps(run.cfg), 6.0 * run_params(run.cfg) * run_tokens(run.cfg)))
+        items.append((run.name, runs_dir / run.name, total_steps(run.cfg),
+                      6.0 * run_params(run.cfg) * run_tokens(run.cfg)))
     return GridProgress(items).start()
 
 
@@ -461,7 +464,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         head = f"[{i + 1}/{len(todo)}] {run.name}:"
         if rc == 0 and rundir.is_done(runs_dir / run.name):
             say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
-        elif rc == DIVERGED_EXIT and rundir.is_diverged(runs_dir / run.name):  # a result (this lr is too high), not a failure
+        elif rc == DIVERGED_EXIT and rundir.is_diverged(runs_dir / run.name):
+            # a result (this lr is too high), not a failure
             div = rundir.read_diverged(runs_dir / run.name) or {}
             say(f"{head} diverged ({div.get('reason', 'health guard')}); the report counts it as a failed lr")
         elif _stopping.is_set():

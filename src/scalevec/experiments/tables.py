@@ -95,9 +95,10 @@ def scaling_rows(s: ScalingResult, baseline: str) -> tuple[list[str], list[list[
     rows = []
     for strategy, fit in s.fits.items():
         sh = s.shared.get(strategy)
+        shared = ("—" if strategy == baseline or sh is None
+                  else f"{sh.multiplier:.3f} ± {_num(sh.multiplier_err, '.3f')}")
         rows.append([strategy, f"{fit.E:.3f} ± {_num(fit.E_err, '.3f')}", f"{fit.A:.3g} ± {_num(fit.A_err, '.2g')}",
-                     f"{fit.alpha:.3f} ± {_num(fit.alpha_err, '.3f')}", str(fit.n_points),
-                     "—" if strategy == baseline or sh is None else f"{sh.multiplier:.3f} ± {_num(sh.multiplier_err, '.3f')}",
+                     f"{fit.alpha:.3f} ± {_num(fit.alpha_err, '.3f')}", str(fit.n_points), shared,
                      *(["—"] * len(s.sizes) if strategy == baseline else
                        [_num(m, ".3f") for m in s.per_size.get(strategy, [math.nan] * len(s.sizes))]),
                      "—" if strategy == baseline else _num(s.extrapolated.get(strategy, math.nan), ".3f")])
@@ -123,4 +124,5 @@ def overhead_rows(a: Analysis) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-__all__ = ["LEGEND", "SCALING_LEGEND", "cell_rows", "format_delta", "md_table", "overhead_rows", "scaling_rows", "text_table"]
+__all__ = ["LEGEND", "SCALING_LEGEND", "cell_rows", "format_delta", "md_table", "overhead_rows", "scaling_rows",
+           "text_table"]

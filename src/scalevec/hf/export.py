@@ -559,7 +559,8 @@ def verify(out_dir: str | Path, model: Transformer, tokens: Tensor, atol: float 
     print(f"verify: {type(hf).__name__} loaded by transformers{how}, {tokens.shape[0]}x{tokens.shape[1]} tokens")
     print(f"  loading: missing/unexpected/mismatched keys: {bad_keys or 'none'}")
     print(f"  logits: max |ours - transformers| = {diff:.3e} (tolerance {logit_atol:g})")
-    print(f"  loss:   ours {loss_ours:.6f}  transformers {loss_hf:.6f} nats/token (|diff| {abs(loss_ours - loss_hf):.3e})")
+    print(f"  loss:   ours {loss_ours:.6f}  transformers {loss_hf:.6f} nats/token (|diff| "
+          f"{abs(loss_ours - loss_hf):.3e})")
     print(f"  greedy: {len(greedy_ours)} ids from a {prompt.shape[1]}-token prompt "
           f"{'equal' if greedy_equal else 'DIFFER'} (transformers generate() with its KV cache)")
     problems = []

@@ -132,7 +132,8 @@ def _hf_text_model(hf_dir: Path, device: str) -> TextModel:
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).to(device).eval()
     if not (hf_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{hf_dir} has no tokenizer.json; export with the run's tokenizer (scalevec export RUN_DIR)")
+        raise FileNotFoundError(f"{hf_dir} has no tokenizer.json; export with the run's tokenizer (scalevec export "
+                                "RUN_DIR)")
     tok = PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
     # transformers 5 names the cache `cache`, 4.x `past_key_values` (input and output alike)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

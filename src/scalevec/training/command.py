@@ -44,7 +44,8 @@ def add_arguments(p) -> None:
                        ("micro-batch-size", int), ("seq-len", int), ("seed", int), ("eval-every", int),
                        ("probe-every", int), ("sharpness-every", int)):
         p.add_argument(f"--{flag}", type=kind)
-    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, hf:NAME[:CONFIG], "
+    p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, "
+                                  "hf:NAME[:CONFIG], "
                                    "or a folder written by `scalevec prepare-data` (memory-mapped shards)")
     p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
     p.add_argument("--device", help="auto (default), cpu, cuda")
@@ -82,7 +83,8 @@ def config_from_args(args, base: dict | None = None) -> RunConfig:
                                 for k, v in file_data.items()}}
     if args.preset and "model" in file_data:
         raise ValueError("--preset conflicts with the model section of --config; drop one of them")
-    flags = [f"{key}={getattr(args, name)}" for name, key in FLAG_FIELDS.items() if getattr(args, name, None) is not None]
+    flags = [f"{key}={getattr(args, name)}" for name, key in FLAG_FIELDS.items()
+             if getattr(args, name, None) is not None]
     if getattr(args, "compile", None) is not None:
         flags.append(f"train.compile={'true' if args.compile else 'false'}")
     return resolve_config(args.preset, args.strategy, flags + list(args.overrides), file_data)
@@ -96,14 +98,15 @@ def run(args) -> int:
                              "its meta.json)")
         init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
-        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker", "threads": "train.threads"}
+        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker",
+                     "threads": "train.threads"}
         if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
             raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
                              "--tracker, --threads and --compile (or start a new --out)")
-        cfg = resolve_config(base=rundir.load_config(args.out),
-                             overrides=[f"{key}={getattr(args, n)}" for n, key in execution.items()
-                                        if getattr(args, n, None) is not None]
-                             + ([f"train.compile={'true' if args.compile else 'false'}"] if args.compile is not None else []))
+        overrides = [f"{key}={getattr(args, n)}" for n, key in execution.items() if getattr(args, n, None) is not None]
+        if args.compile is not None:
+            overrides.append(f"train.compile={'true' if args.compile else 'false'}")
+        cfg = resolve_config(base=rundir.load_config(args.out), overrides=overrides)
     else:
         cfg = config_from_args(args, init_from.base_sections(init, args.preset, args.strategy, args.tokenizer)
                                if init is not None else None)

@@ -69,7 +69,8 @@ def setup(cfg: TrainConfig) -> Dist:
     owns = False
     if (env_world > 1 or (launched and cfg.dist != "none")) and not dist.is_initialized():
         if env_world > 1 and cfg.dist == "none":
-            raise ValueError(f"launched with {env_world} processes but train.dist=none; pass --dist ddp or --dist fsdp2")
+            raise ValueError(f"launched with {env_world} processes but train.dist=none; "
+                             f"pass --dist ddp or --dist fsdp2")
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")

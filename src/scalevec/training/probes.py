@@ -3,7 +3,8 @@
 ``probe_scales(model)`` reads the model's norms without running it (cheap; call it every K steps).
 ``sharpness(model, loss_fn)`` runs ``n_iters`` Hessian-vector products (each about two backward
 passes). Both are off the training path: nothing here changes parameters, their ``.grad`` or the
-global RNG state (``sharpness``'s forward pass does refresh an MoE's ``last_stats`` telemetry). The trainer decides when to call them (``--probe-every``, ``--sharpness-every``).
+global RNG state (``sharpness``'s forward pass does refresh an MoE's ``last_stats`` telemetry). The trainer decides when
+to call them (``--probe-every``, ``--sharpness-every``).
 """
 
 from __future__ import annotations

@@ -203,7 +203,8 @@ def append_metrics(run_dir: str | Path, row: dict) -> None:
         os.close(fd)
 
 
-def rewrite_metrics(run_dir: str | Path, keep: Callable[[dict], bool], notice: Callable[[str], None] | None = None) -> None:
+def rewrite_metrics(run_dir: str | Path, keep: Callable[[dict], bool],
+                    notice: Callable[[str], None] | None = None) -> None:
     """Rewrite ``metrics.jsonl`` with the rows for which ``keep`` is true (resume drops the rows past
     its checkpoint, and a cut-off last line with a notice)."""
     path = Path(run_dir) / METRICS
@@ -481,14 +482,16 @@ def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> 
         except OSError as e:
             raise CorruptCheckpoint(f"{p} cannot be read ({_oneline(e)})") from None
         if size != want.get("bytes"):
-            raise CorruptCheckpoint(f"{p} has {size} bytes, its manifest says {want.get('bytes')} (truncated or damaged)")
+            raise CorruptCheckpoint(f"{p} has {size} bytes, its manifest says {want.get('bytes')} (truncated or "
+                                    "damaged)")
         if _sha256(p) != want.get("sha256"):
             raise CorruptCheckpoint(f"{p} does not match the SHA-256 of its manifest (damaged)")
     if only is None and (ckpt / DCP_DIR).is_dir():
         extra = [p.relative_to(ckpt).as_posix() for p in (ckpt / DCP_DIR).iterdir()
                  if p.relative_to(ckpt).as_posix() not in files]
         if extra:
-            raise CorruptCheckpoint(f"{ckpt} holds {extra[0]}, which its manifest does not list (not written by this checkpoint)")
+            raise CorruptCheckpoint(f"{ckpt} holds {extra[0]}, which its manifest does not list (not written by this "
+                                    "checkpoint)")
     return manifest
 
 
@@ -531,7 +534,8 @@ def model_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
         raise RunDirError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/step_*); train it first (or --resume it)")
     ckpt = ckpts[0]
     if not (ckpt / MODEL_FILE).is_file():
-        raise RunDirError(f"{ckpt} has no {MODEL_FILE} (incomplete or damaged); restore the checkpoint or retrain the run")
+        raise RunDirError(f"{ckpt} has no {MODEL_FILE} (incomplete or damaged); restore the checkpoint or retrain the "
+                          "run")
     if not is_legacy(ckpt):
         try:
             verify_checkpoint(ckpt, only=(MODEL_FILE,))

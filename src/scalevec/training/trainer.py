@@ -2,8 +2,8 @@
 
 ``train(cfg, out_dir)`` takes a validated ``RunConfig`` (``resolve.resolve_config`` validates, once),
 checks everything else first (data, model, the run directory) and only then creates the run
-directory, so a bad input writes nothing. The step (``step.accumulate_gradients``): the global batch of ``train.batch_size``
-sequences is split across ranks and micro-batches; the loss is summed in nats and divided by the
+directory, so a bad input writes nothing. The step (``step.accumulate_gradients``): the global batch of
+``train.batch_size`` sequences is split across ranks and micro-batches; the loss is summed in nats and divided by the
 number of target tokens of the whole global batch (so accumulation and world size do not change
 it); gradients are clipped; a non-finite loss or gradient norm stops the run with the last good
 checkpoint kept. Checkpoints are written atomically (temporary directory, then rename) and hold the
@@ -146,7 +146,8 @@ class Trainer:
         if resume:
             diff = config_diff(rundir.load_config(self.out), cfg)
             if diff:
-                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: {format_diff(diff)}; "
+                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: "
+                                 f"{format_diff(diff)}; "
                                  f"resume with the stored config (scalevec train --resume --out {self.out})")
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
         self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
@@ -170,7 +171,8 @@ class Trainer:
             if self.rank == 0 and not quiet:
                 print(f"init-from: optimizer state {init.info['optimizer']}; schedule {init.schedule_from} "
                       f"(first step {init.start_step})", flush=True)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" and t.dtype != "float32"
+        cuda_bf16 = self.device.type == "cuda" and t.dtype != "float32"
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda_bf16
                          else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
         self.step = init.start_step if init is not None else 0
         self.best_val = math.inf
@@ -200,7 +202,8 @@ class Trainer:
             except RunDirError as e:
                 err = e
             except OSError as e:
-                err = RunDirError(f"cannot create the lock file {self.lock.path} ({e.strerror}); choose a writable --out")
+                err = RunDirError(f"cannot create the lock file {self.lock.path} ({e.strerror}); choose a writable "
+                                  "--out")
         if self.world > 1:
             failed = distributed.all_reduce_sum(torch.tensor(float(err is not None), device=self.device)).item()
             if failed and err is None:
@@ -284,7 +287,8 @@ class Trainer:
     def truncate_metrics(self, step: int) -> None:
         """Drop the metrics rows past ``step`` (and a cut-off last line, with a notice)."""
         # train rows are numbered by the step taken, eval rows by the steps completed
-        rundir.rewrite_metrics(self.out, keep=lambda r: r["step"] < step or (r["kind"] != "train" and r["step"] == step),
+        rundir.rewrite_metrics(self.out,
+                               keep=lambda r: r["step"] < step or (r["kind"] != "train" and r["step"] == step),
                                notice=self.notice)
 
     def log(self, row: dict) -> None:
@@ -349,12 +353,14 @@ class Trainer:
         if t.guard_dead_steps and self.dead_run >= t.guard_dead_steps:
             first = step - self.dead_run + 1
             self.diverge(step, first, f"dead model at step {step}: loss {loss:.4f} = ln({self.cfg.model.vocab_size}) "
-                                      f"with gradient norm {grad_norm:.1e} for {self.dead_run} steps since step {first}",
+                                      f"with gradient norm {grad_norm:.1e} for {self.dead_run} steps "
+                                      f"since step {first}",
                          "lower the lr or raise the warmup")
         if t.guard_spike_ratio and len(self.recent) == self.recent.maxlen:
             mean, std = statistics.fmean(self.recent), statistics.pstdev(self.recent)
             if loss > t.guard_spike_ratio * mean and loss > mean + 6 * std:
-                self.diverge(step, step, f"loss spike at step {step}: {loss:.4f}, {loss / mean:.1f}x the mean {mean:.4f} "
+                self.diverge(step, step, f"loss spike at step {step}: {loss:.4f}, {loss / mean:.1f}x the mean "
+                                         f"{mean:.4f} "
                                          f"of the last {len(self.recent)} steps",
                              "lower the lr or raise the warmup (or raise train.guard_spike_ratio)")
         self.recent.append(loss)
@@ -410,7 +416,8 @@ class Trainer:
             return self._train(stop_at)
         except OSError as e:  # a full disk, a read-only remount, a vanished mount: the run stays resumable
             ckpts = rundir.checkpoint_dirs(self.out)
-            last = f"its last checkpoint is {ckpts[0].name}" if ckpts else "it has no checkpoint yet (resumes from step 0)"
+            last = (f"its last checkpoint is {ckpts[0].name}" if ckpts else
+                    "it has no checkpoint yet (resumes from step 0)")
             raise TrainingFailed(f"cannot write {e.filename or self.out} at step {self.step}: {e.strerror or e}; "
                                  f"free space or fix the filesystem, then continue with: scalevec train --resume "
                                  f"--out {self.out} ({last})") from None
@@ -443,7 +450,8 @@ class Trainer:
         if self.write:
             write_json(self.out / rundir.SUMMARY, summary)
             rundir.mark_done(self.out)
-            self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} bits/byte")
+            self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} "
+                     "bits/byte")
         distributed.barrier()
         return summary
 

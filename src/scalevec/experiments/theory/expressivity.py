@@ -55,7 +55,8 @@ def fold_check(strategy: str, tokens: torch.Tensor, seed: int) -> dict:
         try:
             folded = fold_scales(model)
         except ValueError as e:
-            return {"strategy": strategy, "foldable": False, "refusal": str(e), "logit_scale": logits.abs().max().item()}
+            return {"strategy": strategy, "foldable": False, "refusal": str(e),
+                    "logit_scale": logits.abs().max().item()}
         diff = (folded(tokens) - logits).abs().max().item()
     return {"strategy": strategy, "foldable": True, "max_abs_diff": diff, "logit_scale": logits.abs().max().item(),
             "n_scale_params_after": sum(p.numel() for n, p in folded.named_parameters() if "scale" in n)}
@@ -94,8 +95,8 @@ def compute(seed: int = 0) -> dict:
     folds = [fold_check(s, tokens, seed) for s in PRESET_NAMES]
     pre, peri = rescale_check("pre", tokens, seed), rescale_check("peri", tokens, seed)
     rounding = max([f["max_abs_diff"] for f in folds if f["foldable"]] + [pre["max_abs_change"]])
-    return {"setup": {"model": {k: v for k, v in dataclasses.asdict(CFG).items() if k != "moe"}, "batch": BATCH, "seq": SEQ,
-                      "spread": SPREAD, "dtype": "float32", "seed": seed},
+    return {"setup": {"model": {k: v for k, v in dataclasses.asdict(CFG).items() if k != "moe"}, "batch": BATCH,
+                      "seq": SEQ, "spread": SPREAD, "dtype": "float32", "seed": seed},
             "folds": folds, "rescale_pre": pre, "rescale_peri": peri, "max_fold_diff": rounding,
             "peri_over_rounding": peri["max_abs_change"] / rounding if rounding > 0 else None}
 

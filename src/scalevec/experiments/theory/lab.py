@@ -15,7 +15,8 @@ import json
 import time
 from pathlib import Path
 
-# name -> module in scalevec.experiments.theory with compute(seed) -> dict, summarize(dict) -> list[str], plot(dict, path)
+# name -> module in scalevec.experiments.theory with compute(seed) -> dict, summarize(dict) -> list[str],
+# plot(dict, path)
 EXPERIMENTS = {
     "fold": "expressivity",
     "precondition": "precondition",

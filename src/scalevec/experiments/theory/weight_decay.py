@@ -141,7 +141,8 @@ def summarize(r: dict) -> list[str]:
         lines.append(f"  {label:14s} " + ("never reaches it" if m is None else
                      f"{m['power']:.4f} (exact {m['exact']:.4f}) at step {inp['runs'][name]['matched_step']}, "
                      f"imbalance max|γ²−‖w‖²|/(γ²+‖w‖²) {m['imbalance']:.3f}"))
-    finals = ", ".join(f"{labels[n]} {inp['runs'][n]['final']['power']:.3f} (loss {inp['runs'][n]['final']['loss']:.4f})"
+    finals = ", ".join(f"{labels[n]} {inp['runs'][n]['final']['power']:.3f} (loss "
+                       f"{inp['runs'][n]['final']['loss']:.4f})"
                        for n in inp["runs"])
     lines.append(f"  after {STEPS} steps: {finals}")
     lines.append(f"Output-Norm toy, final loss: no wd {out['runs']['none']['final_loss']:.2e}, wd on γ "
