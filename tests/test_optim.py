@@ -201,3 +201,21 @@ def test_resume_is_bitwise_exact_under_fused_adamw(tmp_path):
     assert losses(tmp_path / "straight", "eval", "val_loss") == losses(tmp_path / "split", "eval", "val_loss")
     train(cfg("false"), tmp_path / "foreach", quiet=True)
     assert max(abs(a - b) for a, b in zip(losses(tmp_path / "straight"), losses(tmp_path / "foreach"))) < 1e-4
+
+
+@pytest.mark.parametrize("wd, coef", [("input", 0.01), ("all", 0.5), ("none", 0.5)])
+def test_scale_weight_decay_sets_the_decayed_scales_coefficient_only(tiny_cfg, wd, coef):
+    """``scale.weight_decay`` replaces ``optim.weight_decay`` on the scale roles the ``wd`` switch decays
+    (the study's variant knob); matrices keep the optimizer's coefficient and undecayed roles stay at 0."""
+    scfg = ScaleConfig(scale="branch", placement="dual_norm", param="magdir", wd=wd, weight_decay=coef)
+    model = build_model(tiny_cfg, scfg, seed=0)
+    by_role = {g.role: g.weight_decay for g in param_groups(model, OptimConfig(weight_decay=0.1), scfg)}
+    decayed = {"input": {"input_scale"}, "all": {"input_scale", "output_scale"}, "none": set()}[wd]
+    assert by_role["matrix"] == by_role["lm_head"] == 0.1 and by_role["embedding"] == 0.0
+    for role in ("input_scale", "output_scale", "scale_direction"):
+        assert by_role[role] == (coef if role in decayed else 0.0), role
+
+
+def test_scale_weight_decay_must_be_non_negative():
+    with pytest.raises(ValueError, match="scale.weight_decay=-0.1 must be >= 0"):
+        ScaleConfig(weight_decay=-0.1).validate()

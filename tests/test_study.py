@@ -109,3 +109,23 @@ def test_report_picks_the_lr_on_the_seeds_every_lr_has(tmp_path):
         write_run(tmp_path / "runs" / run.name, to_dict(run.cfg), curve=curve)
     (res,) = analyze(load_runs(tmp_path)).cells[0].results
     assert res.pick.lr == 3e-3 and [r.seed for r in res.runs] == [0]
+
+
+@pytest.mark.slow  # an end-to-end study (10 fake runs, ~5 s)
+def test_a_variant_is_tuned_on_its_own(tmp_path):
+    """A named variant of the strategy axis (``sweep.strategy_label``) gets its own lr extension and
+    confirmation seeds, under its own run names, and the report lists it as a strategy."""
+    spec = {**STUDY, "grid": {"strategy": [{"name": "baseline", "strategy": "baseline"},
+                                           {"name": "unified-no-or", "strategy": "unified", "scale.param": "direct"}],
+                              "lr": [1e-3, 2e-3], "seed": [0]},
+            "study": {"extend": 2.0, "max_extensions": 2, "confirm_seeds": [1]}}
+    out = tmp_path / "study"
+    assert run_study(*parse(spec), out, train_cmd=FAKE, quiet=True) == 0
+    names = sorted(p.name for p in (out / "runs").iterdir() if p.is_dir())
+    for label in ("baseline", "unified-no-or"):  # edge winners 2e-3, 4e-3 -> 4e-3, 8e-3 added; 4e-3 wins; seed 1
+        assert [n for n in names if n.startswith(label + "_")] == [
+            f"{label}_lr0.001_s0", f"{label}_lr0.002_s0", f"{label}_lr0.004_s0", f"{label}_lr0.004_s1",
+            f"{label}_lr0.008_s0"]
+    a = analyze(load_runs(out), load_specs(out))
+    assert [r.strategy for r in a.cells[0].results] == ["baseline", "unified-no-or"]
+    assert all(r.pick.lr == 4e-3 and [x.seed for x in r.runs] == [0, 1] for r in a.cells[0].results)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalevec.config import ScaleConfig
+from scalevec.config import ScaleConfig, replace, to_dict
 from scalevec.experiments.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
@@ -187,3 +187,35 @@ def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path):
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(6))
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [3, 6]
     assert run_status(run, runs_dir) == "done"
+
+
+VARIANTS = {"base": {"preset": "tiny", "tokens_per_param": 1},
+            "grid": {"strategy": [{"name": "baseline", "strategy": "baseline"},
+                                  {"name": "unified-no-or", "strategy": "unified", "scale.param": "direct"}],
+                     "lr": [0.01], "seed": [0]}}
+
+
+def test_a_named_variant_is_reported_under_its_name_and_its_config_resolves_back():
+    """A strategy-axis bundle is a variant: its name labels the run (``cfg.strategy``) and names the run dir,
+    its scales are the preset's with the bundle's overrides, and the stored config (what the sweep hands to
+    ``train --config``) resolves to the same config although the name is no preset."""
+    from scalevec.resolve import resolve_config
+
+    baseline, variant = expand(spec_from_dict(VARIANTS))
+    assert (baseline.name, baseline.cfg.strategy) == ("baseline_lr0.01_s0", "baseline")
+    assert (variant.name, variant.cfg.strategy) == ("unified-no-or_lr0.01_s0", "unified-no-or")
+    assert variant.cfg.scale == replace(ScaleConfig.preset("unified"), param="direct")
+    assert variant.cfg.train.tokens == baseline.cfg.train.tokens  # the baseline's budget for every arm
+    assert resolve_config(sections=to_dict(variant.cfg)) == variant.cfg
+    with pytest.raises(ValueError, match="unknown strategy 'unified-no-or'"):
+        resolve_config(sections={"strategy": "unified-no-or"})  # a variant's name alone names no scales
+
+
+@pytest.mark.parametrize("bundle, match", [
+    ({"name": "baseline", "strategy": "unified"}, "may only label that preset"),
+    ({"name": "x", "scale.param": "direct"}, "needs a 'strategy' key"),
+])
+def test_bad_variant_bundles_raise(bundle, match):
+    spec = {**VARIANTS, "grid": {**VARIANTS["grid"], "strategy": [{"name": "b", "strategy": "baseline"}, bundle]}}
+    with pytest.raises(ValueError, match=match):
+        spec_from_dict(spec)

@@ -120,7 +120,8 @@ class ModelConfig:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
                              f"change one or set model.head_dim explicitly")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"model.n_heads={self.n_heads} is not a multiple of model.n_kv_heads={self.n_kv_heads} (GQA)")
+            raise ValueError(f"model.n_heads={self.n_heads} is not a multiple of "
+                             f"model.n_kv_heads={self.n_kv_heads} (GQA)")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE; change model.d_model or model.n_heads")
         if self.layout not in ("pre", "peri"):
@@ -159,6 +160,8 @@ class ScaleConfig:
       ``dual_norm`` (DNP: as DP, and the outputs of ``norm_sites`` are RMS-normalized before s).
     - ``param``: ``direct``, ``magdir`` (OR: ``γ = β α / rms(α)``), ``magdir_exp`` (ER: ``exp(b) α/rms(α)``).
     - ``wd``: which scales get weight decay: ``none``, ``all``, ``input`` (IWD), ``output``.
+    - ``weight_decay``: the decayed scales' coefficient (None: ``optim.weight_decay``, the matrices' one; our
+      choice, DESIGN.md §3, a switch so that the reproduction study can vary it).
     - ``per_expert``: under ``branch``, every MoE expert gets its own gate/up scale vectors.
     - ``dual_sites`` / ``norm_sites``: the projections that get an output-side scale / normalization.
     - ``apply``: ``weight`` applies the shared γ inside the norm's own pass and folds each branch's γ and
@@ -172,6 +175,7 @@ class ScaleConfig:
     placement: str = "input"
     param: str = "direct"
     wd: str = "none"
+    weight_decay: float | None = None
     per_expert: bool = False
     dual_sites: tuple[str, ...] = ("q", "k", "v", "gate", "up")
     norm_sites: tuple[str, ...] = ("gate", "up")
@@ -179,7 +183,7 @@ class ScaleConfig:
     folded: bool = False
 
     @classmethod
-    def preset(cls, name: str) -> "ScaleConfig":
+    def preset(cls, name: str) -> ScaleConfig:
         """The named strategy of DESIGN.md §3. Raises ``ValueError`` for an unknown name."""
         presets = {
             "none": dict(scale="none"),
@@ -216,6 +220,8 @@ class ScaleConfig:
                         f"scale.{name}={getattr(self, name)!r} needs scale vectors, but scale.scale='none'; "
                         f"set scale.{name}={plain!r} or choose scale.scale='shared'/'branch'"
                     )
+        if self.weight_decay is not None and not self.weight_decay >= 0:
+            raise ValueError(f"scale.weight_decay={self.weight_decay} must be >= 0 (or null: optim.weight_decay)")
         if self.per_expert and self.scale != "branch":
             raise ValueError("scale.per_expert=True needs scale.scale='branch' (HG)")
         for site in self.dual_sites:
@@ -262,7 +268,8 @@ class OptimConfig:
         if not (0 <= self.weight_decay < math.inf and 0 <= self.grad_clip < math.inf):
             raise ValueError("optim.weight_decay and optim.grad_clip must be finite and >= 0")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.95]")
+            raise ValueError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1), "
+                             "e.g. optim.betas=[0.9,0.95]")
         if not 0 < self.eps < math.inf:
             raise ValueError(f"optim.eps={self.eps} must be finite and > 0 (default 1e-8)")
         if not 0 <= self.muon_momentum < 1:
@@ -556,7 +563,8 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + k for k in unknown))}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + k for k in unknown))}; "
+                         f"known: {', '.join(sorted(known))}")
     kwargs = {k: _coerce(hints[k], v, where + k) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -629,7 +637,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             if part == "rope_scaling" and node.get("rope_scaling", 0) is None:
                 node["rope_scaling"] = to_dict(RopeScalingConfig())
             if part not in node or not isinstance(node[part], dict):
-                raise ValueError(f"unknown config key {key!r}; sections: {', '.join(k for k, v in data.items() if isinstance(v, dict))}")
+                sections = ", ".join(k for k, v in data.items() if isinstance(v, dict))
+                raise ValueError(f"unknown config key {key!r}; sections: {sections}")
             node = node[part]
         if path[-1] not in node:
             raise ValueError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node))}")
@@ -637,7 +646,8 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             parsed = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             parsed = value  # not YAML: the type check below names the key
-        # a string field keeps the text as given unless it is a YAML string ('"x"'): paths like 'a: b', '#x', 'hf:', 'yes'
+        # a string field keeps the text as given unless it is a YAML string ('"x"'): paths like
+        # 'a: b', '#x', 'hf:', 'yes'
         node[path[-1]] = value if isinstance(node[path[-1]], str) and not isinstance(parsed, str) else parsed
     return from_dict(RunConfig, data)
 

@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from scalevec.config import RunConfig, ScaleConfig, apply_overrides, from_dict, to_dict
+from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig, apply_overrides, from_dict, to_dict
 from scalevec.presets import get_preset
 
 WSD_FLOOR = "schedule.min_lr_ratio=0.0"  # DESIGN.md §7: WSD decays to 0
@@ -50,7 +50,7 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
         preset = preset or data_in.get("preset") or "small"
         strategy = strategy or data_in.get("strategy") or "baseline"
         data = to_dict(RunConfig(preset=str(preset), strategy=str(strategy), model=get_preset(str(preset)),
-                                 scale=ScaleConfig.preset(str(strategy))))
+                                 scale=_strategy_scales(str(strategy), data_in.get("scale"))))
     data_in.pop("preset", None)
     data_in.pop("strategy", None)
     for section, values in data_in.items():
@@ -66,6 +66,15 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
     cfg = apply_overrides(from_dict(RunConfig, data), items + ([floor] if floor else []))
     cfg.validate()
     return cfg
+
+
+def _strategy_scales(strategy: str, scale_section: Any) -> ScaleConfig:
+    """The defaults of the ``scale`` section: the named preset (DESIGN.md §3), or, for a variant's name (a
+    sweep bundle's label, ``sweep.strategy_label``: stored run configs carry it), the plain defaults that
+    the run's own ``scale`` section then sets. ``ValueError`` for an unknown name without a ``scale`` section."""
+    if strategy in PRESET_NAMES or not isinstance(scale_section, Mapping):
+        return ScaleConfig.preset(strategy)
+    return ScaleConfig()
 
 
 def _override_items(overrides: list[str] | Mapping[str, Any] | None) -> list[str]:

@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from scalevec.config import load_yaml
 from scalevec.experiments import stats, sweepdir
@@ -83,8 +84,9 @@ def _cell(run: Run) -> tuple:
     return tuple((k, repr(v)) for k, v in run.values.items() if k not in (STRATEGY, LR, SEED))
 
 
-def narrowed(spec: SweepSpec, example: Run, strategy: str, lrs: list[float], seeds: list[int]) -> SweepSpec:
-    """``spec`` with every other axis fixed at ``example``'s value: the same run names as the full grid."""
+def narrowed(spec: SweepSpec, example: Run, strategy: Any, lrs: list[float], seeds: list[int]) -> SweepSpec:
+    """``spec`` with every other axis fixed at ``example``'s value: the same run names as the full grid.
+    ``strategy`` is a value of the strategy axis (a name, or a variant's bundle)."""
     axes = []
     for key, _ in spec.axes:
         if key == STRATEGY:
@@ -137,14 +139,17 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     tuning = list(dict(spec.axes)[SEED])
     groups: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
     examples: dict[tuple, Run] = {}
+    axis_value: dict[str, Any] = {}  # a strategy's (or variant's) value on the strategy axis
     for run in expand(spec):
         cell, strategy = _cell(run), run.cfg.strategy
         examples.setdefault(cell, run)
+        axis_value[strategy] = run.values[STRATEGY]
         groups[cell].setdefault(strategy, [])
         if run.values[LR] not in groups[cell][strategy]:
             groups[cell][strategy].append(run.values[LR])
     for cell, by_strategy in groups.items():
-        for strategy, lrs in by_strategy.items():
+        for label, lrs in by_strategy.items():
+            strategy = axis_value[label]
             for _ in range(plan.max_extensions):
                 sub = narrowed(spec, examples[cell], strategy, lrs, tuning)
                 losses = {lr: [] for lr in lrs}
@@ -154,7 +159,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                 if nxt is None:
                     break
                 nxt = float(f"{nxt:.6g}")
-                say(f"study: {strategy} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
+                say(f"study: {label} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
                     f"{nxt:g}")
                 lrs.append(nxt)
                 rc |= run_sweep(narrowed(spec, examples[cell], strategy, [nxt], tuning), out, jobs=jobs,

@@ -51,6 +51,7 @@ from typing import Any
 import yaml
 
 from scalevec.config import (
+    PRESET_NAMES,
     RunConfig,
     ScaleConfig,
     apply_overrides,
@@ -178,7 +179,15 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{where}.grid names an axis twice (after aliases: {keys}); merge them into one list")
-    strategies = _axis_values(axes, base, "strategy", "baseline")
+    strategies = [strategy_label(v) for v in _axis_values(axes, base, "strategy", "baseline")]
+    for v in dict(axes).get("strategy", []):
+        if isinstance(v, dict):
+            if "strategy" not in v:
+                raise ValueError(f"{where}.grid.strategy bundle {v.get('name', v)!r} needs a 'strategy' key "
+                                 "(the preset its scale vectors start from, e.g. strategy: unified)")
+            if strategy_label(v) in PRESET_NAMES and strategy_label(v) != v["strategy"]:
+                raise ValueError(f"{where}.grid.strategy bundle named {strategy_label(v)!r} sets strategy "
+                                 f"{v['strategy']!r}; a preset's name may only label that preset: rename the bundle")
     varying = {k for k, v in axes if len(v) > 1}
     tune = data.get("tune") if data.get("tune") is not None else (["optim.lr"] if "optim.lr" in varying else [])
     tune = [canonical_key(str(t)) for t in ([tune] if isinstance(tune, str) else tune)]
@@ -196,6 +205,16 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
         raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, "
                          "scalevec, train]")
     return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None)
+
+
+def strategy_label(value: Any) -> str:
+    """The strategy a run of the ``strategy`` axis is reported as: a plain value itself; a bundle its ``name``
+    (a *variant*: the ``strategy`` key's preset with the bundle's overrides, e.g. ``{name: unified-no-or,
+    strategy: unified, scale.param: direct}``), else its ``strategy`` key. Stored as the run's
+    ``RunConfig.strategy``; the scale vectors are the run's ``scale`` section (``resolve.resolve_config``)."""
+    if isinstance(value, dict):
+        return str(value.get("name") or value.get("strategy", "baseline"))
+    return str(value)
 
 
 def _axis_values(axes: list[tuple[str, list]], base: dict, key: str, default: Any) -> list:
@@ -290,6 +309,8 @@ def expand(spec: SweepSpec) -> list[Run]:
             cfg = assigned_config(assign)
         except ValueError as e:
             raise ValueError(f"run {name}: {e}") from None
+        if isinstance(values.get("strategy"), dict):  # a variant is reported under its own name
+            cfg = replace(cfg, strategy=strategy_label(values["strategy"]))
         seen[name] = True
         runs.append(Run(name, cfg, values))
     return runs

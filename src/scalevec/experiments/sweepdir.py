@@ -72,8 +72,8 @@ def load_specs(out: Path) -> dict | None:
     for _, s in specs:
         grid = s.get("grid") or {}
         for strategy in grid.get("strategy") or []:
-            if isinstance(strategy, dict):  # a bundle (e.g. a strategy with its own lr)
-                strategy = strategy.get("strategy", strategy.get("name"))
+            if isinstance(strategy, dict):  # a bundle (a strategy with its own lr, or a named variant)
+                strategy = str(strategy.get("name") or strategy.get("strategy"))
             if strategy not in merged["grid"]["strategy"]:
                 merged["grid"]["strategy"].append(strategy)
     return merged

@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from scalevec.config import OptimConfig, ScaleConfig
-from scalevec.model.params import ROLES
+from scalevec.model.params import ROLES, SCALE_ROLES
 from scalevec.model.scales import decayed_scale_roles
 
 
 def role_weight_decay(role: str, cfg: OptimConfig, scfg: ScaleConfig) -> float:
     """Decoupled weight decay of a role (DESIGN.md §3 ``wd`` switch, §5): the scale roles as
-    ``scales.decayed_scale_roles`` says (the strategy's plan)."""
+    ``scales.decayed_scale_roles`` says (the strategy's plan), at ``scale.weight_decay`` when it is set."""
     scale_decay = decayed_scale_roles(scfg)
     decayed = {
         "matrix": True,
@@ -33,7 +33,11 @@ def role_weight_decay(role: str, cfg: OptimConfig, scfg: ScaleConfig) -> float:
         "output_scale": "output_scale" in scale_decay,
         "scale_direction": "scale_direction" in scale_decay,
     }[role]
-    return cfg.weight_decay if decayed else 0.0
+    if not decayed:
+        return 0.0
+    if role in SCALE_ROLES and scfg.weight_decay is not None:
+        return scfg.weight_decay
+    return cfg.weight_decay
 
 
 @dataclass
