@@ -219,3 +219,23 @@ def test_bad_variant_bundles_raise(bundle, match):
     spec = {**VARIANTS, "grid": {**VARIANTS["grid"], "strategy": [{"name": "b", "strategy": "baseline"}, bundle]}}
     with pytest.raises(ValueError, match=match):
         spec_from_dict(spec)
+
+
+@pytest.mark.parametrize("tokenizer, stored_vocab, ok", [("bpe:4096", 4096, True), ("bytes", 4096, False),
+                                                         ("bpe:4096", 200, False)])
+def test_a_finished_bpe_run_is_done_although_the_trainer_grew_its_vocabulary(tmp_path, tokenizer, stored_vocab, ok):
+    """The trainer grows a preset's vocabulary to fit a BPE tokenizer (config.fit_vocab) and stores it, so a
+    rerun of the sweep (and a study's later phases) must see that run as done, not as another config; any
+    other vocabulary difference is still an error."""
+    from fakerun import write_run
+
+    (run,) = expand(spec_from_dict({"base": {"preset": "tiny", "data.tokenizer": tokenizer, "train.steps": 10},
+                                    "grid": {"strategy": ["baseline"]}}))
+    cfg = to_dict(run.cfg)
+    cfg["model"]["vocab_size"] = stored_vocab
+    write_run(tmp_path / run.name, cfg)
+    if ok:
+        assert run_status(run, tmp_path) == "done"
+    else:
+        with pytest.raises(ValueError, match="different config.*vocab_size"):
+            run_status(run, tmp_path)

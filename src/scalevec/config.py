@@ -510,6 +510,16 @@ def budget_tokens(tokens_per_param: float, params: int) -> int:
     return tokens
 
 
+def fit_vocab(cfg: RunConfig, vocab_size: int) -> RunConfig:
+    """``cfg`` with ``model.vocab_size`` grown to ``vocab_size`` when it is smaller: a preset's vocabulary
+    (256, the bytes) is a default, not a constraint, so a ``bpe:N`` or tokenizer.json run gets an embedding
+    that fits its tokenizer (the trainer, with the tokenizer's size; a sweep, with a stored run's size, so
+    that a rerun sees the config the trainer resolved). Never shrinks."""
+    if vocab_size <= cfg.model.vocab_size:
+        return cfg
+    return replace(cfg, model=replace(cfg.model, vocab_size=vocab_size))
+
+
 def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
     """The fields that differ between two configs (``RunConfig`` or their ``to_dict`` mappings), execution
     fields (``EXECUTION_FIELDS``) excepted: ``{dotted name: (value in a, value in b)}``, sorted by name.
@@ -689,5 +699,5 @@ __all__ = [
     "MoEConfig", "RopeScalingConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
     "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
     "load_yaml", "save_yaml", "replace", "EXECUTION_FIELDS", "usable_cpus", "tokens_per_step", "total_steps",
-    "run_tokens", "budget_tokens", "config_diff", "format_diff",
+    "run_tokens", "budget_tokens", "config_diff", "fit_vocab", "format_diff",
 ]

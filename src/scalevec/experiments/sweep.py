@@ -57,6 +57,7 @@ from scalevec.config import (
     apply_overrides,
     budget_tokens,
     config_diff,
+    fit_vocab,
     format_diff,
     from_dict,
     load_yaml,
@@ -331,7 +332,10 @@ def run_status(run: Run, runs_dir: Path) -> str:
     if status == "new":
         return "new"
     if rundir.is_run(d):
-        diff = config_diff(rundir.load_config(d), run.cfg)
+        stored = rundir.load_config(d)
+        # the trainer grew the vocabulary to fit a non-bytes tokenizer (config.fit_vocab): compare like with like
+        expected = fit_vocab(run.cfg, stored.model.vocab_size) if run.cfg.data.tokenizer != "bytes" else run.cfg
+        diff = config_diff(stored, expected)
         if diff:
             raise ValueError(f"{d} was trained with a different config ({format_diff(diff)}); use a new --out, "
                              f"or delete that run directory to retrain it")

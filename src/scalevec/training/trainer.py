@@ -34,6 +34,7 @@ from scalevec.config import (
     RunConfig,
     checkpoint_blocks,
     config_diff,
+    fit_vocab,
     format_diff,
     run_tokens,
     save_yaml,
@@ -139,10 +140,8 @@ class Trainer:
         distributed.barrier()
         if self.dist.local_rank != 0:
             self.data = prepare_data(cfg.data)
-        if self.data.tokenizer.vocab_size > cfg.model.vocab_size:
-            # A preset's vocabulary is a default, not a constraint: grow it to fit the tokenizer. The stored
-            # config.yaml holds the resolved value.
-            cfg.model.vocab_size = self.data.tokenizer.vocab_size
+        # the stored config.yaml holds the grown vocabulary (config.fit_vocab: a preset's is a default)
+        cfg.model.vocab_size = fit_vocab(cfg, self.data.tokenizer.vocab_size).model.vocab_size
         if resume:
             diff = config_diff(rundir.load_config(self.out), cfg)
             if diff:
