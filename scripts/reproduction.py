@@ -43,7 +43,8 @@ MAIN = r"(cpu|moe-cpu)-\d+k-(shakespeare|kjv)"  # the C6 cells: AdamW + cosine, 
 class Claim:
     """One claim of the paper as a comparison: in every cell whose name matches ``cells``, each
     ``(arm, direction)`` against the ``control`` arm; direction +1 = the paper says the arm is worse
-    (higher loss), -1 = better, 0 = the paper makes no claim (the difference is shown, no verdict)."""
+    (higher loss), -1 = better, 0 = the paper makes no claim (the difference is shown, no verdict).
+    ``arms=()``: every other arm of the cell, direction 0 (the why-variants study)."""
 
     id: str
     statement: str
@@ -64,6 +65,11 @@ CLAIMS = (
     Claim("C6", "... with each lr picked on the mean of 3 seeds", r"why-lrpick-.*", "baseline", (("unified", -1),)),
     Claim("C1", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("none", +1),)),
     Claim("C6", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("unified", -1),)),
+    Claim("C1", "... with the bpe:4096 tokenizer", r".*-bpe4096", "baseline", (("none", +1),)),
+    Claim("C6", "... with the bpe:4096 tokenizer", r".*-bpe4096", "baseline", (("unified", -1),)),
+    Claim("why", "unified with one part left out or one choice changed, vs the baseline", r"why-variants-.*",
+          "baseline", ()),
+    Claim("why", "... and vs unified itself", r"why-variants-.*", "unified", ()),
 )
 C8_SIZES = re.compile(r"cpu-(\d+)k-(shakespeare|kjv)")  # dense, AdamW + cosine, 20 tokens per parameter
 
@@ -118,7 +124,7 @@ def analyse(rows: list[dict]) -> dict:
 
 def verdict(delta, direction: int) -> str:
     if direction == 0:
-        return "no claim" + (" (differs)" if delta.significant else "")
+        return "no claim: " + (("higher" if delta.delta > 0 else "lower") if delta.significant else "within noise")
     if not delta.significant:
         return "inconclusive"
     return "reproduced" if (delta.delta > 0) == (direction > 0) else "contradicted"
@@ -172,12 +178,13 @@ def comparisons(cells: dict[str, dict]) -> list[dict]:
             if not re.fullmatch(c.cells, name):
                 continue
             st = a["arms"]
-            for i, (arm, direction) in enumerate(c.arms):
+            arms = c.arms or tuple((arm, 0) for arm in st if arm != c.control)
+            for i, (arm, direction) in enumerate(arms):
                 row = {"claim": c.id, "cell": name, "arm": arm, "control": c.control, "direction": direction}
                 if c.control not in st or arm not in st:
                     # a secondary arm that a cell's grid does not have (unified_foldable outside the C5 cell)
                     # is no missing result; the claim's first arm, or any arm of C4/C5, is
-                    if i == 0 or len(c.arms) > 2 or arm in st:
+                    if i == 0 or len(arms) > 2 or arm in st:
                         out.append({**row, "status": "not run yet"})
                     continue
                 common = sorted(set(st[c.control]["seeds"]) & set(st[arm]["seeds"]))

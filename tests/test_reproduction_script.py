@@ -72,3 +72,22 @@ def test_weight_decay_study_compares_setting_values_not_strategies(tmp_path):
     assert all(r["control"] == "none" and r["status"] == "ok" for r in rows.values())
     assert rows["all"]["verdict"].startswith("no claim")
     assert rows["input"]["verdict"] in ("inconclusive", "contradicted")  # no planted effect: never 'reproduced'
+
+
+@pytest.mark.slow  # a report folder with its figures: ~5 s
+def test_variants_are_arms_compared_with_baseline_and_unified(tmp_path):
+    """A why-variants cell (named variants on the strategy axis) has each variant as an arm and the 'why'
+    claims compare every other arm with the baseline and with unified, without a verdict on the paper.
+    fakerun knows no variant name, so `unified-no-or` acts like the baseline: worse than unified (k = 2)."""
+    variants = [{"name": "baseline", "strategy": "baseline"}, {"name": "unified", "strategy": "unified"},
+                {"name": "unified-no-or", "strategy": "unified", "scale.param": "direct"}]
+    _cell(tmp_path, "why-variants-cpu-25k-shakespeare", SIZES[0], {"strategy": variants})
+    rep = _script()
+    a = rep.analyse(rep.read_cell(tmp_path / "why-variants-cpu-25k-shakespeare"))
+    assert a["axis"] == "strategy" and sorted(a["arms"]) == ["baseline", "unified", "unified-no-or"]
+    rows = {(r["control"], r["arm"]): r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a})
+            if r["claim"] == "why"}
+    assert sorted(rows) == [("baseline", "unified"), ("baseline", "unified-no-or"), ("unified", "baseline"),
+                            ("unified", "unified-no-or")]
+    assert rows[("unified", "unified-no-or")]["verdict"] == "no claim: higher"
+    assert rows[("baseline", "unified")]["verdict"] == "no claim: lower"
