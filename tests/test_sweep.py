@@ -239,3 +239,13 @@ def test_a_finished_bpe_run_is_done_although_the_trainer_grew_its_vocabulary(tmp
     else:
         with pytest.raises(ValueError, match="different config.*vocab_size"):
             run_status(run, tmp_path)
+
+
+def test_tokens_per_param_counts_the_vocabulary_of_the_runs_tokenizer():
+    """With ``bpe:N`` the trainer grows the preset's 256-row embedding and head to N rows, so the budget of
+    ``tokens_per_param`` counts those N rows (it counted the bytes model before)."""
+    (run,) = expand(spec_from_dict({"base": {"preset": "tiny", "data.tokenizer": "bpe:512", "tokens_per_param": 2},
+                                    "grid": {"strategy": ["baseline"]}}))
+    cfg = replace(get_preset("tiny"), vocab_size=512)
+    assert run.cfg.train.tokens == 2 * count_params(build_model(cfg, ScaleConfig.preset("baseline")))["params"]
+    assert run.cfg.model.vocab_size == 256  # the config itself is left for the trainer to fit (config.fit_vocab)

@@ -185,6 +185,21 @@ def load_tokenizer(spec: str, train_docs: list[str] | None = None, cache_dir: st
     return _tokenizer_from_file(path / "tokenizer.json" if path.is_dir() else path, spec)
 
 
+def declared_vocab_size(spec: str) -> int:
+    """The vocabulary a tokenizer spec declares, without training or loading data: 256 for ``bytes``, N for
+    ``bpe:N`` (an upper bound: a small corpus may yield fewer), the file's size for a tokenizer.json. What a
+    sweep counts parameters with before the trainer fits the model's vocabulary (``config.fit_vocab``).
+    Raises as ``load_tokenizer`` does for a bad spec or a missing file."""
+    if spec == "bytes":
+        return 256
+    if spec.startswith("bpe:"):
+        n = spec[len("bpe:"):]
+        if not n.isdigit() or int(n) < 258:
+            raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258; e.g. bpe:4096")
+        return int(n)
+    return load_tokenizer(spec).vocab_size
+
+
 def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
     """The tokenizer that ``Tokenizer.save(directory)`` wrote, with its original ``spec``.
     Raises ``FileNotFoundError`` if ``directory/tokenizer.json`` is missing, ``ValueError`` if invalid."""

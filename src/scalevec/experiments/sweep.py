@@ -67,6 +67,7 @@ from scalevec.config import (
     total_steps,
     usable_cpus,
 )
+from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments import sweepdir
 from scalevec.resolve import resolve_config
 from scalevec.training import rundir
@@ -249,9 +250,11 @@ def _count_params(model_json: str, scale_json: str) -> int:
 
 
 def run_params(cfg: RunConfig, strategy: str | None = None) -> int:
-    """Total parameters of ``cfg.model`` with ``cfg.scale`` (or the named ``strategy``)."""
+    """Total parameters of ``cfg.model`` with ``cfg.scale`` (or the named ``strategy``), with the vocabulary the
+    trainer will fit to the run's tokenizer (``config.fit_vocab``, ``tokenizer.declared_vocab_size``)."""
     scale = ScaleConfig.preset(strategy) if strategy else cfg.scale
-    return _count_params(json.dumps(to_dict(cfg.model), sort_keys=True), json.dumps(to_dict(scale), sort_keys=True))
+    model = fit_vocab(cfg, declared_vocab_size(cfg.data.tokenizer)).model
+    return _count_params(json.dumps(to_dict(model), sort_keys=True), json.dumps(to_dict(scale), sort_keys=True))
 
 
 def baseline_params(cfg: RunConfig) -> int:
