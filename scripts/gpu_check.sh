@@ -4,7 +4,8 @@
 #   2. a 100-step bf16 run with torch.compile and FSDP2 (torchrun --nproc_per_node 1) on a paper-size
 #      preset, and prints tokens/s and MFU (the trainer's mfu / flops_per_s metrics),
 #   3. `scalevec bench` on the preset, bf16, eager and compiled (step times, MFU against the measured bf16
-#      matmul peak and the GPU's spec): the figures for docs/performance.md and for autocompile's threshold,
+#      matmul peak and the GPU's spec): the figures for docs/performance.md and for autocompile's threshold;
+#      then eager with the opt-in fused path (scale.apply=fused, the `:fused` candidates) beside the exact one,
 #   4. the MoE row: moe-small against its dense twin with the same active parameters, compiled.
 # Stages 3-4 are skipped with BENCH=0.
 # Usage: scripts/gpu_check.sh [PRESET]            (default llama-0.12b)
@@ -82,11 +83,14 @@ EOF
 [ $? -eq 0 ] || status=1
 
 if [ "$BENCH" != "0" ]; then
-    echo "== 3/4 scalevec bench $PRESET, bf16, eager then compiled"
+    echo "== 3/4 scalevec bench $PRESET, bf16, eager, compiled, then eager with the opt-in fused path"
     for FLAG in "" --compile; do
         timeout "$TIMEOUT" "$PY" -m scalevec bench --device cuda --dtype bfloat16 --preset "$PRESET" $FLAG \
             --steps 10 --warmup 3 --no-inference || status=1
     done
+    timeout "$TIMEOUT" "$PY" -m scalevec bench --device cuda --dtype bfloat16 --preset "$PRESET" --steps 10 --warmup 3 \
+        --no-inference --strategies baseline,baseline:fused,unified_foldable,unified_foldable:fused,unified,unified:fused \
+        || status=1
     echo "== 4/4 MoE step time vs a dense model with the same active parameters (moe-small, bf16, compiled)"
     timeout "$TIMEOUT" "$PY" -m scalevec bench --device cuda --dtype bfloat16 --preset moe-small --compile \
         --strategies baseline,unified,dense-active --steps 10 --warmup 3 --no-inference || status=1

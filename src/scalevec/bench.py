@@ -87,9 +87,9 @@ def parse_candidates(spec: str) -> list[str]:
         raise ValueError("--strategies is empty; give a comma-separated list, e.g. --strategies baseline,unified")
     for n in names:
         base, _, apply = n.partition(":")
-        if n not in (HF, DENSE) and (base not in PRESET_NAMES or apply not in ("", "weight", "activation")):
+        if n not in (HF, DENSE) and (base not in PRESET_NAMES or apply not in ("", "weight", "activation", "fused")):
             raise ValueError(f"unknown candidate {n!r} in --strategies; use {HF}, {DENSE} (MoE presets), a strategy "
-                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:activation / STRATEGY:weight")
+                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:activation / STRATEGY:weight / STRATEGY:fused")
     if len(set(names)) != len(names):
         raise ValueError(f"--strategies lists a candidate twice: {spec}; list each once")
     return names

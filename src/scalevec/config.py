@@ -144,7 +144,7 @@ SCALE_CHOICES = {
     "placement": ("input", "dual", "dual_norm"),
     "param": ("direct", "magdir", "magdir_exp"),
     "wd": ("none", "all", "input", "output"),
-    "apply": ("weight", "activation"),
+    "apply": ("weight", "activation", "fused"),
 }
 
 PRESET_NAMES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
@@ -166,7 +166,10 @@ class ScaleConfig:
     - ``dual_sites`` / ``norm_sites``: the projections that get an output-side scale / normalization.
     - ``apply``: ``weight`` applies the shared γ inside the norm's own pass and folds each branch's γ and
       s into its weight on the fly (``W' = diag(s) W diag(γ)``); ``activation`` multiplies activations
-      (the reference form); same function and gradients (DESIGN.md §3 note).
+      (the reference form); same function and gradients (DESIGN.md §3 note). ``fused``: as ``weight``, and
+      each norm's branches run as one matmul and the MLP (gate, up, DNP's norms, SwiGLU, down) as one
+      autograd node (``model/fused.py``): faster on CPU, equal to ``weight`` only to rounding, so opt-in
+      (docs/performance.md).
     - ``folded``: the result of ``fold_scales``: no Input-Norm scales, QK-norm scale vectors kept as
       plain vectors (Qwen3's q_norm/k_norm). Not a research strategy; set by ``fold_scales``.
     """

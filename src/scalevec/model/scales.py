@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalevec.config import ModelConfig, ScaleConfig
+from scalevec.model.fused import fused_project
 from scalevec.model.params import ROLES  # the one role list (params.py); re-exported here
 
 # ============================================================================================ the formulas
@@ -187,6 +188,8 @@ class ScalePlan:
     None without MoE. ``head``: the final norm (lm_head). ``qk_norm`` / ``peri``: the Output-Norms of
     QK-norm and of the peri layout, or None where the model has none. ``fast``: build with the fast
     kernels (``kernels.FAST``, ``apply='weight'``) or with the plain formulas (``PLAIN``, ``'activation'``).
+    ``fused`` (``apply='fused'``, opt-in): also the fused projections and MLP (``model/fused.py``), equal to
+    the fast path to rounding, not to the bit.
     """
 
     attn: NormPlan
@@ -196,6 +199,7 @@ class ScalePlan:
     qk_norm: OutputNormPlan | None
     peri: OutputNormPlan | None
     fast: bool
+    fused: bool = False
 
     def sites(self) -> list[tuple[str, str, ScaleSpec]]:
         """``(site, side, spec)`` for every scale vector of one block and the head: ``side`` is ``norm`` (the
@@ -255,7 +259,8 @@ def scale_plan(scfg: ScaleConfig, cfg: ModelConfig) -> ScalePlan:
     - ``param``: ``direct`` / ``magdir`` (OR) / ``magdir_exp`` (ER) for every vector.
     - ``wd``: ``decayed_scale_roles``. ``per_expert``: MoE gate/up γ_b has one row per expert.
     - ``folded`` (the output of ``fold_scales``): no Input-Norm scales; Output-Norms keep a direct γ.
-    - ``apply``: ``fast`` (``weight``) or the plain formulas (``activation``).
+    - ``apply``: ``fast`` (``weight``) or the plain formulas (``activation``); ``fused``: fast, and the fused
+      projections and MLP of ``model/fused.py`` (``FusedNormLinear``, ``transformer.FusedMLP``).
     """
     moe = None
     if cfg.moe is not None:
@@ -273,7 +278,8 @@ def scale_plan(scfg: ScaleConfig, cfg: ModelConfig) -> ScalePlan:
         head=norm_plan(scfg, {"lm_head": "lm_head"}),
         qk_norm=OutputNormPlan(out_gamma) if cfg.qk_norm else None,
         peri=OutputNormPlan(out_gamma) if cfg.layout == "peri" else None,
-        fast=scfg.apply == "weight",
+        fast=scfg.apply in ("weight", "fused"),
+        fused=scfg.apply == "fused",
     )
 
 
@@ -595,6 +601,14 @@ class NormLinear(nn.Module):
         return {f"branches.{name}.weight": b.folded_weight(shared) for name, b in self.branches.items()}
 
 
+class FusedNormLinear(NormLinear):
+    """``NormLinear`` under ``apply='fused'`` (opt-in): every branch of the norm in one matmul on the stacked
+    folded weights (``fused.fused_project``); the same function, equal to ``NormLinear.project`` to rounding."""
+
+    def project(self, u: Tensor) -> list[Tensor]:
+        return fused_project(u, [(b.weight, *b.fold_vectors()) for b in self.branches.values()])
+
+
 class SwiGLUProj(NormLinear):
     """The MLP's Input-Norm with branches ``gate`` and ``up``; ``forward(u) -> silu(gate) ⊙ up`` (DESIGN.md §2)."""
 
@@ -649,6 +663,7 @@ __all__ = [
     "DNP_CANNOT_FOLD", "refuse_unfoldable", "multiply", "decayed_scale_roles", "ScaleSpec", "BranchPlan", "NormPlan",
     "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan", "new_param", "normal_init", "const_init",
     "param_roles", "init_params", "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
-    "batched_scales", "Linear", "Branch", "NormedBranch", "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
+    "batched_scales", "Linear", "Branch", "NormedBranch", "make_branch", "NormLinear", "FusedNormLinear", "SwiGLUProj",
+    "DNPSwiGLUProj",
     "swiglu_proj", "OutputNorm", "gamma_of", "scale_vectors",
 ]

@@ -19,9 +19,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from scalevec.config import ModelConfig, RopeScalingConfig, ScaleConfig
+from scalevec.model.fused import fused_mlp
 from scalevec.model.kernels import FAST
 from scalevec.model.scales import (
     PLAIN,
+    FusedNormLinear,
     Linear,
     NormLinear,
     Ops,
@@ -117,7 +119,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim  # q == d_model unless head_dim is set
-        self.proj = NormLinear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops, std=cfg.init_std)
+        norm_linear = FusedNormLinear if plan.fused else NormLinear  # fused: q, k, v in one matmul (opt-in)
+        self.proj = norm_linear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops, std=cfg.init_std)
         qk = plan.qk_norm
         self.q_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
         self.k_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
@@ -161,6 +164,22 @@ class MLP(nn.Module):
         return self.down(self.proj(u)), u.new_zeros(())  # silu(W_gate u) * (W_up u)
 
 
+class FusedMLP(MLP):
+    """``MLP`` under ``apply='fused'`` (opt-in): W_gate, W_up, DNP's normalizations, the SwiGLU and W_down in one
+    autograd node (``fused.fused_mlp``); the same function, equal to ``MLP`` to rounding. With DNP on one of
+    gate and up only (``scale.norm_sites``) there is no fused form and it is ``MLP``'s forward."""
+
+    def forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        gate, up = self.proj.branches.values()
+        if gate.out_norm != up.out_norm:
+            return super().forward(u)
+        (cg, sg), (cu, su) = gate.fold_vectors(), up.fold_vectors()
+        if gate.out_norm:  # DNP: s acts after the norm
+            sg, su = gate.dnp_scale(), up.dnp_scale()
+        y = fused_mlp(u, gate.weight, up.weight, self.down.weight, cg, cu, sg, su, self.proj.eps, gate.out_norm)
+        return y, u.new_zeros(())
+
+
 class Block(nn.Module):
     """One decoder block (DESIGN.md §2, §3); ``PreBlock`` and ``PeriBlock`` say in ``forward`` where the norms are.
     Every scale vector a strategy may place, each where ``scales.scale_plan`` puts it::
@@ -188,7 +207,7 @@ class Block(nn.Module):
 
             self.mlp = MoE(cfg, plan, ops)
         else:
-            self.mlp = MLP(cfg, plan, ops)
+            self.mlp = (FusedMLP if plan.fused else MLP)(cfg, plan, ops)
 
 
 class PreBlock(Block):

@@ -6,9 +6,14 @@ from the device and the run length with the rule below, derived from measurement
 
 - **CPU: eager.** Compiled kernels round differently from eager ones (the losses are not bitwise equal),
   and the reproduction study and tests/test_golden.py are eager CPU runs that must stay bitwise
-  reproducible. Measured on the 2-core EPYC (1 thread, under load; ``benchmarks/compile_cost.py``):
-  compiling costs 23-80 s and a compiled step 0.73-0.84x the eager CPU time at tiny/small, a break-even
-  of roughly 500-1,300 steps, so after the study ``auto`` may compile CPU runs from ~1,000 steps.
+  reproducible. Measured on the 2-core EPYC (1 thread, under load): compiling costs 23-80 s and a compiled
+  step 0.73-0.84x the eager CPU time at tiny/small (``benchmarks/compile_cost.py``); on one whole main-job
+  run (cpu-80k, ``unified``, 1,054 steps; docs/performance.md "Compile end to end") the compiled step took
+  0.72-0.84x the eager CPU time, but compiling these shapes for the first time cost ~45 s of CPU, so that
+  run took 159 s of CPU compiled against 130 s eager (break-even ~2,800 steps at that size); run again with
+  inductor's on-disk cache warm (``/tmp/torchinductor_*``), compilation cost ~7 s and the run 126 s of CPU
+  against 153 s eager (a loaded machine moves these totals by ~20 % between repeats). So on CPU compiling
+  gains nothing dependable at the study's run lengths, and ``auto`` keeps eager, which also keeps the bits.
 - **CUDA: compiled when the run has at least ``CUDA_MIN_STEPS`` steps**, eager below (a short check run
   would spend most of its time compiling). The threshold is the break-even ``compile seconds / (eager step
   seconds · fractional gain)`` for an assumed minute of compilation and 20-30 % gain per step on a ~0.1B
@@ -17,7 +22,7 @@ from the device and the run length with the rule below, derived from measurement
 - **Never under double backward**: theory probes (``train.sharpness_every``) take Hessian-vector products,
   which compiled graphs do not support, so ``auto`` runs eager when they are on.
 
-Resume is exact under compile (tests/test_compile.py): a run compiled from the start and one resumed under
+Resume is exact under compile (tests/test_speed.py, slow): a run compiled from the start and one resumed under
 compile from its checkpoint compute the same losses.
 """
 

@@ -1,0 +1,286 @@
+"""The opt-in fast MLP (``scale.apply=fused``): a whole SwiGLU MLP, DNP's normalizations included, as one
+autograd function with a hand-written backward. The same function as the exact path, not the same bits.
+
+DESIGN.md §2 (SwiGLU) and §3 (``dual_norm``). With ``u`` the Input-Norm's output (shared γ already applied),
+``c_b`` a branch's input scale (HG's γ_b) and ``s_b`` its output scale, the MLP is::
+
+    y_b = u (diag(s_b) W_b diag(c_b))ᵀ                          b = gate, up    (s_b folded: DP)
+    out = (silu(y_gate) ⊙ y_up) W_downᵀ
+    DNP:  y_b = u (W_b diag(c_b))ᵀ,   z_b = s_b ⊙ y_b r_b,   r_b = 1/rms(y_b)  (per token, over d_ff)
+          out = (silu(z_gate) ⊙ z_up) W_downᵀ = r_up ⊙ [(silu(z_gate) ⊙ y_up) (W_down diag(s_up))ᵀ]
+
+The exact path (``scales.NormLinear.swiglu`` + ``kernels``) runs one matmul per branch and five
+activation-sized passes per normalized branch. Here (1) gate and up are one matmul with their weights
+stacked, ``(N, d) × (d, 2 d_ff)``, in forward and two in backward instead of four; (2) under DNP the up
+branch's per-token ``r_up`` is applied after W_down, on ``(N, d_model)`` instead of ``(N, d_ff)``, and its
+``s_up`` is folded into W_down's columns (the identity on the last line), so ``z_up`` is never formed.
+Both change the order of floating-point operations: the results agree with the exact path to rounding
+(fp32: ~1e-6 relative, tests/test_fused.py; float64 ``gradcheck`` of the backward), not to the bit, so
+this path is never the default: tests/test_golden.py and the reproduction study run the exact one.
+
+Under ``create_graph`` (double backward: Hessian-vector products in theory/probes.py) the backward
+differentiates the composed form (``mlp_reference``), so second derivatives are exact. Under autocast the
+three matmuls run in the autocast dtype and everything elementwise in float32, as ``kernels`` does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _inv_rms_cols(yt: Tensor, eps: float) -> Tensor:
+    """``1 / sqrt(mean(y², -1) + eps)`` of ``y = ytᵀ`` given ``yt: (d, N)`` (float32 or float64), shape ``(1, N)``.
+
+    A column sum of squares, not ``linalg.vector_norm(yt, dim=0)``: on CPU that reduction over the outer
+    dimension measured 15x slower than the square-and-sum (2.6 vs 0.17 ms at (341, 2048))."""
+    return torch.rsqrt(yt.square().sum(0, keepdim=True) / yt.shape[0] + eps)
+
+
+def _stack_fold(*triples: tuple[Tensor, Tensor | None, Tensor | None]) -> Tensor:
+    """``[diag(s_1) W_1 diag(c_1); diag(s_2) W_2 diag(c_2); ...]`` of ``(W, c, s)`` triples, None counting as
+    ones: ``(Σ d_out, d_in)``, each block written in place (one pass per factor, no concatenation)."""
+    w0 = triples[0][0]
+    w = torch.empty((sum(t[0].shape[0] for t in triples), w0.shape[1]), dtype=w0.dtype, device=w0.device)
+    start = 0
+    for wb, c, s in triples:
+        rows = w[start:start + wb.shape[0]]
+        start += wb.shape[0]
+        if c is None:
+            rows.copy_(wb)
+        else:
+            torch.mul(wb, c.to(wb.dtype), out=rows)
+        if s is not None:
+            rows.mul_(s.to(wb.dtype).unsqueeze(-1))
+    return w
+
+
+def _fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None, need: tuple[bool, bool, bool]):
+    """``(∂L/∂W, ∂L/∂c, ∂L/∂s)`` of ``W' = diag(s) W diag(c)`` given ``G = ∂L/∂W'`` (as ``kernels._FoldedLinear``).
+
+    ``∂L/∂W = G ⊙ s cᵀ``, ``∂L/∂c = (G ⊙ W)ᵀ s``, ``∂L/∂s = (G ⊙ W) c``; ``need`` says which of the three to make.
+    """
+    grad_w = grad_c = grad_s = None
+    if (need[1] and c is not None) or (need[2] and s is not None):
+        p = g * w
+        if need[1] and c is not None:
+            grad_c = (p.sum(0) if s is None else s.to(p.dtype) @ p).to(c.dtype)
+        if need[2] and s is not None:
+            grad_s = (p.sum(1) if c is None else p @ c.to(p.dtype)).to(s.dtype)
+    if need[0]:
+        grad_w = g * c.to(g.dtype) if c is not None else g
+        grad_w = grad_w * s.to(g.dtype).unsqueeze(-1) if s is not None else grad_w
+        grad_w = grad_w.to(w.dtype)
+    return grad_w, grad_c, grad_s
+
+
+def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out = a @ b`` written into ``out`` (a contiguous block of a larger buffer), casting if the dtypes differ."""
+    if out.dtype == a.dtype:
+        torch.mm(a, b, out=out)
+    else:
+        out.copy_(a @ b)
+
+
+def mlp_reference(u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, cu: Tensor | None,
+                  sg: Tensor | None, su: Tensor | None, eps: float, dnp: bool) -> Tensor:
+    """The MLP as composed torch ops (the module docstring's first two lines): what ``fused_mlp`` computes.
+
+    ``u: (..., d)``, ``W_g, W_u: (d_ff, d)``, ``W_down: (d, d_ff)``, ``c: (d,)``, ``s: (d_ff,)`` or None;
+    returns ``(..., d)``. ``dnp``: gate and up are RMS-normalized over d_ff before their ``s`` (which must
+    then be given), else ``s`` multiplies the branch output (DP)."""
+    def branch(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
+        y = F.linear(u, w * c if c is not None else w)
+        if dnp:
+            return s * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps))
+        return y * s if s is not None else y
+
+    return F.linear(F.silu(branch(wg, cg, sg)) * branch(wu, cu, su), wd)
+
+
+class _FusedMLP(torch.autograd.Function):
+    """``fused_mlp``'s forward and backward (formulas in the module docstring).
+
+    Activations live transposed, ``(d_ff, N)`` per branch: ``yᵀ = W' uᵀ`` puts the gate and up outputs in two
+    contiguous halves of one ``(2 d_ff, N)`` matmul result, so every elementwise pass runs on contiguous
+    memory (on CPU, silu on a strided half of an ``(N, 2 d_ff)`` result measured 1.3-2x slower). The per-token
+    ``r`` is then a ``(1, N)`` row, its reduction a column sum of squares.
+
+    Saves u, ``yᵀ`` (what the exact path keeps as two tensors), the hidden ``hᵀ`` (W_down's backward needs it
+    in either path), under DNP ``o = h W_down'ᵀ`` (N × d, for ``∂L/∂r_up``) and the two ``r``, else
+    ``silu(y_g)`` (as autograd of the exact path does); the stacked weight is rebuilt in backward (one
+    weight-sized pass). Backward, with ``g = ∂L/∂out`` and, under DNP, ``a = silu(z_g)``::
+
+        ∂L/∂r_u = Σ_d g ⊙ o,   g_h = (r_u g) W_down',   ∂L/∂W_down' = (r_u g)ᵀ h
+        ∂L/∂z_g = silu'(z_g) ⊙ g_h ⊙ y_u,   ∂L/∂y_u = g_h ⊙ a − ∂L/∂r_u · r_u³ y_u / d_ff
+        ∂L/∂y_g, ∂L/∂s_g: RMSNorm's backward of z_g = s_g ⊙ y_g r_g (kernels._RMSNorm)
+        ∂L/∂u = [∂L/∂y_g, ∂L/∂y_u] W',   ∂L/∂W' = [∂L/∂y_g, ∂L/∂y_u]ᵀ u   (then the fold's chain rule)
+    """
+
+    @staticmethod
+    def forward(ctx, u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, cu: Tensor | None,
+                sg: Tensor | None, su: Tensor | None, eps: float, dnp: bool) -> Tensor:
+        device = u.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else u.dtype
+        f, shape = wg.shape[0], u.shape
+        u2 = u.reshape(-1, shape[-1]).to(dtype)  # (N, d)
+        w = _stack_fold((wg, cg, None if dnp else sg), (wu, cu, None if dnp else su))
+        yt = w.to(dtype) @ u2.t()  # (2 d_ff, N)
+        a = rg = ru = o = None
+        if dnp:
+            acc = torch.promote_types(dtype, torch.float32)  # elementwise precision, as kernels.py
+            ygt, yut = yt[:f].to(acc), yt[f:].to(acc)
+            rg, ru = _inv_rms_cols(ygt, eps), _inv_rms_cols(yut, eps)  # (1, N)
+            ht = F.silu((ygt * rg).mul_(sg.to(acc).unsqueeze(-1)), inplace=True).mul_(yut).to(dtype)
+            o = ht.t() @ (wd * su.to(wd.dtype)).to(dtype).t()  # (N, d), W_down' = W_down diag(s_u)
+            out = (o.to(acc) * ru.t()).to(dtype)
+        else:
+            a = F.silu(yt[:f])
+            ht = a * yt[f:]
+            out = ht.t() @ wd.to(dtype).t()
+        ctx.save_for_backward(u, yt, ht, o, a, rg, ru, wg, wu, wd, cg, cu, sg, su)  # u: double backward needs it
+        ctx.eps, ctx.dnp, ctx.dtype = eps, dnp, dtype
+        return out.reshape(*shape[:-1], wd.shape[0])
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        u, yt, ht, o, a, rg, ru, wg, wu, wd, cg, cu, sg, su = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        eps, dnp, dtype = ctx.eps, ctx.dnp, ctx.dtype
+        if torch.is_grad_enabled():  # create_graph: let autograd differentiate the composed form
+            args = [u, wg, wu, wd, cg, cu, sg, su]
+            inputs = [t for t, n in zip(args, need) if n]
+            grads = iter(torch.autograd.grad(mlp_reference(*args, eps, dnp), inputs, g, create_graph=True))
+            return (*(next(grads) if n else None for n in need[:8]), None, None)
+        f = wg.shape[0]
+        u2, g2 = u.reshape(-1, u.shape[-1]).to(dtype), g.reshape(-1, g.shape[-1])
+        grad_wd = grad_sg = grad_su = None
+        if dnp:
+            acc = torch.promote_types(dtype, torch.float32)
+            # [∂L/∂y_gᵀ; ∂L/∂y_uᵀ] is built in place in one buffer, each half starting as g_h or ∂L/∂z_g, so that
+            # at most two (d_ff, N) temporaries exist beside it (the backward's peak is the step's peak)
+            gyt = torch.empty(yt.shape, dtype=acc, device=yt.device)
+            gf = g2.to(acc)
+            grad_ru = (gf * o.to(acc)).sum(-1).unsqueeze(0)  # (1, N)
+            go = (gf * ru.t()).to(dtype)  # (N, d)
+            _mm_into(gyt[f:], (wd * su.to(wd.dtype)).to(dtype).t(), go.t())  # g_hᵀ, (d_ff, N)
+            if need[3] or need[7]:
+                gwd = (go.t() @ ht.t()).to(wd.dtype)  # ∂L/∂W_down', (d, d_ff)
+                grad_wd, grad_su, _ = _fold_grads(gwd, wd, su, None, (need[3], need[7], False))
+            ygt, yut = yt[:f].to(acc), yt[f:].to(acc)
+            sgc = sg.to(acc).unsqueeze(-1)  # (d_ff, 1)
+            z = (ygt * rg).mul_(sgc)
+            t = gyt[f:] * yut
+            torch.ops.aten.silu_backward.grad_input(t, z, grad_input=gyt[:f])  # ∂L/∂z_g
+            del t
+            gyt[f:].mul_(F.silu(z, inplace=True)).addcmul_(yut, grad_ru * ru.pow(3), value=-1.0 / f)  # ∂L/∂y_u
+            del z
+            gx = gyt[:f] * ygt  # RMSNorm's backward of z_g = s_g ⊙ y_g r_g
+            if need[6]:
+                grad_sg = (gx @ rg.t()).reshape(sg.shape).to(sg.dtype)
+            coef = (sgc.t() @ gx) * rg.pow(3) / f  # (1, N)
+            del gx
+            gyt[:f].mul_(sgc).mul_(rg).addcmul_(ygt, coef, value=-1)  # ∂L/∂y_g
+        else:
+            gyt = torch.empty(yt.shape, dtype=yt.dtype, device=yt.device)
+            _mm_into(gyt[f:], wd.to(dtype).t(), g2.to(dtype).t())  # g_hᵀ, (d_ff, N)
+            if need[3]:
+                grad_wd = (g2.to(dtype).t() @ ht.t()).to(wd.dtype)
+            t = gyt[f:] * yt[f:]
+            torch.ops.aten.silu_backward.grad_input(t, yt[:f], grad_input=gyt[:f])
+            del t
+            gyt[f:].mul_(a)
+        grad_u = grad_wg = grad_wu = grad_cg = grad_cu = None
+        fold_s = (None, None) if dnp else (sg, su)
+        if need[0]:
+            w = _stack_fold((wg, cg, fold_s[0]), (wu, cu, fold_s[1])).to(dtype)
+            grad_u = (gyt.to(dtype).t() @ w).to(u.dtype).reshape(u.shape)  # (N, d)
+        if any(need[1:3]) or any(need[4:6]) or (not dnp and any(need[6:8])):
+            gw = (gyt.to(dtype) @ u2).to(wg.dtype)  # ∂L/∂W', (2 d_ff, d)
+            grad_wg, grad_cg, gsg = _fold_grads(gw[:f], wg, cg, fold_s[0], (need[1], need[4], need[6]))
+            grad_wu, grad_cu, gsu = _fold_grads(gw[f:], wu, cu, fold_s[1], (need[2], need[5], need[7]))
+            if not dnp:
+                grad_sg, grad_su = gsg, gsu
+        return grad_u, grad_wg, grad_wu, grad_wd, grad_cg, grad_cu, grad_sg, grad_su, None, None
+
+
+class _FusedProj(torch.autograd.Function):
+    """``fused_project``: ``y_b = u (diag(s_b) W_b diag(c_b))ᵀ`` for every branch b as one matmul on the stacked
+    weight; the outputs are column blocks (views) of one ``(N, Σ d_b)`` result, the last one copied out.
+
+    Backward concatenates the branches' output gradients (one activation-sized copy) and runs two matmuls,
+    ``∂L/∂u = [g_1, g_2, ...] W'`` and ``∂L/∂W' = [g_1, g_2, ...]ᵀ u``, instead of two per branch plus the
+    sum of the branches' ``∂L/∂u``; the per-branch vectors' gradients are the fold's chain rule
+    (``_fold_grads``). Saves u and the parameters; the stacked weight is rebuilt in backward.
+    """
+
+    @staticmethod
+    def forward(ctx, u: Tensor, *wcs: Tensor | None):
+        device = u.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else u.dtype
+        triples = [wcs[i:i + 3] for i in range(0, len(wcs), 3)]
+        y = u.reshape(-1, u.shape[-1]).to(dtype) @ _stack_fold(*triples).to(dtype).t()  # (N, Σ d_b)
+        ctx.save_for_backward(u, *wcs)
+        ctx.dtype = dtype
+        outs = [yb.view(*u.shape[:-1], yb.shape[-1]) for yb in y.split([t[0].shape[0] for t in triples], -1)]
+        outs[-1] = outs[-1].contiguous()  # own storage: attention keeps v for backward, and a view of y would
+        return tuple(outs)                # keep q and k alive with it (+2 MiB per block at `small`)
+
+    @staticmethod
+    def backward(ctx, *gs: Tensor | None):
+        u, *wcs = ctx.saved_tensors
+        need, dtype = ctx.needs_input_grad, ctx.dtype
+        triples = [wcs[i:i + 3] for i in range(0, len(wcs), 3)]
+        if torch.is_grad_enabled():  # create_graph: let autograd differentiate the composed form
+            args = [u, *wcs]
+            inputs = [t for t, n in zip(args, need) if n]
+            outs = [F.linear(u, _fold_composed(*t).to(u.dtype)) for t in triples]
+            pairs = [(o, g) for o, g in zip(outs, gs) if g is not None]
+            grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], create_graph=True))
+            return tuple(next(grads) if n else None for n in need)
+        n_tok = u.numel() // u.shape[-1]
+        g = torch.cat([gb.reshape(n_tok, -1) if gb is not None else u.new_zeros(n_tok, t[0].shape[0])
+                       for gb, t in zip(gs, triples)], -1).to(dtype)  # (N, Σ d_b)
+        grad_u = None
+        if need[0]:
+            grad_u = (g @ _stack_fold(*triples).to(dtype)).to(u.dtype).reshape(u.shape)
+        out = [grad_u]
+        gw = (g.t() @ u.reshape(n_tok, -1).to(dtype)).to(triples[0][0].dtype) if any(need[1:]) else None
+        start = 0
+        for i, (w, c, s) in enumerate(triples):
+            nb = need[1 + 3 * i:4 + 3 * i]
+            if any(nb):
+                out += _fold_grads(gw[start:start + w.shape[0]], w, c, s, nb)
+            else:
+                out += [None, None, None]
+            start += w.shape[0]
+        return tuple(out)
+
+
+def _fold_composed(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
+    """``diag(s) W diag(c)`` as differentiable composed ops (None counting as ones)."""
+    w = w * c.to(w.dtype) if c is not None else w
+    return s.to(w.dtype).unsqueeze(-1) * w if s is not None else w
+
+
+def fused_project(u: Tensor, triples: list[tuple[Tensor, Tensor | None, Tensor | None]]) -> list[Tensor]:
+    """``[u (diag(s_b) W_b diag(c_b))ᵀ for (W_b, c_b, s_b) in triples]`` in one autograd node and one matmul
+    (``_FusedProj``); ``u: (..., d_in)``, ``W_b: (d_b, d_in)``, ``c_b: (d_in,)``, ``s_b: (d_b,)`` or None; the
+    outputs ``(..., d_b)`` are views into one buffer but the last, which has its own (attention saves v for
+    backward; q and k's storage is then freed after RoPE as on the exact path). Equal to the per-branch form up
+    to summation order."""
+    return list(_FusedProj.apply(u, *(x for t in triples for x in t)))
+
+
+def fused_mlp(u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, cu: Tensor | None,
+              sg: Tensor | None, su: Tensor | None, eps: float, dnp: bool) -> Tensor:
+    """The SwiGLU MLP ``(..., d) -> (..., d)`` of ``mlp_reference`` in one autograd node (module docstring).
+
+    Raises ``ValueError`` under ``dnp`` without both output scales (DNP always has them, DESIGN.md §3)."""
+    if dnp and (sg is None or su is None):
+        raise ValueError("fused_mlp with dnp=True needs the output scales s_gate and s_up")
+    return _FusedMLP.apply(u, wg, wu, wd, cg, cu, sg, su, eps, dnp)
+
+
+__all__ = ["fused_mlp", "fused_project", "mlp_reference"]
