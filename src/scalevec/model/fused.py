@@ -1,5 +1,6 @@
-"""The opt-in fast MLP (``scale.apply=fused``): a whole SwiGLU MLP, DNP's normalizations included, as one
-autograd function with a hand-written backward. The same function as the exact path, not the same bits.
+"""The opt-in fused path (``scale.apply=fused``): a norm's branches as one matmul (``fused_project``) and the
+whole SwiGLU MLP, DNP's normalizations included, as one autograd node (``fused_mlp``), with hand-written
+backward passes. The same functions as the exact path, not the same bits.
 
 DESIGN.md §2 (SwiGLU) and §3 (``dual_norm``). With ``u`` the Input-Norm's output (shared γ already applied),
 ``c_b`` a branch's input scale (HG's γ_b) and ``s_b`` its output scale, the MLP is::
@@ -9,18 +10,20 @@ DESIGN.md §2 (SwiGLU) and §3 (``dual_norm``). With ``u`` the Input-Norm's outp
     DNP:  y_b = u (W_b diag(c_b))ᵀ,   z_b = s_b ⊙ y_b r_b,   r_b = 1/rms(y_b)  (per token, over d_ff)
           out = (silu(z_gate) ⊙ z_up) W_downᵀ = r_up ⊙ [(silu(z_gate) ⊙ y_up) (W_down diag(s_up))ᵀ]
 
-The exact path (``scales.NormLinear.swiglu`` + ``kernels``) runs one matmul per branch and five
-activation-sized passes per normalized branch. Here (1) gate and up are one matmul with their weights
-stacked, ``(N, d) × (d, 2 d_ff)``, in forward and two in backward instead of four; (2) under DNP the up
-branch's per-token ``r_up`` is applied after W_down, on ``(N, d_model)`` instead of ``(N, d_ff)``, and its
-``s_up`` is folded into W_down's columns (the identity on the last line), so ``z_up`` is never formed.
-Both change the order of floating-point operations: the results agree with the exact path to rounding
-(fp32: ~1e-6 relative, tests/test_fused.py; float64 ``gradcheck`` of the backward), not to the bit, so
-this path is never the default: tests/test_golden.py and the reproduction study run the exact one.
+The exact path (``scales.SwiGLUProj`` / ``DNPSwiGLUProj`` on ``kernels.FAST``) runs one matmul per branch
+and five activation-sized passes per normalized branch. Here (1) the branches of a norm (q, k, v; gate and
+up) are one forward matmul on their stacked folded weights; (2) under DNP the up branch's per-token
+``r_up`` is applied after W_down, on ``(N, d_model)`` instead of ``(N, d_ff)``, and its ``s_up`` is folded
+into W_down's columns (the identity on the last line), so ``z_up`` is never formed; (3) the MLP's backward
+works in place in two activation buffers. The backward keeps one matmul pair per branch: merging them
+measured no faster on CPU and would hold one more activation-sized buffer at the step's peak.
+All of it changes the order of floating-point operations: the results agree with the exact path to
+rounding (fp32: ~1e-6 relative, tests/test_fused.py; float64 ``gradcheck`` of the backward), not to the
+bit, so this path is never the default: tests/test_golden.py and the reproduction study run the exact one.
 
-Under ``create_graph`` (double backward: Hessian-vector products in theory/probes.py) the backward
+Under ``create_graph`` (double backward: Hessian-vector products in training/probes.py) the backward
 differentiates the composed form (``mlp_reference``), so second derivatives are exact. Under autocast the
-three matmuls run in the autocast dtype and everything elementwise in float32, as ``kernels`` does.
+matmuls run in the autocast dtype and everything elementwise in float32, as ``kernels`` does.
 """
 
 from __future__ import annotations
@@ -73,14 +76,6 @@ def _fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None, need: 
         grad_w = grad_w * s.to(g.dtype).unsqueeze(-1) if s is not None else grad_w
         grad_w = grad_w.to(w.dtype)
     return grad_w, grad_c, grad_s
-
-
-def _mm_into(out: Tensor, a: Tensor, b: Tensor) -> None:
-    """``out = a @ b`` written into ``out`` (a contiguous block of a larger buffer), casting if the dtypes differ."""
-    if out.dtype == a.dtype:
-        torch.mm(a, b, out=out)
-    else:
-        out.copy_(a @ b)
 
 
 def mlp_reference(u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, cu: Tensor | None,
@@ -156,50 +151,47 @@ class _FusedMLP(torch.autograd.Function):
         f = wg.shape[0]
         u2, g2 = u.reshape(-1, u.shape[-1]).to(dtype), g.reshape(-1, g.shape[-1])
         grad_wd = grad_sg = grad_su = None
+        # ∂L/∂y_gᵀ and ∂L/∂y_uᵀ are built in place in the two (d_ff, N) buffers that first hold g_hᵀ and
+        # g_hᵀ ⊙ y_uᵀ, so at most three such temporaries exist at once: the step's peak is this backward's
         if dnp:
             acc = torch.promote_types(dtype, torch.float32)
-            # [∂L/∂y_gᵀ; ∂L/∂y_uᵀ] is built in place in one buffer, each half starting as g_h or ∂L/∂z_g, so that
-            # at most two (d_ff, N) temporaries exist beside it (the backward's peak is the step's peak)
-            gyt = torch.empty(yt.shape, dtype=acc, device=yt.device)
             gf = g2.to(acc)
             grad_ru = (gf * o.to(acc)).sum(-1).unsqueeze(0)  # (1, N)
             go = (gf * ru.t()).to(dtype)  # (N, d)
-            _mm_into(gyt[f:], (wd * su.to(wd.dtype)).to(dtype).t(), go.t())  # g_hᵀ, (d_ff, N)
+            gyu = ((wd * su.to(wd.dtype)).to(dtype).t() @ go.t()).to(acc)  # g_hᵀ, (d_ff, N)
             if need[3] or need[7]:
                 gwd = (go.t() @ ht.t()).to(wd.dtype)  # ∂L/∂W_down', (d, d_ff)
                 grad_wd, grad_su, _ = _fold_grads(gwd, wd, su, None, (need[3], need[7], False))
             ygt, yut = yt[:f].to(acc), yt[f:].to(acc)
             sgc = sg.to(acc).unsqueeze(-1)  # (d_ff, 1)
             z = (ygt * rg).mul_(sgc)
-            t = gyt[f:] * yut
-            torch.ops.aten.silu_backward.grad_input(t, z, grad_input=gyt[:f])  # ∂L/∂z_g
-            del t
-            gyt[f:].mul_(F.silu(z, inplace=True)).addcmul_(yut, grad_ru * ru.pow(3), value=-1.0 / f)  # ∂L/∂y_u
+            gyg = gyu * yut
+            torch.ops.aten.silu_backward.grad_input(gyg, z, grad_input=gyg)  # ∂L/∂z_g
+            gyu.mul_(F.silu(z, inplace=True)).addcmul_(yut, grad_ru * ru.pow(3), value=-1.0 / f)  # ∂L/∂y_u
             del z
-            gx = gyt[:f] * ygt  # RMSNorm's backward of z_g = s_g ⊙ y_g r_g
+            gx = gyg * ygt  # RMSNorm's backward of z_g = s_g ⊙ y_g r_g
             if need[6]:
                 grad_sg = (gx @ rg.t()).reshape(sg.shape).to(sg.dtype)
             coef = (sgc.t() @ gx) * rg.pow(3) / f  # (1, N)
             del gx
-            gyt[:f].mul_(sgc).mul_(rg).addcmul_(ygt, coef, value=-1)  # ∂L/∂y_g
+            gyg.mul_(sgc).mul_(rg).addcmul_(ygt, coef, value=-1)  # ∂L/∂y_g
         else:
-            gyt = torch.empty(yt.shape, dtype=yt.dtype, device=yt.device)
-            _mm_into(gyt[f:], wd.to(dtype).t(), g2.to(dtype).t())  # g_hᵀ, (d_ff, N)
+            gyu = wd.to(dtype).t() @ g2.to(dtype).t()  # g_hᵀ, (d_ff, N)
             if need[3]:
                 grad_wd = (g2.to(dtype).t() @ ht.t()).to(wd.dtype)
-            t = gyt[f:] * yt[f:]
-            torch.ops.aten.silu_backward.grad_input(t, yt[:f], grad_input=gyt[:f])
-            del t
-            gyt[f:].mul_(a)
+            gyg = gyu * yt[f:]
+            torch.ops.aten.silu_backward.grad_input(gyg, yt[:f], grad_input=gyg)
+            gyu.mul_(a)
         grad_u = grad_wg = grad_wu = grad_cg = grad_cu = None
         fold_s = (None, None) if dnp else (sg, su)
-        if need[0]:
+        if need[0]:  # ∂L/∂u = [∂L/∂y_g, ∂L/∂y_u] W', as two matmuls into one result (no (2 d_ff, N) copy)
             w = _stack_fold((wg, cg, fold_s[0]), (wu, cu, fold_s[1])).to(dtype)
-            grad_u = (gyt.to(dtype).t() @ w).to(u.dtype).reshape(u.shape)  # (N, d)
+            grad_u = (gyg.to(dtype).t() @ w[:f]).addmm_(gyu.to(dtype).t(), w[f:])  # in place: the peak is here
+            grad_u = grad_u.to(u.dtype).reshape(u.shape)  # (N, d)
         if any(need[1:3]) or any(need[4:6]) or (not dnp and any(need[6:8])):
-            gw = (gyt.to(dtype) @ u2).to(wg.dtype)  # ∂L/∂W', (2 d_ff, d)
-            grad_wg, grad_cg, gsg = _fold_grads(gw[:f], wg, cg, fold_s[0], (need[1], need[4], need[6]))
-            grad_wu, grad_cu, gsu = _fold_grads(gw[f:], wu, cu, fold_s[1], (need[2], need[5], need[7]))
+            gw_g, gw_u = (gyg.to(dtype) @ u2).to(wg.dtype), (gyu.to(dtype) @ u2).to(wu.dtype)  # ∂L/∂W', (d_ff, d)
+            grad_wg, grad_cg, gsg = _fold_grads(gw_g, wg, cg, fold_s[0], (need[1], need[4], need[6]))
+            grad_wu, grad_cu, gsu = _fold_grads(gw_u, wu, cu, fold_s[1], (need[2], need[5], need[7]))
             if not dnp:
                 grad_sg, grad_su = gsg, gsu
         return grad_u, grad_wg, grad_wu, grad_wd, grad_cg, grad_cu, grad_sg, grad_su, None, None
@@ -209,10 +201,10 @@ class _FusedProj(torch.autograd.Function):
     """``fused_project``: ``y_b = u (diag(s_b) W_b diag(c_b))ᵀ`` for every branch b as one matmul on the stacked
     weight; the outputs are column blocks (views) of one ``(N, Σ d_b)`` result, the last one copied out.
 
-    Backward concatenates the branches' output gradients (one activation-sized copy) and runs two matmuls,
-    ``∂L/∂u = [g_1, g_2, ...] W'`` and ``∂L/∂W' = [g_1, g_2, ...]ᵀ u``, instead of two per branch plus the
-    sum of the branches' ``∂L/∂u``; the per-branch vectors' gradients are the fold's chain rule
-    (``_fold_grads``). Saves u and the parameters; the stacked weight is rebuilt in backward.
+    Backward: ``∂L/∂u = Σ_b g_b W'_b`` accumulated into one result (``addmm``) and ``∂L/∂W'_b = g_bᵀ u`` per
+    branch, from the branches' own output gradients (concatenating them first would cost one more
+    activation-sized buffer at the step's peak and measured no faster); the per-branch vectors' gradients
+    are the fold's chain rule (``_fold_grads``). Saves u and the parameters; the stacked weight is rebuilt.
     """
 
     @staticmethod
@@ -240,22 +232,23 @@ class _FusedProj(torch.autograd.Function):
             grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], create_graph=True))
             return tuple(next(grads) if n else None for n in need)
         n_tok = u.numel() // u.shape[-1]
-        g = torch.cat([gb.reshape(n_tok, -1) if gb is not None else u.new_zeros(n_tok, t[0].shape[0])
-                       for gb, t in zip(gs, triples)], -1).to(dtype)  # (N, Σ d_b)
-        grad_u = None
+        u2 = u.reshape(n_tok, -1).to(dtype)
+        w = _stack_fold(*triples).to(dtype) if need[0] else None
+        grad_u, out, start = None, [], 0
+        for i, ((wb, c, s), gb) in enumerate(zip(triples, gs)):
+            rows, nb = slice(start, start + wb.shape[0]), need[1 + 3 * i:4 + 3 * i]
+            start += wb.shape[0]
+            if gb is None:  # an output the loss does not use
+                out += [None, None, None] if not any(nb) else [torch.zeros_like(t) if t is not None and n else None
+                                                               for t, n in zip((wb, c, s), nb)]
+                continue
+            g2 = gb.reshape(n_tok, -1).to(dtype)
+            if need[0]:  # ∂L/∂u = Σ_b g_b W'_b, accumulated in one result
+                grad_u = g2 @ w[rows] if grad_u is None else grad_u.addmm_(g2, w[rows])
+            out += _fold_grads((g2.t() @ u2).to(wb.dtype), wb, c, s, nb) if any(nb) else [None, None, None]
         if need[0]:
-            grad_u = (g @ _stack_fold(*triples).to(dtype)).to(u.dtype).reshape(u.shape)
-        out = [grad_u]
-        gw = (g.t() @ u.reshape(n_tok, -1).to(dtype)).to(triples[0][0].dtype) if any(need[1:]) else None
-        start = 0
-        for i, (w, c, s) in enumerate(triples):
-            nb = need[1 + 3 * i:4 + 3 * i]
-            if any(nb):
-                out += _fold_grads(gw[start:start + w.shape[0]], w, c, s, nb)
-            else:
-                out += [None, None, None]
-            start += w.shape[0]
-        return tuple(out)
+            grad_u = (grad_u if grad_u is not None else u2.new_zeros(u2.shape)).to(u.dtype).reshape(u.shape)
+        return (grad_u, *out)
 
 
 def _fold_composed(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
