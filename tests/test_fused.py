@@ -88,8 +88,7 @@ STRATEGIES = ["baseline", "dp", "hg", "dnp", "unified_foldable", "unified", "uni
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_fused_model_equals_exact_path_to_rounding(strategy, make_cfg):
     """A model with apply=fused gives the exact path's loss and every gradient to rounding (fp32). With DNP on
-    the gate only (``unified-gate-norm``) the MLP has no fused form and takes the exact SwiGLU after the fused
-    projections (``fused.mlp_forward`` returns None)."""
+    the gate only (``unified-gate-norm``) the MLP has no fused form and is built exact (``fused.mlp_fusable``)."""
     cfg = make_cfg()
     if strategy == "unified-gate-norm":
         scfg = dataclasses.replace(ScaleConfig.preset("unified"), norm_sites=("gate",))
@@ -111,6 +110,23 @@ def test_fused_is_opt_in_and_a_bench_candidate():
     assert strategy_config("unified:fused").apply == "fused"
 
 
+def test_fused_path_is_chosen_at_build(make_cfg):
+    """apply=fused builds the fused attention projection and MLP; DNP on the gate only builds the exact MLP (no
+    fused form, ``fused.mlp_fusable``); apply=weight builds neither."""
+    from scalevec.model.fused import FusedNormLinear
+    from scalevec.model.transformer import MLP, FusedMLP
+
+    cfg = make_cfg()
+    unified = ScaleConfig.preset("unified")
+    block = build_model(cfg, dataclasses.replace(unified, apply="fused"), seed=0).layers[0]
+    assert isinstance(block.attn.proj, FusedNormLinear) and isinstance(block.mlp, FusedMLP) and block.mlp.dnp
+    gate_only = dataclasses.replace(unified, apply="fused", norm_sites=("gate",))
+    block = build_model(cfg, gate_only, seed=0).layers[0]
+    assert isinstance(block.attn.proj, FusedNormLinear) and type(block.mlp) is MLP
+    block = build_model(cfg, unified, seed=0).layers[0]
+    assert not isinstance(block.attn.proj, FusedNormLinear) and type(block.mlp) is MLP
+
+
 def test_fused_mlp_under_bf16_autocast_stays_close(make_cfg):
     """Under CPU bf16 autocast the fused MLP returns bf16 and agrees with the exact path to bf16 rounding."""
     cfg = make_cfg()
@@ -129,12 +145,13 @@ def test_training_with_fused_resumes_exactly(tmp_path):
     """A `unified` run with scale.apply=fused: 6 steps straight = 3 + resume + 3, bitwise (deterministic kernels)."""
     import json
 
-    from scalevec.training.trainer import make_config, train
+    from scalevec.resolve import resolve_config
+    from scalevec.training.trainer import train
 
     items = {"train.steps": 6, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 6,
              "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 2048, "schedule.warmup": 2,
              "train.threads": 1, "data.cache_dir": str(tmp_path / "cache"), "scale.apply": "fused"}
-    cfg = make_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
+    cfg = resolve_config("tiny", "unified", [f"{k}={v}" for k, v in items.items()])
     straight, split = tmp_path / "straight", tmp_path / "split"
     train(cfg, straight, quiet=True)
     train(cfg, split, stop_at=3, quiet=True)

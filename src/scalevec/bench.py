@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalevec import __version__
-from scalevec.config import PRESET_NAMES, ModelConfig, OptimConfig, ScaleConfig
+from scalevec.config import PRESET_NAMES, SCALE_CHOICES, ModelConfig, OptimConfig, ScaleConfig
 from scalevec.hf.export import hf_state_dict
 from scalevec.model.flops import cpu_name, flops_per_token, gpu_spec_peak, matmul_peak
 from scalevec.model.fold import fold_scales
@@ -87,9 +87,9 @@ def parse_candidates(spec: str) -> list[str]:
         raise ValueError("--strategies is empty; give a comma-separated list, e.g. --strategies baseline,unified")
     for n in names:
         base, _, apply = n.partition(":")
-        if n not in (HF, DENSE) and (base not in PRESET_NAMES or apply not in ("", "weight", "activation", "fused")):
+        if n not in (HF, DENSE) and (base not in PRESET_NAMES or (apply and apply not in SCALE_CHOICES["apply"])):
             raise ValueError(f"unknown candidate {n!r} in --strategies; use {HF}, {DENSE} (MoE presets), a strategy "
-                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:activation / STRATEGY:weight / STRATEGY:fused")
+                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:APPLY ({' / '.join(SCALE_CHOICES['apply'])})")
     if len(set(names)) != len(names):
         raise ValueError(f"--strategies lists a candidate twice: {spec}; list each once")
     return names
@@ -540,8 +540,9 @@ def format_report(r: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="small", help=f"one of: {', '.join(PRESETS)}")
     p.add_argument("--strategies",
-                   help=f"comma-separated candidates, the first is the reference: a strategy, STRATEGY:activation / "
-                        f"STRATEGY:weight, or {HF} (default {DEFAULT_STRATEGIES}; on CUDA {GPU_STRATEGIES})")
+                   help=f"comma-separated candidates, the first is the reference: a strategy, STRATEGY:APPLY "
+                        f"({' / '.join(SCALE_CHOICES['apply'])}; fused is opt-in, not bitwise), {HF} or {DENSE} "
+                        f"(default {DEFAULT_STRATEGIES}; on CUDA {GPU_STRATEGIES})")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default 128 on CPU, the preset's context on CUDA)")
     p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds (default 20)")

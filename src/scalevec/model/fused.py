@@ -21,6 +21,11 @@ All of it changes the order of floating-point operations: the results agree with
 rounding (fp32: ~1e-6 relative, tests/test_fused.py; float64 ``gradcheck`` of the backward), not to the
 bit, so this path is never the default: tests/test_golden.py and the reproduction study run the exact one.
 
+Chosen when a model is built (``ScalePlan.fused``), never in ``forward``: the attention's Input-Norm becomes
+a ``FusedNormLinear`` (q, k, v in one matmul) and the dense MLP a ``transformer.FusedMLP`` where the plan has
+its form (``mlp_fusable``). The formulas are ``scales``'s (``fold_weight``, ``scaled_linear``,
+``dnp_swiglu``: ``mlp_reference``) and the fold's chain rule is ``kernels.fold_grads``.
+
 Under ``create_graph`` (double backward: Hessian-vector products in training/probes.py) the backward
 differentiates the composed form (``mlp_reference``), so second derivatives are exact. Under autocast the
 matmuls run in the autocast dtype and everything elementwise in float32, as ``kernels`` does.
@@ -32,6 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from scalevec.model import scales as plain
+from scalevec.model.kernels import fold_grads
+
 
 def _inv_rms_cols(yt: Tensor, eps: float) -> Tensor:
     """``1 / sqrt(mean(y², -1) + eps)`` of ``y = ytᵀ`` given ``yt: (d, N)`` (float32 or float64), shape ``(1, N)``.
@@ -42,56 +50,21 @@ def _inv_rms_cols(yt: Tensor, eps: float) -> Tensor:
 
 
 def _stack_fold(*triples: tuple[Tensor, Tensor | None, Tensor | None]) -> Tensor:
-    """``[diag(s_1) W_1 diag(c_1); diag(s_2) W_2 diag(c_2); ...]`` of ``(W, c, s)`` triples, None counting as
-    ones: ``(Σ d_out, d_in)``, each block written in place (one pass per factor, no concatenation)."""
-    w0 = triples[0][0]
-    w = torch.empty((sum(t[0].shape[0] for t in triples), w0.shape[1]), dtype=w0.dtype, device=w0.device)
-    start = 0
-    for wb, c, s in triples:
-        rows = w[start:start + wb.shape[0]]
-        start += wb.shape[0]
-        if c is None:
-            rows.copy_(wb)
-        else:
-            torch.mul(wb, c.to(wb.dtype), out=rows)
-        if s is not None:
-            rows.mul_(s.to(wb.dtype).unsqueeze(-1))
-    return w
-
-
-def _fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None, need: tuple[bool, bool, bool]):
-    """``(∂L/∂W, ∂L/∂c, ∂L/∂s)`` of ``W' = diag(s) W diag(c)`` given ``G = ∂L/∂W'`` (as ``kernels._FoldedLinear``).
-
-    ``∂L/∂W = G ⊙ s cᵀ``, ``∂L/∂c = (G ⊙ W)ᵀ s``, ``∂L/∂s = (G ⊙ W) c``; ``need`` says which of the three to make.
-    """
-    grad_w = grad_c = grad_s = None
-    if (need[1] and c is not None) or (need[2] and s is not None):
-        p = g * w
-        if need[1] and c is not None:
-            grad_c = (p.sum(0) if s is None else s.to(p.dtype) @ p).to(c.dtype)
-        if need[2] and s is not None:
-            grad_s = (p.sum(1) if c is None else p @ c.to(p.dtype)).to(s.dtype)
-    if need[0]:
-        grad_w = g * c.to(g.dtype) if c is not None else g
-        grad_w = grad_w * s.to(g.dtype).unsqueeze(-1) if s is not None else grad_w
-        grad_w = grad_w.to(w.dtype)
-    return grad_w, grad_c, grad_s
+    """``[diag(s_1) W_1 diag(c_1); diag(s_2) W_2 diag(c_2); ...]`` of ``(W, c, s)`` triples (``scales.fold_weight``
+    each, None counting as ones): ``(Σ d_out, d_in)``."""
+    return torch.cat([plain.fold_weight(w, c, s) for w, c, s in triples])
 
 
 def mlp_reference(u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, cu: Tensor | None,
                   sg: Tensor | None, su: Tensor | None, eps: float, dnp: bool) -> Tensor:
-    """The MLP as composed torch ops (the module docstring's first two lines): what ``fused_mlp`` computes.
+    """The MLP as scales.py's plain formulas (the module docstring's first lines): what ``fused_mlp`` computes.
 
     ``u: (..., d)``, ``W_g, W_u: (d_ff, d)``, ``W_down: (d, d_ff)``, ``c: (d,)``, ``s: (d_ff,)`` or None;
     returns ``(..., d)``. ``dnp``: gate and up are RMS-normalized over d_ff before their ``s`` (which must
     then be given), else ``s`` multiplies the branch output (DP)."""
-    def branch(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
-        y = F.linear(u, w * c if c is not None else w)
-        if dnp:
-            return s * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps))
-        return y * s if s is not None else y
-
-    return F.linear(F.silu(branch(wg, cg, sg)) * branch(wu, cu, su), wd)
+    yg, yu = plain.scaled_linear(u, wg, cg, None if dnp else sg), plain.scaled_linear(u, wu, cu, None if dnp else su)
+    h = plain.dnp_swiglu(yg, yu, sg, su, eps) if dnp else F.silu(yg) * yu
+    return F.linear(h, wd.to(h.dtype))
 
 
 class _FusedMLP(torch.autograd.Function):
@@ -161,7 +134,7 @@ class _FusedMLP(torch.autograd.Function):
             gyu = ((wd * su.to(wd.dtype)).to(dtype).t() @ go.t()).to(acc)  # g_hᵀ, (d_ff, N)
             if need[3] or need[7]:
                 gwd = (go.t() @ ht.t()).to(wd.dtype)  # ∂L/∂W_down', (d, d_ff)
-                grad_wd, grad_su, _ = _fold_grads(gwd, wd, su, None, (need[3], need[7], False))
+                grad_wd, grad_su, _ = fold_grads(gwd, wd, su, None, (need[3], need[7], False))
             ygt, yut = yt[:f].to(acc), yt[f:].to(acc)
             sgc = sg.to(acc).unsqueeze(-1)  # (d_ff, 1)
             z = (ygt * rg).mul_(sgc)
@@ -190,8 +163,8 @@ class _FusedMLP(torch.autograd.Function):
             grad_u = grad_u.to(u.dtype).reshape(u.shape)  # (N, d)
         if any(need[1:3]) or any(need[4:6]) or (not dnp and any(need[6:8])):
             gw_g, gw_u = (gyg.to(dtype) @ u2).to(wg.dtype), (gyu.to(dtype) @ u2).to(wu.dtype)  # ∂L/∂W', (d_ff, d)
-            grad_wg, grad_cg, gsg = _fold_grads(gw_g, wg, cg, fold_s[0], (need[1], need[4], need[6]))
-            grad_wu, grad_cu, gsu = _fold_grads(gw_u, wu, cu, fold_s[1], (need[2], need[5], need[7]))
+            grad_wg, grad_cg, gsg = fold_grads(gw_g, wg, cg, fold_s[0], (need[1], need[4], need[6]))
+            grad_wu, grad_cu, gsu = fold_grads(gw_u, wu, cu, fold_s[1], (need[2], need[5], need[7]))
             if not dnp:
                 grad_sg, grad_su = gsg, gsu
         return grad_u, grad_wg, grad_wu, grad_wd, grad_cg, grad_cu, grad_sg, grad_su, None, None
@@ -204,7 +177,7 @@ class _FusedProj(torch.autograd.Function):
     Backward: ``∂L/∂u = Σ_b g_b W'_b`` accumulated into one result (``addmm``) and ``∂L/∂W'_b = g_bᵀ u`` per
     branch, from the branches' own output gradients (concatenating them first would cost one more
     activation-sized buffer at the step's peak and measured no faster); the per-branch vectors' gradients
-    are the fold's chain rule (``_fold_grads``). Saves u and the parameters; the stacked weight is rebuilt.
+    are the fold's chain rule (``kernels.fold_grads``). Saves u and the parameters; the stacked weight is rebuilt.
     """
 
     @staticmethod
@@ -227,7 +200,7 @@ class _FusedProj(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: let autograd differentiate the composed form
             args = [u, *wcs]
             inputs = [t for t, n in zip(args, need) if n]
-            outs = [F.linear(u, _fold_composed(*t).to(u.dtype)) for t in triples]
+            outs = [F.linear(u, plain.fold_weight(*t).to(u.dtype)) for t in triples]
             pairs = [(o, g) for o, g in zip(outs, gs) if g is not None]
             grads = iter(torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], create_graph=True))
             return tuple(next(grads) if n else None for n in need)
@@ -245,16 +218,10 @@ class _FusedProj(torch.autograd.Function):
             g2 = gb.reshape(n_tok, -1).to(dtype)
             if need[0]:  # ∂L/∂u = Σ_b g_b W'_b, accumulated in one result
                 grad_u = g2 @ w[rows] if grad_u is None else grad_u.addmm_(g2, w[rows])
-            out += _fold_grads((g2.t() @ u2).to(wb.dtype), wb, c, s, nb) if any(nb) else [None, None, None]
+            out += fold_grads((g2.t() @ u2).to(wb.dtype), wb, c, s, nb) if any(nb) else [None, None, None]
         if need[0]:
             grad_u = (grad_u if grad_u is not None else u2.new_zeros(u2.shape)).to(u.dtype).reshape(u.shape)
         return (grad_u, *out)
-
-
-def _fold_composed(w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
-    """``diag(s) W diag(c)`` as differentiable composed ops (None counting as ones)."""
-    w = w * c.to(w.dtype) if c is not None else w
-    return s.to(w.dtype).unsqueeze(-1) * w if s is not None else w
 
 
 def fused_project(u: Tensor, triples: list[tuple[Tensor, Tensor | None, Tensor | None]]) -> list[Tensor]:
@@ -276,4 +243,19 @@ def fused_mlp(u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, 
     return _FusedMLP.apply(u, wg, wu, wd, cg, cu, sg, su, eps, dnp)
 
 
-__all__ = ["fused_mlp", "fused_project", "mlp_reference"]
+class FusedNormLinear(plain.NormLinear):
+    """``scales.NormLinear`` under ``apply='fused'`` (opt-in, ``ScalePlan.fused``): every branch of the norm in one
+    matmul on the stacked folded weights (``fused_project``); the same function, equal to ``NormLinear.project``
+    to rounding. DNP's normalization, where a branch has one, stays in ``finish`` as on the exact path."""
+
+    def project(self, u: Tensor) -> list[Tensor]:
+        return fused_project(u, [(b.weight, *b.fold_vectors()) for b in self.branches.values()])
+
+
+def mlp_fusable(plan: plain.NormPlan) -> bool:
+    """True if the MLP of ``plan`` (branches gate and up) has ``fused_mlp``'s form: DNP on both branches or on
+    neither. DNP on one only (``scale.norm_sites``) has no fused form; that MLP is built exact."""
+    return len({b.normalized for b in plan.branches.values()}) == 1
+
+
+__all__ = ["fused_mlp", "fused_project", "mlp_reference", "FusedNormLinear", "mlp_fusable"]

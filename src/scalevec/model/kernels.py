@@ -9,6 +9,7 @@ formulas, values, gradients and second derivatives, by tests/test_kernels.py and
 - ``dnp_swiglu``: SwiGLU over DNP's normalized gate/up outputs (DESIGN.md §3 ``dual_norm``);
 - ``or_gamma`` / ``er_gamma``: OR / ER's ``γ = m · α / rms(α)`` (DESIGN.md §3 ``param``);
 - ``folded_linear``: ``u (diag(s) W diag(c))ᵀ`` with the fold (``scales.fold_weight``) done on the fly.
+- ``fold_grads``: the fold's chain rule, shared with the opt-in fused path (``fused.py``).
 
 Under ``create_graph`` (double backward: Hessian-vector products in training/probes.py) every backward
 here falls back to differentiating a composed form, so second derivatives stay exact.
@@ -230,17 +231,32 @@ class _FoldedLinear(torch.autograd.Function):
             grad_u = (gy @ plain.fold_weight(w, c, s).to(gy.dtype)).to(ctx.u_dtype)
         if need_w or need_c or need_s:
             g = (gy.reshape(-1, gy.shape[-1]).t() @ u.reshape(-1, u.shape[-1])).to(w.dtype)  # (d_out, d_in)
-            if need_c or need_s:
-                p = g * w
-                if need_c:
-                    grad_c = (p.sum(0) if s is None else s.to(p.dtype) @ p).to(c.dtype)
-                if need_s:
-                    grad_s = (p.sum(1) if c is None else p @ c.to(p.dtype)).to(s.dtype)
-                del p
-            if need_w:
-                grad_w = g.mul_(c.to(g.dtype)) if c is not None else g
-                grad_w = grad_w.mul_(s.to(g.dtype).unsqueeze(-1)) if s is not None else grad_w
+            grad_w, grad_c, grad_s = fold_grads(g, w, c, s, (need_w, need_c, need_s))
         return grad_u, grad_w, grad_c, grad_s
+
+
+def fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None,
+               need: tuple[bool, bool, bool] = (True, True, True)) -> tuple[Tensor | None, ...]:
+    """``(∂L/∂W, ∂L/∂c, ∂L/∂s)`` of the fold ``W' = diag(s) W diag(c)`` (``scales.fold_weight``, a matrix
+    ``W: (d_out, d_in)``) given ``G = ∂L/∂W'`` (None counts as ones; ``need`` says which of the three to make)::
+
+        ∂L/∂W = G ⊙ s cᵀ,   ∂L/∂c = (G ⊙ W)ᵀ s,   ∂L/∂s = (G ⊙ W) c
+
+    The one home of this chain rule (``_FoldedLinear`` and ``fused.py`` use it). ``G`` must be a fresh tensor
+    the caller gives away: ∂L/∂W is made in its storage."""
+    need_w, need_c, need_s = need
+    grad_w = grad_c = grad_s = None
+    if (need_c and c is not None) or (need_s and s is not None):
+        p = g * w
+        if need_c and c is not None:
+            grad_c = (p.sum(0) if s is None else s.to(p.dtype) @ p).to(c.dtype)
+        if need_s and s is not None:
+            grad_s = (p.sum(1) if c is None else p @ c.to(p.dtype)).to(s.dtype)
+        del p
+    if need_w:
+        grad_w = g.mul_(c.to(g.dtype)) if c is not None else g
+        grad_w = grad_w.mul_(s.to(g.dtype).unsqueeze(-1)) if s is not None else grad_w
+    return grad_w, grad_c, grad_s
 
 
 def or_gamma(magnitude: Tensor, direction: Tensor) -> Tensor:
@@ -269,4 +285,4 @@ def dnp_swiglu(yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None, eps
 # The fast path: a drop-in for ``scales.PLAIN`` (same signatures), chosen when a model is built.
 FAST = plain.Ops("fast", rms_norm, or_gamma, er_gamma, folded_linear, dnp_swiglu)
 
-__all__ = ["rms_norm", "or_gamma", "er_gamma", "folded_linear", "dnp_swiglu", "FAST"]
+__all__ = ["rms_norm", "or_gamma", "er_gamma", "folded_linear", "dnp_swiglu", "fold_grads", "FAST"]

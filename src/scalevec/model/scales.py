@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalevec.config import ModelConfig, ScaleConfig
-from scalevec.model.fused import fused_project
 from scalevec.model.params import ROLES  # the one role list (params.py); re-exported here
 
 # ============================================================================================ the formulas
@@ -260,7 +259,7 @@ def scale_plan(scfg: ScaleConfig, cfg: ModelConfig) -> ScalePlan:
     - ``wd``: ``decayed_scale_roles``. ``per_expert``: MoE gate/up γ_b has one row per expert.
     - ``folded`` (the output of ``fold_scales``): no Input-Norm scales; Output-Norms keep a direct γ.
     - ``apply``: ``fast`` (``weight``) or the plain formulas (``activation``); ``fused``: fast, and the fused
-      projections and MLP of ``model/fused.py`` (``FusedNormLinear``, ``transformer.FusedMLP``).
+      projections and MLP of ``model/fused.py`` (``fused.FusedNormLinear``, ``transformer.FusedMLP``).
     """
     moe = None
     if cfg.moe is not None:
@@ -601,14 +600,6 @@ class NormLinear(nn.Module):
         return {f"branches.{name}.weight": b.folded_weight(shared) for name, b in self.branches.items()}
 
 
-class FusedNormLinear(NormLinear):
-    """``NormLinear`` under ``apply='fused'`` (opt-in): every branch of the norm in one matmul on the stacked
-    folded weights (``fused.fused_project``); the same function, equal to ``NormLinear.project`` to rounding."""
-
-    def project(self, u: Tensor) -> list[Tensor]:
-        return fused_project(u, [(b.weight, *b.fold_vectors()) for b in self.branches.values()])
-
-
 class SwiGLUProj(NormLinear):
     """The MLP's Input-Norm with branches ``gate`` and ``up``; ``forward(u) -> silu(gate) ⊙ up`` (DESIGN.md §2)."""
 
@@ -663,7 +654,6 @@ __all__ = [
     "DNP_CANNOT_FOLD", "refuse_unfoldable", "multiply", "decayed_scale_roles", "ScaleSpec", "BranchPlan", "NormPlan",
     "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan", "new_param", "normal_init", "const_init",
     "param_roles", "init_params", "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
-    "batched_scales", "Linear", "Branch", "NormedBranch", "make_branch", "NormLinear", "FusedNormLinear", "SwiGLUProj",
-    "DNPSwiGLUProj",
+    "batched_scales", "Linear", "Branch", "NormedBranch", "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
     "swiglu_proj", "OutputNorm", "gamma_of", "scale_vectors",
 ]

@@ -19,11 +19,10 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from scalevec.config import ModelConfig, RopeScalingConfig, ScaleConfig
-from scalevec.model.fused import fused_mlp
+from scalevec.model.fused import FusedNormLinear, fused_mlp, mlp_fusable
 from scalevec.model.kernels import FAST
 from scalevec.model.scales import (
     PLAIN,
-    FusedNormLinear,
     Linear,
     NormLinear,
     Ops,
@@ -166,17 +165,19 @@ class MLP(nn.Module):
 
 class FusedMLP(MLP):
     """``MLP`` under ``apply='fused'`` (opt-in): W_gate, W_up, DNP's normalizations, the SwiGLU and W_down in one
-    autograd node (``fused.fused_mlp``); the same function, equal to ``MLP`` to rounding. With DNP on one of
-    gate and up only (``scale.norm_sites``) there is no fused form and it is ``MLP``'s forward."""
+    autograd node (``fused.fused_mlp``); the same function, equal to ``MLP`` to rounding. Built only where the
+    plan has that form (``fused.mlp_fusable``: DNP on both of gate and up or on neither; ``Block``)."""
+
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
+        super().__init__(cfg, plan, ops)
+        self.dnp = plan.mlp.normalized  # DNP's s acts after the norm: ``dnp_scale``, not ``fold_vectors``
 
     def forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
         gate, up = self.proj.branches.values()
-        if gate.out_norm != up.out_norm:
-            return super().forward(u)
         (cg, sg), (cu, su) = gate.fold_vectors(), up.fold_vectors()
-        if gate.out_norm:  # DNP: s acts after the norm
+        if self.dnp:
             sg, su = gate.dnp_scale(), up.dnp_scale()
-        y = fused_mlp(u, gate.weight, up.weight, self.down.weight, cg, cu, sg, su, self.proj.eps, gate.out_norm)
+        y = fused_mlp(u, gate.weight, up.weight, self.down.weight, cg, cu, sg, su, self.proj.eps, self.dnp)
         return y, u.new_zeros(())
 
 
@@ -207,7 +208,7 @@ class Block(nn.Module):
 
             self.mlp = MoE(cfg, plan, ops)
         else:
-            self.mlp = (FusedMLP if plan.fused else MLP)(cfg, plan, ops)
+            self.mlp = (FusedMLP if plan.fused and mlp_fusable(plan.mlp) else MLP)(cfg, plan, ops)
 
 
 class PreBlock(Block):
