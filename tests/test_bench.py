@@ -12,13 +12,12 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+import transformers  # noqa: F401  (a dev dependency: a missing one fails, never skips)
 
 from scalevec import ScaleConfig, build_model, get_preset
 from scalevec.bench import make_candidate, parse_candidates, state_bytes, step_peak_bytes
 from scalevec.cli import main
 from scalevec.config import OptimConfig
-
-pytest.importorskip("transformers")  # the hf-llama candidate (a dev dependency)
 
 CANDIDATES = ["baseline", "unified", "unified_foldable", "hf-llama"]
 

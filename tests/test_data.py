@@ -80,7 +80,8 @@ def test_jsonl_reads_text_field(tmp_path):
 
 def test_parquet_reads_text_column(tmp_path):
     """A .parquet file gives its "text" column, nulls dropped."""
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"id": [1, 2, 3], "text": ["alpha", None, "gamma"]}), path)
     assert load_documents(str(path)) == ["alpha", "gamma"]
@@ -169,7 +170,8 @@ def test_bad_sources_raise_one_line_errors(tmp_path, case, error, message):
     elif case == "not_string":
         path.write_text('{"text": 42}\n')
     elif case == "no_column":
-        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        import pyarrow as pa
+        import pyarrow.parquet as pq
         pq.write_table(pa.table({"body": ["x"]}), path)
     elif case == "corrupt_parquet":
         path.write_bytes(b"this is not parquet")
@@ -226,7 +228,7 @@ def test_bytes_tokenizer_ids_are_utf8_bytes():
 
 def test_saved_bytes_tokenizer_loads_in_transformers(tmp_path):
     """The saved bytes tokenizer loads in PreTrainedTokenizerFast and maps text to the same 256 byte ids."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     ByteTokenizer().save(tmp_path)
     hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
     text = "To be, or not to be: Ünïcödé 🙂\n\n"
@@ -237,7 +239,7 @@ def test_saved_bytes_tokenizer_loads_in_transformers(tmp_path):
 
 def test_bpe_round_trips_through_transformers(tmp_path):
     """bpe:N has <|bos|>=0 and <|eos|>=1; saved, transformers gives [BOS] + our ids and decodes them back."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     tok = load_tokenizer("bpe:300", DOCS, tmp_path / "cache")
     assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (0, 1, 300)
     text = "the quick brown fox, héllo 🙂"

@@ -9,9 +9,8 @@ import stat
 
 import pytest
 import torch
+import transformers  # noqa: F401  (a dev dependency: a missing one fails, never skips)
 from safetensors.torch import load_file, save_file, save_model
-
-pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 from scalevec import MoEConfig, RunConfig, ScaleConfig, build_model  # noqa: E402

@@ -14,8 +14,7 @@ import json
 
 import pytest
 import torch
-
-pytest.importorskip("transformers")
+import transformers  # noqa: F401  (a dev dependency: a missing one fails, never skips)
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from scalevec import MoEConfig, ScaleConfig, build_model  # noqa: E402

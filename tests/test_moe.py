@@ -366,7 +366,7 @@ def _parity(model, hf) -> None:
 
 def test_parity_with_mixtral():
     """A baseline MoE model with perturbed γ equals MixtralForCausalLM with copied weights (fp32, 1e-5)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     cfg = _cfg(init_std=0.1)
     model = build_model(cfg, _scfg("baseline"), seed=0)
     _perturb(model)
@@ -377,7 +377,7 @@ def test_parity_with_mixtral():
 
 def test_parity_with_qwen3_moe_qk_norm_and_dense_first_layer():
     """With QK-norm and first_dense=1 our model equals Qwen3MoeForCausalLM (norm_topk_prob, mlp_only_layers=[0])."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     cfg = dataclasses.replace(_cfg(init_std=0.1, first_dense=1), qk_norm=True)
     model = build_model(cfg, _scfg("baseline"), seed=0)
     _perturb(model)

@@ -50,7 +50,8 @@ def test_streamed_sources_equal_load_documents(tmp_path, monkeypatch):
     for i, d in enumerate(DOCS[:4]):
         (folder / ("sub" if i % 2 else "") / f"{i}.txt").write_text(d, encoding="utf-8")
     sources = [txt, folder, write_jsonl(tmp_path / "c.jsonl")]
-    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     pq.write_table(pa.table({"text": [DOCS[0], None, DOCS[1], "  "]}), tmp_path / "c.parquet")
     sources.append(tmp_path / "c.parquet")
     for s in sources:
