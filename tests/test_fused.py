@@ -42,6 +42,8 @@ def _args(dnp: bool, hg: bool, dp: bool, d: int = 6, f: int = 5):
 
 
 CASES = [(dnp, hg, dp) for dnp in (False, True) for hg in (False, True) for dp in (False, True) if not (dnp and dp)]
+# the fast loop keeps the fullest form (DNP with HG, unified's MLP); the rest are slow (~1 s each)
+CASES = [c if c == (True, True, False) else pytest.param(*c, marks=pytest.mark.slow) for c in CASES]
 
 
 @pytest.mark.parametrize("dnp, hg, dp", CASES)
@@ -83,6 +85,8 @@ def _loss_and_grads(cfg, scfg, perturb_seed=1):
 
 
 STRATEGIES = ["baseline", "dp", "hg", "dnp", "unified_foldable", "unified", "unified-gate-norm"]
+STRATEGIES = [s if s in ("unified", "unified-gate-norm") else pytest.param(s, marks=pytest.mark.slow)
+              for s in STRATEGIES]  # the fast loop keeps unified and the gate-only DNP that builds exact
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -141,6 +145,7 @@ def test_fused_mlp_under_bf16_autocast_stays_close(make_cfg):
     torch.testing.assert_close(outs[1].float(), want, rtol=0.05, atol=0.05 * want.abs().max().item())
 
 
+@pytest.mark.slow  # trains three times
 def test_training_with_fused_resumes_exactly(tmp_path):
     """A `unified` run with scale.apply=fused: 6 steps straight = 3 + resume + 3, bitwise (deterministic kernels)."""
     import json
@@ -164,7 +169,7 @@ def test_training_with_fused_resumes_exactly(tmp_path):
     assert len(losses(straight)) == 7 and losses(straight) == losses(split)
 
 
-@pytest.mark.parametrize("hg, dp", [(False, False), (True, True)])
+@pytest.mark.parametrize("hg, dp", [pytest.param(False, False, marks=pytest.mark.slow), (True, True)])
 def test_fused_project_matches_per_branch_linear_with_derivatives(hg, dp):
     """fused_project = [F.linear(u, diag(s) W diag(c))] per branch (float64, unequal widths, one output unused
     by the loss too), with first and second derivatives."""

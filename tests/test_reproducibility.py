@@ -93,6 +93,7 @@ def test_thread_count_is_explicit_and_recorded(tmp_path):
     assert run_sweep(spec, tmp_path / "sweep", jobs=1, report=False, quiet=True) == 0
 
 
+@pytest.mark.slow  # trains (and tokenizes a fresh cache): ~5 s
 def test_train_threads_apply_to_the_run_only(tmp_path):
     """train() with train.threads=2 leaves the caller's thread count as it was (tests run with 1)."""
     import torch
