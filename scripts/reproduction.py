@@ -44,7 +44,8 @@ class Claim:
     """One claim of the paper as a comparison: in every cell whose name matches ``cells``, each
     ``(arm, direction)`` against the ``control`` arm; direction +1 = the paper says the arm is worse
     (higher loss), -1 = better, 0 = the paper makes no claim (the difference is shown, no verdict).
-    ``arms=()``: every other arm of the cell, direction 0 (the why-variants study)."""
+    ``arms=()``: every arm of the cell but ``baseline`` and ``unified`` (the variants of the why-variants
+    study; C6 compares those two), direction 0."""
 
     id: str
     statement: str
@@ -70,6 +71,10 @@ CLAIMS = (
     Claim("why", "unified with one part left out or one choice changed, vs the baseline", r"why-variants-.*",
           "baseline", ()),
     Claim("why", "... and vs unified itself", r"why-variants-.*", "unified", ()),
+    Claim("why", "held out: the two variants chosen on Shakespeare, on KJV", r"cpu-25k-kjv", "baseline",
+          (("unified-input-only", 0), ("unified-scale-wd0.01", 0))),
+    Claim("why", "... and vs unified itself", r"cpu-25k-kjv", "unified",
+          (("unified-input-only", 0), ("unified-scale-wd0.01", 0))),
 )
 C8_SIZES = re.compile(r"cpu-(\d+)k-(shakespeare|kjv)")  # dense, AdamW + cosine, 20 tokens per parameter
 
@@ -178,7 +183,7 @@ def comparisons(cells: dict[str, dict]) -> list[dict]:
             if not re.fullmatch(c.cells, name):
                 continue
             st = a["arms"]
-            arms = c.arms or tuple((arm, 0) for arm in st if arm != c.control)
+            arms = c.arms or tuple((arm, 0) for arm in st if arm not in ("baseline", "unified"))
             for i, (arm, direction) in enumerate(arms):
                 row = {"claim": c.id, "cell": name, "arm": arm, "control": c.control, "direction": direction}
                 if c.control not in st or arm not in st:

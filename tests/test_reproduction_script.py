@@ -87,7 +87,7 @@ def test_variants_are_arms_compared_with_baseline_and_unified(tmp_path):
     assert a["axis"] == "strategy" and sorted(a["arms"]) == ["baseline", "unified", "unified-no-or"]
     rows = {(r["control"], r["arm"]): r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a})
             if r["claim"] == "why"}
-    assert sorted(rows) == [("baseline", "unified"), ("baseline", "unified-no-or"), ("unified", "baseline"),
-                            ("unified", "unified-no-or")]
+    assert sorted(rows) == [("baseline", "unified-no-or"), ("unified", "unified-no-or")]  # C6 has unified's
     assert rows[("unified", "unified-no-or")]["verdict"] == "no claim: higher"
-    assert rows[("baseline", "unified")]["verdict"] == "no claim: lower"
+    c6 = [r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a}) if r["claim"] == "C6"]
+    assert not c6  # the variants cell is no C6 cell
