@@ -39,8 +39,11 @@ def test_eta_extrapolates_this_sessions_weighted_work(tmp_path):
                      stream=io.StringIO(), tty=False, clock=clock)
     assert p.eta() == (0.0, None) and p.line().endswith("0% · ETA ?")
     p.started("a")
+    write_rows(tmp_path / "a", [{"kind": "train", "step": 1, "loss": 2.5}])  # 2 steps: 0.5 % of the grid
+    clock.t += 5
+    assert p.line().endswith("ETA ?") and p.eta() == (0.005, None)  # start-up dominates the first 1 %
     write_rows(tmp_path / "a", [{"kind": "train", "step": 49, "loss": 2.0}])  # 50 steps taken
-    clock.t += 10
+    clock.t += 5
     assert "a step 50/100 loss 2.0000" in p.line()
     assert p.eta() == (0.125, 70.0) and p.line().endswith("12% · ETA 1m10s")
     write_rows(tmp_path / "b", [{"kind": "train", "step": 49, "loss": 3.0}])  # b resumes at 50 %

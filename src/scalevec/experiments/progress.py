@@ -12,7 +12,8 @@ collide with the status line.
 
 The ETA weights each run by its training FLOPs (6 · params · tokens, as ``sweep --dry-run``) and
 extrapolates the work done *in this session* (a resumed run counts from the step it resumed at):
-``ETA = elapsed × remaining work / work done so far``. It is ``?`` until the first logged step.
+``ETA = elapsed × remaining work / work done so far``. It is ``?`` until this session has done 1 % of the
+grid's work (before that, start-up time dominates the rate).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class GridProgress:
         done = sum(r.weight * r.frac for r in self.runs.values())
         session = sum(r.weight * max(0.0, r.frac - r.start_frac) for r in self.runs.values() if r.state != "waiting")
         elapsed = self.clock() - self.t0
-        left = elapsed * (total - done) / session if session > 0 else None
+        # start-up (imports, data, the first steps) dominates the first 1 %: no ETA from it (it read 14 h for 6)
+        left = elapsed * (total - done) / session if session >= 0.01 * total else None
         return done / total, left
 
     def line(self) -> str:
