@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with torch and scalevec (+ test extras).
-# On a CPU machine, torch==2.13.0 is the CPU wheel; on a GPU machine install your CUDA build of torch first
-# (any torch >= 2.9 works) and run this script with SCALEVEC_TORCH=skip.
+# torch==2.13.0 comes from pip's configured index: the CPU wheel on the project's CI machines. Elsewhere PyPI's
+# Linux wheel is the CUDA build (GBs); for the CPU build set SCALEVEC_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+# On a GPU machine install your CUDA build of torch first (any torch >= 2.9 works) and set SCALEVEC_TORCH=skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${SCALEVEC_TORCH:-}" != "skip" ]; then
-  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q "torch==2.13.0" ${SCALEVEC_TORCH_INDEX:+--index-url "$SCALEVEC_TORCH_INDEX"}
 fi
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/scalevec info --preset small --strategy unified
