@@ -298,8 +298,8 @@ def plot(rows: list[dict], fits: list[dict], figures: Path) -> list[str]:
                            fontsize=7)
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlabel("Δ final validation loss, arm − control (nats/token), 95 % paired t interval")
-        ax.set_title("Every comparison of the study (green: reproduced, red: contradicted, grey: inconclusive)",
-                     fontsize=8)
+        ax.set_title("Every comparison of the study\n(green: reproduced, red: contradicted, grey: inconclusive "
+                     "or no claim)", fontsize=8)
         fig.tight_layout()
         fig.savefig(figures / "reproduction_deltas.png", dpi=130)
         plt.close(fig)

@@ -24,5 +24,10 @@ for pass in 1 2; do
   study why-lrpick-cpu-25k-shakespeare why-lrpick-cpu-25k-shakespeare   # lr picked on 3 seeds: winner's curse?
   study c6-cpu-10k-shakespeare-tpp100 cpu-10k-shakespeare-tpp100
   study c6-cpu-25k-shakespeare-tpp100 cpu-25k-shakespeare-tpp100
+  study why-variants-cpu-25k-shakespeare why-variants-cpu-25k-shakespeare   # unified with one part changed
+  study why-heldout-cpu-25k-kjv cpu-25k-kjv                        # the two variants chosen above, on KJV
+  study c6-cpu-25k-shakespeare-bpe4096 cpu-25k-shakespeare-bpe4096  # the second tokenizer
+  study c6-cpu-80k-shakespeare-seeds cpu-80k-shakespeare           # 10 seeds in the main job's cell
+  study c6-moe-cpu-60k-shakespeare-seeds moe-cpu-60k-shakespeare   # 10 seeds for the MoE
   study c6-cpu-200k-shakespeare cpu-200k-shakespeare               # a fourth size (~10 min a run)
 done
