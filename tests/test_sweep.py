@@ -249,3 +249,10 @@ def test_tokens_per_param_counts_the_vocabulary_of_the_runs_tokenizer():
     cfg = replace(get_preset("tiny"), vocab_size=512)
     assert run.cfg.train.tokens == 2 * count_params(build_model(cfg, ScaleConfig.preset("baseline")))["params"]
     assert run.cfg.model.vocab_size == 256  # the config itself is left for the trainer to fit (config.fit_vocab)
+
+
+def test_a_variant_alone_is_its_own_baseline():
+    """A grid of one variant compares against that variant (its label), not the preset it starts from."""
+    spec = spec_from_dict({"grid": {"strategy": [{"name": "unified-input-only", "strategy": "unified",
+                                                  "scale.placement": "input"}]}})
+    assert spec.baseline == "unified-input-only"

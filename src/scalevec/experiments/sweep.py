@@ -181,7 +181,8 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):
         raise ValueError(f"{where}.grid names an axis twice (after aliases: {keys}); merge them into one list")
-    strategies = [strategy_label(v) for v in _axis_values(axes, base, "strategy", "baseline")]
+    strategy_axis = dict(axes).get("strategy")
+    strategies = [strategy_label(v) for v in (strategy_axis or _axis_values(axes, base, "strategy", "baseline"))]
     for v in dict(axes).get("strategy", []):
         if isinstance(v, dict):
             if "strategy" not in v:
