@@ -27,6 +27,8 @@ for pass in 1 2; do
   study why-variants-cpu-25k-shakespeare why-variants-cpu-25k-shakespeare   # unified with one part changed
   study why-heldout-cpu-25k-kjv cpu-25k-kjv                        # the two variants chosen above, on KJV
   study c6-cpu-25k-shakespeare-bpe4096 cpu-25k-shakespeare-bpe4096  # the second tokenizer
+  study c6-cpu-25k-shakespeare-bpe4096-seeds cpu-25k-shakespeare-bpe4096  # 5 seeds
+  study c6-cpu-25k-kjv-bpe4096 cpu-25k-kjv-bpe4096                  # its held-out test, 5 seeds
   study c6-cpu-80k-shakespeare-seeds cpu-80k-shakespeare           # 10 seeds in the main job's cell
   study c6-moe-cpu-60k-shakespeare-seeds moe-cpu-60k-shakespeare   # 10 seeds for the MoE
   study c6-cpu-200k-shakespeare cpu-200k-shakespeare               # a fourth size (~10 min a run)
