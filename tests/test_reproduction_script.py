@@ -91,3 +91,25 @@ def test_variants_are_arms_compared_with_baseline_and_unified(tmp_path):
     assert rows[("unified", "unified-no-or")]["verdict"] == "no claim: higher"
     c6 = [r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a}) if r["claim"] == "C6"]
     assert not c6  # the variants cell is no C6 cell
+
+
+def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
+    """scripts/study.sh is the regenerate-everything command of docs/reproduction.md: each committed
+    sweeps/study-*.yaml must be run by it (a file left out would make a results folder no command
+    regenerates), and each study's folder must be the one its sweep file's header names."""
+    import re
+    import subprocess
+
+    log = tmp_path / "calls.txt"
+    stub = tmp_path / "sv"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$2 $4" >> {log}\n')  # study FILE --out DIR ...
+    stub.chmod(0o755)
+    subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env={"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub)},
+                   check=True, capture_output=True)
+    calls = {tuple(line.split()) for line in log.read_text().splitlines()}
+    ran = {f for f, _ in calls}
+    committed = {f"sweeps/{p.name}" for p in (ROOT / "sweeps").glob("study-*.yaml")}
+    assert committed - ran == set(), "not in scripts/study.sh"
+    for f, out in calls:
+        header = re.search(r"--out (\S+)", (ROOT / f).read_text())
+        assert header is not None and header.group(1) == out, (f, out)
