@@ -203,14 +203,15 @@ def test_resume_is_bitwise_exact_under_fused_adamw(tmp_path):
     assert max(abs(a - b) for a, b in zip(losses(tmp_path / "straight"), losses(tmp_path / "foreach"))) < 1e-4
 
 
-@pytest.mark.parametrize("wd, coef", [("input", 0.01), ("all", 0.5), ("none", 0.5)])
+@pytest.mark.parametrize("wd, coef", [("input", 0.01), ("all", 0.5), ("none", 0.5), ("direction", 0.5)])
 def test_scale_weight_decay_sets_the_decayed_scales_coefficient_only(tiny_cfg, wd, coef):
     """``scale.weight_decay`` replaces ``optim.weight_decay`` on the scale roles the ``wd`` switch decays
     (the study's variant knob); matrices keep the optimizer's coefficient and undecayed roles stay at 0."""
     scfg = ScaleConfig(scale="branch", placement="dual_norm", param="magdir", wd=wd, weight_decay=coef)
     model = build_model(tiny_cfg, scfg, seed=0)
     by_role = {g.role: g.weight_decay for g in param_groups(model, OptimConfig(weight_decay=0.1), scfg)}
-    decayed = {"input": {"input_scale"}, "all": {"input_scale", "output_scale"}, "none": set()}[wd]
+    decayed = {"input": {"input_scale"}, "all": {"input_scale", "output_scale"}, "none": set(),
+               "direction": {"scale_direction"}}[wd]
     assert by_role["matrix"] == by_role["lm_head"] == 0.1 and by_role["embedding"] == 0.0
     for role in ("input_scale", "output_scale", "scale_direction"):
         assert by_role[role] == (coef if role in decayed else 0.0), role
@@ -219,3 +220,38 @@ def test_scale_weight_decay_sets_the_decayed_scales_coefficient_only(tiny_cfg, w
 def test_scale_weight_decay_must_be_non_negative():
     with pytest.raises(ValueError, match="scale.weight_decay=-0.1 must be >= 0"):
         ScaleConfig(weight_decay=-0.1).validate()
+
+
+def test_wd_direction_decays_every_direction_and_leaves_every_gamma(tiny_cfg):
+    """``wd: direction`` (DESIGN.md §3): with zero gradients one AdamW step shrinks every OR direction α by
+    exactly (1 - lr·wd) and no magnitude β; γ = β α / rms(α) does not depend on α's norm, so every γ of the
+    model stays where it was (to float32 rounding of the rms: rtol 1e-6)."""
+    scfg = ScaleConfig(scale="branch", placement="dual_norm", param="magdir", wd="direction")
+    model = build_model(tiny_cfg, scfg, seed=0)
+    with torch.no_grad():  # a direction that is not all ones, so that its rms is not trivially 1
+        for n, p in model.named_parameters():
+            if n.endswith("direction"):
+                p.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(len(n)))
+    gammas = lambda: {n: m.gamma().detach().clone() for n, m in model.named_modules() if hasattr(m, "parts")}
+    before, gamma_before = {n: p.detach().clone() for n, p in model.named_parameters()}, gammas()
+    opts = build_optimizers(param_groups(model, OptimConfig(lr=0.01, weight_decay=0.1), scfg), OptimConfig(lr=0.01))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    for o in opts:
+        o.step()
+    shrink = torch.tensor(1 - 0.01 * 0.1, dtype=torch.float32)
+    roles = model.param_roles()
+    directions = [n for n in before if roles[n] == "scale_direction"]
+    assert directions and gamma_before
+    for n, p in model.named_parameters():
+        if roles[n] == "scale_direction":
+            torch.testing.assert_close(p.detach(), before[n] * shrink, rtol=1e-6, atol=0)
+        elif roles[n] in ("input_scale", "output_scale"):
+            assert torch.equal(p.detach(), before[n]), n
+    for n, g in gammas().items():
+        torch.testing.assert_close(g, gamma_before[n], rtol=1e-6, atol=0)
+
+
+def test_wd_direction_needs_a_direction():
+    with pytest.raises(ValueError, match="scale.wd='direction' decays OR/ER's direction"):
+        ScaleConfig(wd="direction").validate()

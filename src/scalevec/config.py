@@ -143,7 +143,7 @@ SCALE_CHOICES = {
     "scale": ("none", "shared", "branch"),
     "placement": ("input", "dual", "dual_norm"),
     "param": ("direct", "magdir", "magdir_exp"),
-    "wd": ("none", "all", "input", "output"),
+    "wd": ("none", "all", "input", "output", "direction"),
     "apply": ("weight", "activation", "fused"),
 }
 
@@ -159,7 +159,8 @@ class ScaleConfig:
     - ``placement``: ``input``, ``dual`` (DP: also an output-side scale s, ``diag(s) W diag(γ)``),
       ``dual_norm`` (DNP: as DP, and the outputs of ``norm_sites`` are RMS-normalized before s).
     - ``param``: ``direct``, ``magdir`` (OR: ``γ = β α / rms(α)``), ``magdir_exp`` (ER: ``exp(b) α/rms(α)``).
-    - ``wd``: which scales get weight decay: ``none``, ``all``, ``input`` (IWD), ``output``.
+    - ``wd``: which scales get weight decay: ``none``, ``all``, ``input`` (IWD), ``output``; ``direction``: OR/ER's
+      direction α of every scale and no magnitude (our variant of "does decay hit β or α", DESIGN.md §3).
     - ``weight_decay``: the decayed scales' coefficient (None: ``optim.weight_decay``, the matrices' one; our
       choice, DESIGN.md §3, a switch so that the reproduction study can vary it).
     - ``per_expert``: under ``branch``, every MoE expert gets its own gate/up scale vectors.
@@ -223,6 +224,9 @@ class ScaleConfig:
                         f"scale.{name}={getattr(self, name)!r} needs scale vectors, but scale.scale='none'; "
                         f"set scale.{name}={plain!r} or choose scale.scale='shared'/'branch'"
                     )
+        if self.wd == "direction" and self.param == "direct":
+            raise ValueError("scale.wd='direction' decays OR/ER's direction α, but scale.param='direct' has none; "
+                             "set scale.param='magdir' (or 'magdir_exp') or choose another scale.wd")
         if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ValueError(f"scale.weight_decay={self.weight_decay} must be >= 0 (or null: optim.weight_decay)")
         if self.per_expert and self.scale != "branch":

@@ -126,11 +126,12 @@ def multiply(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 
 def decayed_scale_roles(scfg: ScaleConfig) -> frozenset[str]:
     """The scale roles that get weight decay under the ``wd`` switch (DESIGN.md §3, §5): ``input`` (IWD) the
-    foldable ``input_scale``, ``output`` the ``output_scale``, ``all`` both. OR/ER's direction α
-    (``scale_direction``) never (our choice): γ does not depend on its norm, so decay would change only its
-    effective learning rate, not γ."""
+    foldable ``input_scale``, ``output`` the ``output_scale``, ``all`` both; under OR/ER that is the magnitude
+    β (or b) and not the direction α (``scale_direction``; our choice): γ does not depend on α's norm, so
+    decay on α changes only α's effective learning rate, not γ. ``direction`` is the other answer, as a
+    variant: decay on every α and on no magnitude."""
     return frozenset({"none": (), "input": ("input_scale",), "output": ("output_scale",),
-                      "all": ("input_scale", "output_scale")}[scfg.wd])
+                      "all": ("input_scale", "output_scale"), "direction": ("scale_direction",)}[scfg.wd])
 
 
 @dataclass(frozen=True)
