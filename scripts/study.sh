@@ -25,6 +25,7 @@ for pass in 1 2; do
   study c6-cpu-10k-shakespeare-tpp100 cpu-10k-shakespeare-tpp100
   study c6-cpu-25k-shakespeare-tpp100 cpu-25k-shakespeare-tpp100
   study why-variants-cpu-25k-shakespeare why-variants-cpu-25k-shakespeare   # unified with one part changed
+  study why-variants2-cpu-25k-shakespeare why-variants-cpu-25k-shakespeare  # decay on α instead of β
   study why-heldout-cpu-25k-kjv cpu-25k-kjv                        # the two variants chosen above, on KJV
   study c6-cpu-25k-shakespeare-bpe4096 cpu-25k-shakespeare-bpe4096  # the second tokenizer
   study c6-cpu-25k-shakespeare-bpe4096-seeds cpu-25k-shakespeare-bpe4096  # 5 seeds
