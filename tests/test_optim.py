@@ -255,3 +255,41 @@ def test_wd_direction_decays_every_direction_and_leaves_every_gamma(tiny_cfg):
 def test_wd_direction_needs_a_direction():
     with pytest.raises(ValueError, match="scale.wd='direction' decays OR/ER's direction"):
         ScaleConfig(wd="direction").validate()
+
+
+def test_direction_init_keeps_gamma_and_scales_the_first_adam_turn(tiny_cfg):
+    """``scale.direction_init`` (DESIGN.md §3, OR's initialization): α starts at the constant c, γ = 1 all the
+    same (c = 1/4, a power of two: the first loss is bitwise that of c = 1), the gradient on α is 1/c times as
+    large with the same signs, so AdamW's first step (eps ~0, so that it is lr · sign(g) exactly) moves α by the
+    same amount and α/rms(α) c⁻¹ = 4 times as far, to first order in lr / c (lr 1e-4: the second-order part and
+    float32 rounding stay below the 1e-3 tolerance; at lr 1e-2 the ratio falls to ~3.97)."""
+    x = torch.randint(0, tiny_cfg.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
+    turns, losses = {}, {}
+    for c in (1.0, 0.25):
+        scfg = ScaleConfig(scale="branch", placement="dual_norm", param="magdir", wd="input", direction_init=c)
+        model = build_model(tiny_cfg, scfg, seed=0)
+        directions = {n: p for n, p in model.named_parameters() if n.endswith("direction")}
+        assert directions and all(torch.all(p == c) for p in directions.values())
+        def unit(directions=directions):
+            return {n: (p / p.pow(2).mean(-1, keepdim=True).sqrt()).detach().clone() for n, p in directions.items()}
+
+        before = unit()
+        ce, n, _ = model(x[:, :-1], x[:, 1:])
+        loss = ce / n
+        losses[c] = loss.item()
+        loss.backward()
+        cfg = OptimConfig(lr=1e-4, weight_decay=0.0, eps=1e-30)  # eps ~0: a step is lr · sign(g); small lr: 1st order
+        for o in build_optimizers(param_groups(model, cfg, scfg), cfg):
+            o.step()
+        after = unit()
+        turns[c] = torch.stack([(after[n] - before[n]).norm() for n in before])
+    assert losses[0.25] == losses[1.0]
+    assert torch.all(turns[1.0] > 0)
+    torch.testing.assert_close(turns[0.25] / turns[1.0], torch.full_like(turns[1.0], 4.0), rtol=1e-3, atol=0)
+
+
+def test_direction_init_is_checked():
+    with pytest.raises(ValueError, match="direction_init=0.0 must be a positive number"):
+        ScaleConfig(param="magdir", direction_init=0.0).validate()
+    with pytest.raises(ValueError, match="scale.direction_init sets OR/ER's direction"):
+        ScaleConfig(direction_init=0.5).validate()

@@ -163,6 +163,9 @@ class ScaleConfig:
       direction α of every scale and no magnitude (our variant of "does decay hit β or α", DESIGN.md §3).
     - ``weight_decay``: the decayed scales' coefficient (None: ``optim.weight_decay``, the matrices' one; our
       choice, DESIGN.md §3, a switch so that the reproduction study can vary it).
+    - ``direction_init``: the constant OR/ER's direction α starts at (γ = 1 whatever it is, since γ does not
+      depend on α's norm; under Adam a smaller α turns faster: α moves by about lr per step, so its direction by
+      about lr / direction_init). 1 by default (our choice, DESIGN.md §3).
     - ``per_expert``: under ``branch``, every MoE expert gets its own gate/up scale vectors.
     - ``dual_sites`` / ``norm_sites``: the projections that get an output-side scale / normalization.
     - ``apply``: ``weight`` applies the shared γ inside the norm's own pass and folds each branch's γ and
@@ -180,6 +183,7 @@ class ScaleConfig:
     param: str = "direct"
     wd: str = "none"
     weight_decay: float | None = None
+    direction_init: float = 1.0
     per_expert: bool = False
     dual_sites: tuple[str, ...] = ("q", "k", "v", "gate", "up")
     norm_sites: tuple[str, ...] = ("gate", "up")
@@ -227,6 +231,11 @@ class ScaleConfig:
         if self.wd == "direction" and self.param == "direct":
             raise ValueError("scale.wd='direction' decays OR/ER's direction α, but scale.param='direct' has none; "
                              "set scale.param='magdir' (or 'magdir_exp') or choose another scale.wd")
+        if not (math.isfinite(self.direction_init) and self.direction_init > 0):
+            raise ValueError(f"scale.direction_init={self.direction_init} must be a positive number (default 1)")
+        if self.direction_init != 1.0 and self.param == "direct":
+            raise ValueError("scale.direction_init sets OR/ER's direction α, but scale.param='direct' has none; "
+                             "set scale.param='magdir' (or 'magdir_exp') or leave scale.direction_init at 1")
         if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ValueError(f"scale.weight_decay={self.weight_decay} must be >= 0 (or null: optim.weight_decay)")
         if self.per_expert and self.scale != "branch":

@@ -138,14 +138,18 @@ def decayed_scale_roles(scfg: ScaleConfig) -> frozenset[str]:
 class ScaleSpec:
     """One scale vector of the plan: its parameterization class (``DirectScale``, ``ORScale``, ``ERScale``),
     its role (``input_scale`` if it folds into an adjacent linear map, else ``output_scale``, §1), whether
-    its magnitude (or itself, if direct) gets weight decay, and whether it has one row per MoE expert."""
+    its magnitude (or itself, if direct) gets weight decay, whether it has one row per MoE expert, and (OR/ER)
+    the constant its direction α starts at."""
 
     kind: type[ScaleVector]
     role: str
     weight_decay: bool
     per_expert: bool = False
+    direction_init: float = 1.0
 
     def build(self, shape: tuple[int, ...], ops: Ops) -> ScaleVector:
+        if issubclass(self.kind, MagDirScale):
+            return self.kind(shape, self.role, ops, self.direction_init)
         return self.kind(shape, self.role, ops)
 
 
@@ -220,7 +224,7 @@ class ScalePlan:
 
 
 def _spec(scfg: ScaleConfig, role: str, per_expert: bool = False) -> ScaleSpec:
-    return ScaleSpec(SCALE_KINDS[scfg.param], role, role in decayed_scale_roles(scfg), per_expert)
+    return ScaleSpec(SCALE_KINDS[scfg.param], role, role in decayed_scale_roles(scfg), per_expert, scfg.direction_init)
 
 
 def branch_plan(scfg: ScaleConfig, site: str, hg: bool, expert: bool = False) -> BranchPlan:
@@ -383,15 +387,17 @@ class DirectScale(ScaleVector):
 
 class MagDirScale(ScaleVector):
     """γ = m · α / rms(α) with a magnitude (one per row, role ``role``) and a direction α (``scale_direction``,
-    init 1). ``ORScale``: m = β; ``ERScale``: m = exp(b). ``parts()`` is ``(magnitude parameter, α)``."""
+    init ``direction_init``, 1 by default: ``ScaleConfig.direction_init``). ``ORScale``: m = β; ``ERScale``:
+    m = exp(b). ``parts()`` is ``(magnitude parameter, α)``."""
 
     MAGNITUDE: str  # the magnitude parameter's name
     MAGNITUDE_INIT: float
 
-    def __init__(self, shape: tuple[int, ...], role: str, ops: Ops = PLAIN):
+    def __init__(self, shape: tuple[int, ...], role: str, ops: Ops = PLAIN, direction_init: float = 1.0):
         super().__init__(shape, role, ops)
+        self.direction_init = direction_init
         new_param(self, self.MAGNITUDE, (*self.shape[:-1], 1), role, const_init(self.MAGNITUDE_INIT))
-        new_param(self, "direction", self.shape, "scale_direction", const_init(1.0))
+        new_param(self, "direction", self.shape, "scale_direction", const_init(direction_init))
 
     def parts(self) -> tuple[Tensor, Tensor]:
         return getattr(self, self.MAGNITUDE), self.direction
@@ -403,14 +409,14 @@ class MagDirScale(ScaleVector):
         return self.formula(*self.parts())
 
     def assign(self, gamma: Tensor) -> None:
-        """α = γ / rms(γ) and the magnitude from rms(γ) (rms over the last dim). Raises ``ValueError`` for a
-        γ whose rms is 0 (it has no magnitude-direction form)."""
+        """α = direction_init · γ / rms(γ) and the magnitude from rms(γ) (rms over the last dim). Raises
+        ``ValueError`` for a γ whose rms is 0 (it has no magnitude-direction form)."""
         g = gamma.to(torch.float32).expand(self.shape)
         rms = g.pow(2).mean(-1, keepdim=True).sqrt()
         if not bool((rms > 0).all()):
             raise ValueError("a norm weight is all zeros: it has no magnitude-direction form (OR/ER)")
         with torch.no_grad():
-            self.direction.copy_(g / rms)
+            self.direction.copy_(g / rms * self.direction_init)
             getattr(self, self.MAGNITUDE).copy_(self.magnitude_of(rms))
 
     def magnitude_of(self, rms: Tensor) -> Tensor:
