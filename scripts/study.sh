@@ -30,6 +30,7 @@ for pass in 1 2; do
   study c6-cpu-25k-shakespeare-bpe4096 cpu-25k-shakespeare-bpe4096  # the second tokenizer
   study c6-cpu-25k-shakespeare-bpe4096-seeds cpu-25k-shakespeare-bpe4096  # 5 seeds
   study c6-cpu-25k-kjv-bpe4096 cpu-25k-kjv-bpe4096                  # its held-out test, 5 seeds
+  study why-lrpick-cpu-25k-shakespeare-bpe4096 why-lrpick-cpu-25k-shakespeare-bpe4096  # its lr picked on 3 seeds
   study c6-cpu-80k-shakespeare-seeds cpu-80k-shakespeare           # 10 seeds in the main job's cell
   study c6-moe-cpu-60k-shakespeare-seeds moe-cpu-60k-shakespeare   # 10 seeds for the MoE
   study c6-cpu-200k-shakespeare cpu-200k-shakespeare               # a fourth size (~10 min a run)
