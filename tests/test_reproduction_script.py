@@ -93,6 +93,24 @@ def test_variants_are_arms_compared_with_baseline_and_unified(tmp_path):
     assert not c6  # the variants cell is no C6 cell
 
 
+@pytest.mark.slow  # a report folder with its figures: ~5 s
+def test_machine_time_counts_a_copied_run_once_and_bpe_claims_skip_why_folders(tmp_path):
+    """A run directory copied into a second folder (the bpe why-lrpick study reuses the C6 cell's runs that way)
+    is one run of training: the machine-time total counts it once. The bpe claims read the C6 cells only, so a
+    why-lrpick folder with a bpe tokenizer shows its comparison once (under its own claim), not twice."""
+    import shutil
+
+    _cell(tmp_path, "cpu-25k-shakespeare-bpe4096", SIZES[0], {"strategy": ["baseline", "unified"]})
+    rep = _script()
+
+    first = tmp_path / "cpu-25k-shakespeare-bpe4096"
+    assert rep.training_seconds([first]) == 18.0  # 2 strategies x 3 lrs x 3 seeds, fakerun's 1 s each
+    shutil.copytree(first, tmp_path / "why-lrpick-cpu-25k-shakespeare-bpe4096")
+    assert rep.training_seconds(sorted(tmp_path.iterdir())) == 18.0
+    text = rep.generate(tmp_path)
+    assert text.count("| why-lrpick-cpu-25k-shakespeare-bpe4096 | unified vs baseline |") == 1
+    assert "| C1 | why-lrpick-cpu-25k-shakespeare-bpe4096 |" not in text
+
 def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     """scripts/study.sh is the regenerate-everything command of docs/reproduction.md: each committed
     sweeps/study-*.yaml must be run by it (a file left out would make a results folder no command
