@@ -52,7 +52,8 @@ def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:
             out += [f"### {s.label}", "", md_table(*scaling_rows(s, a.baseline)), ""]
     overhead = ("Extra parameters against the baseline, and step time (geometric mean over the cells of that "
                 "size) relative to it. Step time is the process CPU time per step (train rows' `cpu_time`), "
-                "which waiting for a core does not inflate (sharing caches and memory bandwidth still does); runs logged before it existed use wall clock.")
+                "which waiting for a core does not inflate (sharing caches and memory bandwidth still does); "
+                "runs logged before it existed use wall clock.")
     out += ["## Overhead", "", overhead, "", md_table(*overhead_rows(a)), ""]
     if figures:
         out += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
