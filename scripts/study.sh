@@ -3,6 +3,8 @@
 # main cell (AdamW + cosine, two sizes, both corpora) first. Resumable: rerun the same command after an
 # interruption; finished runs are skipped and failed ones retried (a second pass does that too). One
 # run at a time, one thread each (STUDY_JOBS=2 on an idle 2-core machine trains two at once).
+# `scripts/study.sh ladder` runs only issue 23's ladder (the 0.12B init regime, rung by rung, both corpora);
+# `scripts/study.sh first` only the first protocol's cells below; no argument: the ladder, then those.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SV=${SCALEVEC:-.venv/bin/scalevec}
@@ -11,6 +13,18 @@ study() {  # study NAME OUT: sweeps/study-NAME.yaml into results/OUT
     echo "== $(date -u +%H:%M:%S) $1 -> results/$2"
     "$SV" study "sweeps/study-$1.yaml" --out "results/$2" --jobs "$JOBS" || echo "!! $1 exited $?"
 }
+PART=${1:-all}
+case "$PART" in all|ladder|first) ;; *) echo "usage: scripts/study.sh [all|ladder|first]" >&2; exit 2;; esac
+if [ "$PART" != first ]; then
+  for pass in 1 2; do
+    for rung in cpu-10k cpu-25k cpu-80k cpu-200k cpu-550k; do
+      for corpus in shakespeare kjv; do
+        [ -f "sweeps/ladder-$rung-$corpus.yaml" ] && study "ladder-$rung-$corpus" "ladder-$rung-$corpus"
+      done
+    done
+  done
+  [ "$PART" = ladder ] && exit 0
+fi
 for pass in 1 2; do
   for size in cpu-25k cpu-80k; do
     for corpus in shakespeare kjv; do study "c6-$size-$corpus" "$size-$corpus"; done

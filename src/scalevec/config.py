@@ -94,7 +94,10 @@ class _HeadDimField:
 class ModelConfig:
     """Llama-style decoder shape (DESIGN.md §2). ``head_dim``: None means ``d_model // n_heads``; an explicit
     value (Qwen3: 128 with d_model 1024 and 16 heads) makes the attention width ``n_heads · head_dim``.
-    ``rope_scaling``: Llama 3's frequency scaling, or None (plain RoPE)."""
+    ``rope_scaling``: Llama 3's frequency scaling, or None (plain RoPE). ``init_width``: None keeps
+    ``init_std`` at every width; a width W makes ``init_std`` the std at d_model = W and scales it as
+    ``1/√d_model`` (``weight_std``), so that ``std·√d_model`` is the same at every width (DESIGN.md §2,
+    "the init regime": the CPU ladder sets W = 640, the 0.12B model's d_model)."""
 
     d_model: int = 128
     n_layers: int = 4
@@ -111,7 +114,14 @@ class ModelConfig:
     layout: str = "pre"  # pre | peri
     qk_norm: bool = False
     init_std: float = 0.02
+    init_width: int | None = None
     moe: MoEConfig | None = None
+
+    @property
+    def weight_std(self) -> float:
+        """The std of the embedding, the LM head and every input-side matrix (W_o and W_down take it over
+        ``√(2·n_layers)``): ``init_std · √(init_width / d_model)`` under ``init_width``, else ``init_std``."""
+        return self.init_std if self.init_width is None else self.init_std * math.sqrt(self.init_width / self.d_model)
 
     def validate(self) -> None:
         _positive(self, "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "max_seq_len",
@@ -129,6 +139,10 @@ class ModelConfig:
         if not (0 < self.rope_theta < math.inf and 0 < self.norm_eps < math.inf and 0 < self.init_std < math.inf):
             raise ValueError(f"model.rope_theta={self.rope_theta}, model.norm_eps={self.norm_eps} and "
                              f"model.init_std={self.init_std} must be finite and > 0 (defaults 10000, 1e-6, 0.02)")
+        if self.init_width is not None and (isinstance(self.init_width, bool) or not isinstance(self.init_width, int)
+                                            or self.init_width <= 0):
+            raise ValueError(f"model.init_width={self.init_width!r} must be a positive integer (the d_model at which "
+                             f"init_std holds, e.g. 640) or null (init_std at every width)")
         if self.rope_scaling is not None:
             self.rope_scaling.validate()
         if self.moe is not None:
@@ -163,6 +177,9 @@ class ScaleConfig:
       direction α of every scale and no magnitude (our variant of "does decay hit β or α", DESIGN.md §3).
     - ``weight_decay``: the decayed scales' coefficient (None: ``optim.weight_decay``, the matrices' one; our
       choice, DESIGN.md §3, a switch so that the reproduction study can vary it).
+    - ``lr_mult``: every scale parameter's peak lr over ``optim.lr`` (AdamW groups of the scale roles; 1 by
+      default, our choice; a switch of issue 23, since a scale vector's Adam step of about lr per step is
+      a relative change of lr, unlike a matrix entry's of size 0.02-0.1).
     - ``direction_init``: the constant OR/ER's direction α starts at (γ = 1 whatever it is, since γ does not
       depend on α's norm; under Adam a smaller α turns faster: α moves by about lr per step, so its direction by
       about lr / direction_init). 1 by default (our choice, DESIGN.md §3).
@@ -183,6 +200,7 @@ class ScaleConfig:
     param: str = "direct"
     wd: str = "none"
     weight_decay: float | None = None
+    lr_mult: float = 1.0
     direction_init: float = 1.0
     per_expert: bool = False
     dual_sites: tuple[str, ...] = ("q", "k", "v", "gate", "up")
@@ -238,6 +256,8 @@ class ScaleConfig:
                              "set scale.param='magdir' (or 'magdir_exp') or leave scale.direction_init at 1")
         if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ValueError(f"scale.weight_decay={self.weight_decay} must be >= 0 (or null: optim.weight_decay)")
+        if not (isinstance(self.lr_mult, (int, float)) and math.isfinite(self.lr_mult) and self.lr_mult > 0):
+            raise ValueError(f"scale.lr_mult={self.lr_mult!r} must be a positive number (default 1: optim.lr)")
         if self.per_expert and self.scale != "branch":
             raise ValueError("scale.per_expert=True needs scale.scale='branch' (HG)")
         for site in self.dual_sites:
@@ -296,10 +316,12 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    """lr(step) (DESIGN.md §7). ``warmup`` in steps; ``decay_frac`` is WSD's decay share of the run."""
+    """lr(step) (DESIGN.md §7). ``warmup`` in steps, or ``warmup_frac`` of the run's steps when that is set
+    (``warmup_steps``); ``decay_frac`` is WSD's decay share of the run."""
 
     name: str = "cosine"  # cosine | wsd | linear | constant
     warmup: int = 50
+    warmup_frac: float | None = None  # e.g. 0.05: warmup over 5 % of the steps, replacing `warmup`
     min_lr_ratio: float = 0.1  # the last step's multiplier (cosine, linear; wsd: 0 unless given, resolve.py)
     decay_frac: float = 0.2
     decay_shape: str = "linear"  # WSD decay: linear | cosine | 1-sqrt
@@ -311,6 +333,16 @@ class ScheduleConfig:
             raise ValueError(f"schedule.decay_shape={self.decay_shape!r} is unknown; use linear, cosine or 1-sqrt")
         if self.warmup < 0:
             raise ValueError(f"schedule.warmup={self.warmup} must be >= 0")
+        if self.warmup_frac is not None and not 0 <= self.warmup_frac < 1:
+            raise ValueError(f"schedule.warmup_frac={self.warmup_frac} must be in [0, 1) (e.g. 0.05), or null "
+                             f"to use schedule.warmup steps")
+
+    def warmup_steps(self, total_steps: int) -> int:
+        """The warmup in steps for a run of ``total_steps``: ``round(warmup_frac · total_steps)`` (at least 1
+        when the fraction is > 0) when ``warmup_frac`` is set, else ``warmup``."""
+        if self.warmup_frac is None:
+            return self.warmup
+        return max(1, round(self.warmup_frac * total_steps)) if self.warmup_frac > 0 else 0
         if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.decay_frac <= 1:
             raise ValueError("schedule.min_lr_ratio must be in [0, 1] and schedule.decay_frac in (0, 1]")
 

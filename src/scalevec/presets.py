@@ -19,7 +19,9 @@ count matches the name. CPU presets use the bytes vocabulary (256) and head_dim 
 
 The CPU ladder of the reproduction study (docs/reproduction.md) names each rung by its non-embedding
 parameters (bytes vocabulary, head_dim 10, 16 or 32, ``d_ff = floor(8/3 · d_model)``); a budget of 20 tokens
-per parameter is 0.8M tokens at ``cpu-25k`` and 21M at ``cpu-1m``:
+per parameter is 0.8M tokens at ``cpu-25k`` and 21M at ``cpu-1m``. Every rung (and the ``moe-cpu-*`` presets)
+initializes in the 0.12B model's regime, ``model.init_width = 640``: std = 0.02·√(640/d_model), 0.113 at
+d_model 20 and 0.063 at 64 (``model.init_width=null`` restores 0.02 at every width, the study's first protocol):
 
 | preset       | d_model | n_layers | n_heads | d_ff | total params | non-embedding | notes |
 |--------------|--------:|---------:|--------:|-----:|-------------:|--------------:|-------|
@@ -54,10 +56,21 @@ import dataclasses
 from scalevec.config import ModelConfig, MoEConfig
 
 
-def _llama(d_model: int, n_layers: int, vocab: int = 50304, head_dim: int = 64, max_seq_len: int = 2048) -> ModelConfig:
+# The 0.12B model's d_model: the CPU ladder's init_std of 0.02 holds at this width and scales as 1/√d_model, so
+# every rung starts where the paper's smallest model does, std·√d_model = 0.02·√640 ≈ 0.506 (DESIGN.md §2).
+LADDER_INIT_WIDTH = 640
+
+
+def _llama(d_model: int, n_layers: int, vocab: int = 50304, head_dim: int = 64, max_seq_len: int = 2048,
+           init_width: int | None = None) -> ModelConfig:
     n_heads = d_model // head_dim
     return ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads,
-                       d_ff=8 * d_model // 3, vocab_size=vocab, max_seq_len=max_seq_len)
+                       d_ff=8 * d_model // 3, vocab_size=vocab, max_seq_len=max_seq_len, init_width=init_width)
+
+
+def _rung(d_model: int, n_layers: int, head_dim: int) -> ModelConfig:
+    """A rung of the CPU ladder: bytes vocabulary, 256 positions, the 0.12B model's init regime."""
+    return _llama(d_model, n_layers, vocab=256, head_dim=head_dim, max_seq_len=256, init_width=LADDER_INIT_WIDTH)
 
 
 def _moe(base: ModelConfig, n_experts: int, top_k: int, d_expert: int) -> ModelConfig:
@@ -75,14 +88,14 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-1b": _llama(1792, 22),
     "llama-2b": _llama(2304, 28),
     # the CPU model ladder of the reproduction study (docs/reproduction.md): one knob per rung, ~×2.5-4 apart
-    "cpu-10k": _llama(20, 2, vocab=256, head_dim=10, max_seq_len=256),
-    "cpu-25k": _llama(32, 2, vocab=256, head_dim=16, max_seq_len=256),
-    "cpu-80k": _llama(48, 3, vocab=256, head_dim=16, max_seq_len=256),
-    "cpu-200k": _llama(64, 4, vocab=256, head_dim=32, max_seq_len=256),
-    "cpu-550k": _llama(96, 5, vocab=256, head_dim=32, max_seq_len=256),
-    "cpu-1m": _llama(128, 5, vocab=256, head_dim=32, max_seq_len=256),
-    "moe-cpu-60k": _moe(_llama(32, 2, vocab=256, head_dim=16, max_seq_len=256), 8, 2, 32),
-    "moe-cpu-200k": _moe(_llama(48, 3, vocab=256, head_dim=16, max_seq_len=256), 8, 2, 48),
+    "cpu-10k": _rung(20, 2, head_dim=10),
+    "cpu-25k": _rung(32, 2, head_dim=16),
+    "cpu-80k": _rung(48, 3, head_dim=16),
+    "cpu-200k": _rung(64, 4, head_dim=32),
+    "cpu-550k": _rung(96, 5, head_dim=32),
+    "cpu-1m": _rung(128, 5, head_dim=32),
+    "moe-cpu-60k": _moe(_rung(32, 2, head_dim=16), 8, 2, 32),
+    "moe-cpu-200k": _moe(_rung(48, 3, head_dim=16), 8, 2, 48),
     "moe-tiny": _moe(_llama(64, 4, vocab=256, head_dim=32, max_seq_len=256), 8, 2, 64),
     "moe-small": _moe(_llama(128, 5, vocab=256, head_dim=32, max_seq_len=512), 8, 2, 128),
     "moe-0.5b": _moe(_llama(768, 12), 32, 4, 448),

@@ -19,6 +19,8 @@ directories. What each function computes, and the choices made where the literat
 - ``tokens_to_reach``: the first point where a validation curve reaches a loss, linearly
   interpolated between evaluations (token efficiency).
 - ``pick_lr``: the learning rate with the lowest mean final loss, flagging a winner at a grid edge.
+- ``seeds_needed`` / ``seeds_for_halfwidth``: planning figures from the per-seed differences seen so far:
+  seeds until the interval would exclude 0, or until its half-width reaches a target.
 """
 
 from __future__ import annotations
@@ -288,6 +290,27 @@ def seeds_needed(differences: Sequence[float], confidence: float = 0.95, max_see
     return None
 
 
+def seeds_for_halfwidth(differences: Sequence[float], halfwidth: float, confidence: float = 0.95,
+                        max_seeds: int = 1000) -> int | None:
+    """Seeds a paired comparison needs for its interval's half-width ``t_(1+c)/2,n-1 · sd / √n`` to reach
+    ``halfwidth`` (nats), if the spread of the per-seed ``differences`` seen so far held: the smallest n >= 2
+    that does (issue 23's ±0.015 target; a planning figure: the sd itself is estimated). None when more than
+    ``max_seeds`` would be needed. Raises ``ValueError`` for fewer than 2 differences or ``halfwidth <= 0``.
+    """
+    from scipy import stats as scipy_stats
+
+    x = np.asarray(differences, dtype=float)
+    if x.size < 2:
+        raise ValueError("seeds_for_halfwidth needs the differences of at least 2 seeds")
+    if not halfwidth > 0:
+        raise ValueError(f"halfwidth={halfwidth} must be > 0 (nats, e.g. 0.015)")
+    sd = float(x.std(ddof=1))
+    for n in range(2, max_seeds + 1):
+        if scipy_stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n) <= halfwidth:
+            return n
+    return None
+
+
 def pick_lr(results: dict[float, Sequence[float]]) -> LrPick:
     """Pick the lr with the lowest mean final loss over seeds (a well-tuned baseline, DESIGN.md §9).
 
@@ -326,6 +349,7 @@ __all__ = [
     "mean_std",
     "paired_delta",
     "pick_lr",
+    "seeds_for_halfwidth",
     "seeds_needed",
     "tokens_to_reach",
 ]

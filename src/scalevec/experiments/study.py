@@ -7,15 +7,21 @@ tuning seeds, usually ``[0]``), plus a ``study`` section::
       extend: 2.0          # factor of each step past a grid edge (the grid is spaced by this factor)
       max_extensions: 4    # per strategy and cell; the report warns if the best lr is still at an edge
       confirm_seeds: [1, 2]   # seeds added at each strategy's tuned lr, per cell
+      target_halfwidth: 0.015 # optional: then add seeds until each Δ's 95 % interval is planned this narrow
+      max_seeds: 20           # ... but never past this many seeds per strategy (with target_halfwidth)
 
-It runs in three phases, each an ordinary sweep into the same folder (finished runs are skipped, so
+It runs in three phases (four with ``target_halfwidth``), each an ordinary sweep into the same folder (finished runs are skipped, so
 rerunning the command resumes and makes the same decisions from the same results):
 
 1. the grid as written (every strategy × lr × tuning seed × the other axes);
 2. per cell (a combination of the other axes) and strategy: while the best lr on the tuning seeds
    is the smallest or largest value tried, add the next value past it (× or ÷ ``extend``); a
    diverged run counts as an infinitely bad lr, so a grid that diverges on one side grows the other;
-3. the ``confirm_seeds`` at each strategy's tuned lr.
+3. the ``confirm_seeds`` at each strategy's tuned lr;
+4. with ``target_halfwidth`` h: per cell, while some strategy's paired differences to the baseline (at each
+   one's tuned lr, over the seeds run so far) say that more seeds are needed for a 95 % half-width of h
+   (``stats.seeds_for_halfwidth``), every strategy gets the next seeds up to that count, at most ``max_seeds``
+   (issue 23: a ladder whose rungs can resolve the paper's 0.015-0.03 nats).
 
 The report (``report.py``) picks each strategy's lr on the tuning seeds (the seeds every lr value has)
 and averages every seed at that lr, so the added seeds confirm the pick without re-choosing it.
@@ -36,17 +42,20 @@ from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.sweep import Run, SweepSpec, expand, run_sweep, spec_from_dict
 from scalevec.training import rundir
 
-STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds")
+STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds")
 LR, SEED, STRATEGY = "optim.lr", "train.seed", "strategy"
 
 
 @dataclass
 class StudyPlan:
-    """The parsed ``study`` section: step factor, extension limit, confirmation seeds."""
+    """The parsed ``study`` section: step factor, extension limit, confirmation seeds, and the optional
+    interval target (nats) with its seed cap."""
 
     extend: float = 2.0
     max_extensions: int = 4
     confirm_seeds: list[int] = field(default_factory=lambda: [1, 2])
+    target_halfwidth: float | None = None
+    max_seeds: int = 20
 
 
 def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]:
@@ -58,8 +67,14 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     if not isinstance(plan_data, dict) or set(plan_data) - set(STUDY_KEYS):
         raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}")
     spec = spec_from_dict({k: v for k, v in data.items() if k != "study"}, where)
+    target = plan_data.get("target_halfwidth")
     plan = StudyPlan(float(plan_data.get("extend", 2.0)), int(plan_data.get("max_extensions", 4)),
-                     [int(s) for s in plan_data.get("confirm_seeds", [1, 2])])
+                     [int(s) for s in plan_data.get("confirm_seeds", [1, 2])],
+                     None if target is None else float(target), int(plan_data.get("max_seeds", 20)))
+    if plan.target_halfwidth is not None and not plan.target_halfwidth > 0:
+        raise ValueError(f"{where}.study.target_halfwidth={plan.target_halfwidth} must be > 0 (nats, e.g. 0.015)")
+    if plan.max_seeds < 2:
+        raise ValueError(f"{where}.study.max_seeds={plan.max_seeds} must be >= 2")
     if not plan.extend > 1:
         raise ValueError(f"{where}.study.extend={plan.extend} must be > 1 (e.g. 2)")
     if plan.max_extensions < 0:
@@ -74,8 +89,10 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     if tuning & set(plan.confirm_seeds):
         raise ValueError(f"{where}.study.confirm_seeds {plan.confirm_seeds} overlap the grid's seeds; use other seeds")
     spec = replace(spec, tune=[LR])
-    stored = {**spec.to_dict(), "study": {"extend": plan.extend, "max_extensions": plan.max_extensions,
-                                          "confirm_seeds": plan.confirm_seeds}}
+    stored_plan = {"extend": plan.extend, "max_extensions": plan.max_extensions, "confirm_seeds": plan.confirm_seeds}
+    if plan.target_halfwidth is not None:
+        stored_plan |= {"target_halfwidth": plan.target_halfwidth, "max_seeds": plan.max_seeds}
+    stored = {**spec.to_dict(), "study": stored_plan}
     return spec, plan, stored
 
 
@@ -147,6 +164,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         groups[cell].setdefault(strategy, [])
         if run.values[LR] not in groups[cell][strategy]:
             groups[cell][strategy].append(run.values[LR])
+    tuned: dict[tuple, dict[str, float]] = defaultdict(dict)  # cell -> strategy label -> its tuned lr
     for cell, by_strategy in groups.items():
         for label, lrs in by_strategy.items():
             strategy = axis_value[label]
@@ -164,8 +182,6 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                 lrs.append(nxt)
                 rc |= run_sweep(narrowed(spec, examples[cell], strategy, [nxt], tuning), out, jobs=jobs,
                                 train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
-            if not plan.confirm_seeds:
-                continue
             losses = {lr: [_final(runs_dir, r.name)
                            for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
                       for lr in lrs}
@@ -175,8 +191,15 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                 best = stats.pick_lr(losses).lr
             except ValueError:
                 continue
-            rc |= run_sweep(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds), out, jobs=jobs,
-                            train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+            tuned[cell][label] = best
+            if plan.confirm_seeds:
+                rc |= run_sweep(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds), out,
+                                jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+    if plan.target_halfwidth is not None:
+        seeds = list(dict.fromkeys(tuning + plan.confirm_seeds))
+        for cell, lr_of in tuned.items():
+            rc |= _add_seeds(spec, plan, out, examples[cell], lr_of, {k: axis_value[k] for k in lr_of}, seeds,
+                             jobs, train_cmd, quiet, say)
     from scalevec.experiments.report import write_report
 
     try:
@@ -184,6 +207,39 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     except (ValueError, FileNotFoundError) as e:
         say(f"no report: {e}")
     return 1 if rc else 0
+
+
+def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of: dict[str, float],
+               value_of: dict[str, Any], seeds: list[int], jobs: int, train_cmd, quiet: bool, say) -> int:
+    """Phase 4 for one cell: grow every strategy's seeds (at its tuned lr ``lr_of``) until the paired
+    differences to the baseline plan a half-width of ``plan.target_halfwidth`` or ``plan.max_seeds`` is reached.
+    Deterministic from the results on disk, so a rerun makes the same decisions. Returns run_sweep's rc."""
+    if spec.baseline not in lr_of or len(lr_of) < 2:
+        return 0
+    rc, runs_dir = 0, out / "runs"
+    while len(seeds) < plan.max_seeds:
+        finals = {}
+        for label, lr in lr_of.items():
+            finals[label] = [_final(runs_dir, r.name)
+                             for r in expand(narrowed(spec, example, value_of[label], [lr], seeds))]
+        if any(v is None or not math.isfinite(v) for vs in finals.values() for v in vs):
+            return rc  # a run is missing or diverged: the report says so; no plan from it
+        need = 2
+        for label, vs in finals.items():
+            if label != spec.baseline:
+                diffs = [a - b for a, b in zip(vs, finals[spec.baseline])]
+                need = max(need, stats.seeds_for_halfwidth(diffs, plan.target_halfwidth, max_seeds=plan.max_seeds)
+                           or plan.max_seeds)
+        if need <= len(seeds):
+            return rc
+        new = [max(seeds) + 1 + i for i in range(need - len(seeds))]
+        say(f"study: {len(seeds)} seeds plan a half-width above {plan.target_halfwidth:g} nats; adding seeds "
+            f"{new[0]}-{new[-1]} ({need} in all)")
+        for label, lr in lr_of.items():
+            rc |= run_sweep(narrowed(spec, example, value_of[label], [lr], new), out, jobs=jobs,
+                            train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+        seeds = seeds + new
+    return rc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

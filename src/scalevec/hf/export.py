@@ -122,7 +122,7 @@ def hf_config(cfg: ModelConfig, fmt: str, dtype: str = "float32", bos_id: int | 
         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads, head_dim=int(cfg.head_dim),
         hidden_act="silu", max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
         rope_parameters=rope_parameters(cfg),
-        initializer_range=cfg.init_std, tie_word_embeddings=False, bos_token_id=bos_id, eos_token_id=eos_id,
+        initializer_range=cfg.weight_std, tie_word_embeddings=False, bos_token_id=bos_id, eos_token_id=eos_id,
         architectures=[FORMATS[fmt]], dtype=dtype,
     )
     if fmt == "llama":
@@ -216,7 +216,7 @@ def remote_config(cfg: ModelConfig, scfg, dtype: str = "float32", bos_id: int | 
         rms_norm_eps=cfg.norm_eps, layout=cfg.layout, qk_norm=cfg.qk_norm, mlp_norm_sites=norm_sites,
         num_experts=moe.n_experts if moe else 0, num_experts_per_tok=moe.top_k if moe else 2,
         moe_intermediate_size=moe.d_expert if moe else 128, n_shared_experts=moe.n_shared_experts if moe else 0,
-        first_dense=moe.first_dense if moe else 0, initializer_range=cfg.init_std, tie_word_embeddings=False,
+        first_dense=moe.first_dense if moe else 0, initializer_range=cfg.weight_std, tie_word_embeddings=False,
         bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
     )
     config.architectures = ["ScalevecForCausalLM"]

@@ -199,9 +199,9 @@ class Experts(nn.Module):
         self.n_experts = moe.n_experts
         for site in ("gate", "up"):
             self.add_module(site, make_expert_proj(moe.n_experts, d, moe.d_expert, plan.branches[f"experts.{site}"],
-                                                   cfg.norm_eps, ops, cfg.init_std))
+                                                   cfg.norm_eps, ops, cfg.weight_std))
         self.down = ExpertProj(moe.n_experts, moe.d_expert, d, BranchPlan(), cfg.norm_eps, ops,
-                               cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+                               cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, u: Tensor, idx: Tensor, weights: Tensor, shared: Tensor | None = None) -> Tensor:
         k = idx.shape[1]
@@ -231,8 +231,8 @@ class SharedExperts(nn.Module):
         d, width = cfg.d_model, cfg.moe.d_expert * cfg.moe.n_shared_experts
         for site in ("gate", "up"):
             self.add_module(site, make_branch(d, width, plan.branches[f"shared_experts.{site}"], cfg.norm_eps, ops,
-                                              std=cfg.init_std))
-        self.down = Linear(width, d, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+                                              std=cfg.weight_std))
+        self.down = Linear(width, d, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, u: Tensor, shared: Tensor | None = None) -> Tensor:
         g, v = (b.finish(F.linear(u, b.folded_weight(shared).to(u.dtype))) for b in (self.gate, self.up))
@@ -260,7 +260,7 @@ class MoE(nn.Module):
         self.lb_coef, self.z_loss_coef = moe.lb_coef, moe.z_loss_coef
         self.scale = p.gamma.build((cfg.d_model,), ops) if p.gamma is not None else None
         self.router = make_branch(cfg.d_model, moe.n_experts, p.branches["router"], cfg.norm_eps, ops, role="router",
-                                  std=cfg.init_std)
+                                  std=cfg.weight_std)
         self.experts = Experts(cfg, p, ops)
         self.shared_experts = SharedExperts(cfg, p, ops) if moe.n_shared_experts else None
         self.last_stats: dict[str, Tensor] = {}

@@ -119,11 +119,11 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim  # q == d_model unless head_dim is set
         norm_linear = FusedNormLinear if plan.fused else NormLinear  # fused: q, k, v in one matmul (opt-in)
-        self.proj = norm_linear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops, std=cfg.init_std)
+        self.proj = norm_linear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops, std=cfg.weight_std)
         qk = plan.qk_norm
         self.q_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
         self.k_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
-        self.o = Linear(q, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+        self.o = Linear(q, cfg.d_model, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def norm(self, x: Tensor) -> Tensor:
         return self.proj.norm(x)
@@ -153,8 +153,8 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
         super().__init__()
-        self.proj = swiglu_proj(cfg.d_model, cfg.d_ff, plan.mlp, cfg.norm_eps, ops, std=cfg.init_std)
-        self.down = Linear(cfg.d_ff, cfg.d_model, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
+        self.proj = swiglu_proj(cfg.d_model, cfg.d_ff, plan.mlp, cfg.norm_eps, ops, std=cfg.weight_std)
+        self.down = Linear(cfg.d_ff, cfg.d_model, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def norm(self, x: Tensor) -> Tensor:
         return self.proj.norm(x)
@@ -291,10 +291,10 @@ class Transformer(nn.Module):
         self.plan = plan = scale_plan(scfg, cfg)  # where every scale vector sits: the strategy, read once
         ops = FAST if plan.fast else PLAIN  # the fast kernels or the plain formulas, same functions
         block = PeriBlock if plan.peri is not None else PreBlock
-        self.embed = Embedding(cfg.vocab_size, cfg.d_model, cfg.init_std)
+        self.embed = Embedding(cfg.vocab_size, cfg.d_model, cfg.weight_std)
         self.layers = nn.ModuleList(block(cfg, plan, ops, i) for i in range(cfg.n_layers))
         self.head = NormLinear(cfg.d_model, {"lm_head": cfg.vocab_size}, plan.head, cfg.norm_eps, ops, role="lm_head",
-                               std=cfg.init_std)
+                               std=cfg.weight_std)
         if cfg.tie_embeddings:
             self.head.branches["lm_head"].weight = self.embed.weight
         self.checkpoint_blocks: frozenset[int] = frozenset()  # set_memory_options

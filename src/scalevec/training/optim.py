@@ -4,7 +4,8 @@
 ``matrix`` parameters plus AdamW for every other role) and a printable group table. Weight decay per
 role: ``matrix`` and ``lm_head`` get ``weight_decay``; ``embedding`` and ``router`` only if configured;
 ``input_scale`` / ``output_scale`` as the strategy's ``wd`` switch says (IWD = input scales only);
-``scale_direction`` (OR/ER's α, scale-invariant) never. Every parameter is in exactly one group.
+``scale_direction`` (OR/ER's α, scale-invariant) never. The scale roles' lr is ``optim.lr × scale.lr_mult``.
+Every parameter is in exactly one group.
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig,
             continue
         muon = cfg.name == "muon" and role == "matrix"
         lr = (cfg.muon_lr or cfg.lr) if muon else cfg.lr
+        if role in SCALE_ROLES and scfg.lr_mult != 1.0:
+            lr *= scfg.lr_mult  # scale.lr_mult (issue 23's switch); 1 leaves every lr bitwise as it was
         groups.append(Group(role, "muon" if muon else "adamw", lr, role_weight_decay(role, cfg, scfg), names,
                             [named[n] for n in names]))
     covered = [n for g in groups for n in g.names]

@@ -34,7 +34,7 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     """
     if not 0 <= step < total_steps:
         raise ValueError(f"step {step} is outside [0, {total_steps})")
-    warmup = min(cfg.warmup, total_steps)
+    warmup = min(cfg.warmup_steps(total_steps), total_steps)
     if step < warmup:
         return (step + 1) / warmup
     floor = cfg.min_lr_ratio
@@ -55,8 +55,8 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
 def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
     """A one-line warning when the warmup does not fit the run (``lr_multiplier`` then rises over all of it and
     never decays: a run of 40 steps under the default warmup of 50), else None (issue 12)."""
-    if cfg.name != "constant" and cfg.warmup >= total_steps:
-        return (f"schedule.warmup={cfg.warmup} is not below the run's {total_steps} steps: the lr rises for the whole "
+    if cfg.name != "constant" and cfg.warmup_steps(total_steps) >= total_steps:
+        return (f"schedule.warmup={cfg.warmup_steps(total_steps)} is not below the run's {total_steps} steps: the lr rises for the whole "
                 f"run and never decays; pass --warmup N with N < {total_steps} (e.g. {max(1, total_steps // 10)})")
     return None
 
