@@ -29,7 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from scalevec.experiments.stats import fit_power_law, fit_shared_power_law, paired_delta, pick_lr, seeds_needed  # noqa: E402
+from scalevec.experiments import ladder  # noqa: E402
+from scalevec.experiments.stats import (  # noqa: E402
+    fit_power_law,
+    fit_shared_power_law,
+    paired_delta,
+    pick_lr,
+    seeds_for_halfwidth,
+    seeds_needed,
+)
 
 BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
 # columns every runs.csv has; any other non-metric column is a setting that names the arms
@@ -342,12 +350,194 @@ def plot(rows: list[dict], fits: list[dict], figures: Path) -> list[str]:
     return written
 
 
+# The paper's figures (DESIGN.md §11, a third-party reading of the paper, medium confidence): none +0.015 at
+# 0.12B after retuning lr; unified -0.016 to -0.019 at 0.5B (Muon + WSD).
+PAPER_POINTS = (("none", "llama-0.12b", 0.015), ("unified", "llama-0.5b", -0.0175))
+TARGET_HALFWIDTH = 0.015  # issue 23: each rung's Δ resolved to ±0.015 nats (95 %)
+
+
+def identified(value: float, err: float) -> bool:
+    """A fitted parameter is identified when it is finite, off its bound 0 and more than 2σ from it."""
+    return math.isfinite(err) and value > 0 and value > 2 * err
+
+
+def tuned_differences(runs: list[dict], got: dict, strategy: str) -> list[float]:
+    """Per-seed ``strategy − baseline`` final losses of one rung's ``runs.csv``, each at its tuned lr."""
+    def at_tuned(s: str) -> dict[int, float]:
+        return {int(r["seed"]): float(r["final_val_loss"]) for r in runs
+                if r["strategy"] == s and r["status"] == "done" and s in got and float(r["lr"]) == got[s].lr}
+
+    a, b = at_tuned("baseline"), at_tuned(strategy)
+    return [b[k] - a[k] for k in sorted(a.keys() & b.keys())]
+
+
+def ladder_section(results: Path, figures: Path | None) -> list[str]:
+    """Issue 23's ladder: the per-rung table, the trend of Δ with N and its 0.12B extrapolation, the C8 re-fit
+    on the ladder, hours per rung, and the figure."""
+    rows = ladder.read_ladder(results)
+    lines = ["### The ladder in the 0.12B model's init regime (issue 23)", ""]
+    if not rows:
+        return lines + ["No ladder rung has reported yet (`scripts/study.sh ladder`).", ""]
+    from scalevec.presets import get_preset
+
+    lines += ["Each rung: `results/ladder-RUNG-CORPUS/`, made by `sweeps/study-ladder-RUNG-CORPUS.yaml`. lr: each "
+              "strategy's, picked on the mean of seeds 0-1 (* = at the edge of the grid tried); Δ: strategy − "
+              "baseline at each one's tuned lr, paired by seed, 95 % t interval; spread: the baseline's seed std; "
+              "seeds to ±0.015: what `stats.seeds_for_halfwidth` plans from the per-seed differences so far, for the "
+              "wider of the two Δ (1001: more than 1000).", "",
+              "| rung | corpus | N (non-emb.) | d_model | tokens | seeds | lr baseline / none / unified | "
+              "Δ none | Δ unified | spread | seeds to ±0.015 | hours |",
+              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for rung in ladder.RUNGS:
+        for corpus in ladder.CORPORA:
+            got = {r.strategy: r for r in rows if r.rung == rung and r.corpus == corpus}
+            if "baseline" not in got:
+                continue
+            folder = ladder.folder(results, rung, corpus)
+            runs = read_cell(folder) if (folder / "runs.csv").is_file() else []
+            hours = sum(float(r["wall_time_s"] or 0) for r in runs) / 3600
+            tokens = int(runs[0]["tokens"]) if runs else 0
+            lrs = " / ".join(f"{got[s].lr:.3g}{'*' if got[s].at_edge else ''}" if s in got else "—"
+                             for s in ("baseline", "none", "unified"))
+            seeds = "/".join(str(got[s].seeds) for s in ("baseline", "none", "unified") if s in got)
+
+            def delta(s: str) -> str:
+                r = got.get(s)
+                if r is None or r.delta is None or r.lo is None:
+                    return "—"
+                return f"{r.delta:+.4f} [{r.lo:+.4f}, {r.hi:+.4f}]"
+
+            need = []
+            for s in ("none", "unified"):
+                diffs = tuned_differences(runs, got, s)
+                if len(diffs) >= 2:
+                    need.append(seeds_for_halfwidth(diffs, TARGET_HALFWIDTH) or 1001)
+            lines.append(f"| {rung} | {corpus} | {got['baseline'].n:,} | {get_preset(rung).d_model} | {tokens:,} | "
+                         f"{seeds} | {lrs} | {delta('none')} | {delta('unified')} | {got['baseline'].loss_std:.4f} | "
+                         f"{max(need) if need else '—'} | {hours:.2f} |")
+    target_n = ladder.non_embedding_params(ladder.TARGET)
+    trends = [t for s in ("none", "unified") for c in ladder.CORPORA
+              if (t := ladder.trend(rows, s, c, target_n)) is not None]
+    lines += ["", f"**Trend of Δ with N** (a weighted line in log10 N, the rungs' standard errors as weights, scaled "
+              f"by the reduced χ² when the rungs scatter more; 95 % t intervals). Δ at the 0.12B model's "
+              f"{target_n:,} non-embedding parameters is an **extrapolation** far past the last rung.", ""]
+    if not trends:
+        lines += ["Fewer than two rungs with an interval on every corpus: no trend yet.", ""]
+    else:
+        lines += ["| strategy | corpus | rungs | slope (nats per decade of N) | Δ at 0.12B (extrapolated) |",
+                  "|---|---|---:|---:|---:|"]
+        for t in trends:
+            lo, hi = t.slope_interval
+            d, dlo, dhi = t.at_target
+            interval = "no interval (2 rungs)" if math.isnan(dlo) else f"[{dlo:+.3f}, {dhi:+.3f}]"
+            slope = f"{t.fit.slope:+.4f}" + ("" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]")
+            lines.append(f"| {t.strategy} | {t.corpus} | {len(t.points)} | {slope} | {d:+.3f} {interval} |")
+        lines.append("")
+    lines += c8_ladder_lines(results, rows)
+    if figures is not None and trends:
+        name = ladder_figure(rows, trends, figures, target_n)
+        lines += [f"![{name}](figures/{name})", ""]
+    return lines
+
+
+def c8_ladder_lines(results: Path, rows: list) -> list[str]:
+    """C8 re-fitted on the ladder: every seed at each tuned lr is a point of ``L(N) = E + A·N^-α``; the
+    strategy's compute multiplier is given only when the baseline's E and α are both identified."""
+    lines = ["**C8 on the ladder** (every seed at the tuned lr is a point; E or α *not identified* when its 1σ "
+             "reaches its bound 0, and then no multiplier is reported: it would be an artefact of the fit).", "",
+             "| corpus | rungs | baseline E ± 1σ | α ± 1σ | none: multiplier m² | unified: multiplier m² |",
+             "|---|---:|---:|---:|---:|---:|"]
+    any_row = False
+    for corpus in ladder.CORPORA:
+        pts: dict[str, tuple[list, list]] = {s: ([], []) for s in ("baseline", "none", "unified")}
+        rungs = 0
+        for rung in ladder.RUNGS:
+            folder = ladder.folder(results, rung, corpus)
+            got = {r.strategy: r for r in rows if r.rung == rung and r.corpus == corpus}
+            if "baseline" not in got or not (folder / "runs.csv").is_file():
+                continue
+            rungs += 1
+            for r in read_cell(folder):
+                s = r["strategy"]
+                if s in pts and s in got and r["status"] == "done" and float(r["lr"]) == got[s].lr:
+                    pts[s][0].append(got["baseline"].n)
+                    pts[s][1].append(float(r["final_val_loss"]))
+        if rungs < 3:
+            continue
+        any_row = True
+        base = fit_power_law(*pts["baseline"])
+        ok = identified(base.E, base.E_err) and identified(base.alpha, base.alpha_err)
+        cells = []
+        for s in ("none", "unified"):
+            if len(set(pts[s][0])) < 3:
+                cells.append("fewer than 3 rungs")
+            elif not ok:
+                cells.append("not identified")
+            else:
+                f = fit_shared_power_law(*pts["baseline"], *pts[s])
+                cells.append(f"{f.multiplier:.3f} ± {f.multiplier_err:.3f}")
+        e = f"{base.E:.3f} ± {base.E_err:.3f}" + ("" if identified(base.E, base.E_err) else " (not identified)")
+        a = f"{base.alpha:.3f} ± {base.alpha_err:.3f}" + ("" if identified(base.alpha, base.alpha_err)
+                                                           else " (not identified)")
+        lines.append(f"| {corpus} | {rungs} | {e} | {a} | {cells[0]} | {cells[1]} |")
+    if not any_row:
+        lines.append("| — | fewer than 3 rungs on each corpus | | | | |")
+    return lines + [""]
+
+
+def ladder_figure(rows: list, trends: list, figures: Path, target_n: int) -> str:
+    """Δ per rung with its interval against N, both corpora, each trend's band out to the 0.12B model, and the
+    paper's reported points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figures.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    colours = {"shakespeare": "tab:blue", "kjv": "tab:orange"}
+    for ax, strategy in zip(axes, ("none", "unified")):
+        for corpus, colour in colours.items():
+            pts = [r for r in rows if r.strategy == strategy and r.corpus == corpus and r.delta is not None
+                   and r.lo is not None]
+            if pts:
+                shift = 1.04 if corpus == "kjv" else 1 / 1.04
+                ax.errorbar([r.n * shift for r in pts], [r.delta for r in pts],
+                            yerr=[[r.delta - r.lo for r in pts], [r.hi - r.delta for r in pts]], fmt="o",
+                            color=colour, capsize=3, label=f"{corpus} (95 % CI)")
+            t = next((t for t in trends if t.strategy == strategy and t.corpus == corpus), None)
+            if t is not None:
+                grid = np.geomspace(min(p[0] for p in t.points) / 1.3, target_n * 1.3, 60)
+                band = [t.fit.predict(math.log10(n)) for n in grid]
+                ax.plot(grid, [b[0] for b in band], color=colour, lw=1)
+                if not math.isnan(band[0][1]):
+                    ax.fill_between(grid, [b[1] for b in band], [b[2] for b in band], color=colour, alpha=0.15)
+        for s, preset, value in PAPER_POINTS:
+            if s == strategy:
+                ax.scatter([ladder.non_embedding_params(preset)], [value], marker="*", s=120, color="k",
+                           label=f"paper ({preset}, DESIGN §11)", zorder=5)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters N")
+        ax.set_title(f"Δ {strategy} − baseline, each at its tuned lr; trend band (95 %)", fontsize=8)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("Δ final validation loss (nats/token)")
+    fig.tight_layout()
+    fig.savefig(figures / "ladder_deltas.png", dpi=130)
+    plt.close(fig)
+    return "ladder_deltas.png"
+
+
 def generate(results: Path, figures: Path | None = None) -> str:
     folders = [f for f in sorted(results.iterdir()) if (f / "runs.csv").is_file()]
+    ladder_lines = ladder_section(results, figures)
+    folders = [f for f in folders if not f.name.startswith("ladder-")]  # the first protocol's cells below
     cells = {folder.name: analyse(read_cell(folder)) for folder in folders}
     rows = comparisons(cells)
     fits = scaling(cells)
-    lines = ["### Verdicts", ""] + claim_rows(rows) + [""]
+    lines = ladder_lines + ["### Verdicts of the first protocol (init_std 0.02 at every width, warmup 50)", ""]
+    lines += claim_rows(rows) + [""]
     hours = training_seconds(folders) / 3600
     lines.append(f"Machine time of these cells: {hours:.2f} h of training wall clock (one run at a time, one "
                  f"thread each; the rest of the machine was shared with other work).")

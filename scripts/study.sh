@@ -19,7 +19,7 @@ if [ "$PART" != first ]; then
   for pass in 1 2; do
     for rung in cpu-10k cpu-25k cpu-80k cpu-200k cpu-550k; do
       for corpus in shakespeare kjv; do
-        [ -f "sweeps/ladder-$rung-$corpus.yaml" ] && study "ladder-$rung-$corpus" "ladder-$rung-$corpus"
+        [ -f "sweeps/study-ladder-$rung-$corpus.yaml" ] && study "ladder-$rung-$corpus" "ladder-$rung-$corpus"
       done
     done
   done

@@ -129,3 +129,56 @@ def test_a_variant_is_tuned_on_its_own(tmp_path):
     a = analyze(load_runs(out), load_specs(out))
     assert [r.strategy for r in a.cells[0].results] == ["baseline", "unified-no-or"]
     assert all(r.pick.lr == 4e-3 and [x.seed for x in r.runs] == [0, 1] for r in a.cells[0].results)
+
+
+@pytest.mark.slow  # an end-to-end study
+def test_study_adds_seeds_until_the_interval_target_then_stops(tmp_path, monkeypatch):
+    """target_halfwidth: after seeds 0-1 every strategy gets the same further seeds at its tuned lr until the
+    paired differences plan the target (fakerun's per-run noise, sd ≈ 0.0014 per Δ), never past max_seeds;
+    a rerun trains nothing, and an unreachable target stops at exactly max_seeds."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    spec = {**STUDY, "grid": {**STUDY["grid"], "lr": [2e-3, 4e-3, 8e-3]},
+            "study": {"extend": 2.0, "max_extensions": 2, "confirm_seeds": [1], "target_halfwidth": 0.0015,
+                      "max_seeds": 12}}
+    out = tmp_path / "study"
+    assert run_study(*parse(spec), out, train_cmd=FAKE, quiet=True) == 0
+    (cell,) = analyze(load_runs(out), load_specs(out)).cells
+    seeds = {res.strategy: [r.seed for r in res.runs] for res in cell.results}
+    assert seeds["baseline"] == seeds["unified"] and 2 < len(seeds["baseline"]) <= 12, seeds
+    from scalevec.experiments import stats
+
+    by = {res.strategy: [r.final_loss for r in res.runs] for res in cell.results}
+    diffs = [u - b for u, b in zip(by["unified"], by["baseline"])]
+    need = stats.seeds_for_halfwidth(diffs, 0.0015, max_seeds=12) or 12
+    assert need <= len(diffs)  # the plan is met with the seeds it trained
+    names = _names(log)
+    assert run_study(*parse(spec), out, train_cmd=FAKE, quiet=True) == 0 and _names(log) == names
+    tight = {**spec, "study": {**spec["study"], "target_halfwidth": 1e-9, "max_seeds": 5}}
+    out2 = tmp_path / "tight"
+    assert run_study(*parse(tight), out2, train_cmd=FAKE, quiet=True) == 0
+    (cell,) = analyze(load_runs(out2), load_specs(out2)).cells
+    assert all([r.seed for r in res.runs] == [0, 1, 2, 3, 4] for res in cell.results)
+
+
+@pytest.mark.parametrize("plan, match", [({"target_halfwidth": 0}, "target_halfwidth"),
+                                         ({"target_halfwidth": 0.01, "max_seeds": 1}, "max_seeds")])
+def test_study_interval_target_is_validated(plan, match):
+    with pytest.raises(ValueError, match=match):
+        parse({**STUDY, "study": {**STUDY["study"], **plan}})
+
+
+@pytest.mark.slow  # an end-to-end study
+def test_study_lr_grids_give_each_strategy_its_own_lrs(tmp_path, monkeypatch):
+    """With lr_grids, phase 1 trains each strategy on its own lrs only (then grows them at an edge as usual)."""
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    spec = {**STUDY, "study": {"extend": 2.0, "max_extensions": 3, "confirm_seeds": [],
+                               "lr_grids": {"baseline": [1.5e-3, 3e-3, 6e-3], "unified": [6e-3, 1.2e-2]}}}
+    assert run_study(*parse(spec), tmp_path / "s", train_cmd=FAKE, quiet=True) == 0
+    lrs = {s: sorted(float(n.split("_lr")[1].split("_")[0]) for n in _names(log) if n.startswith(s))
+           for s in ("baseline", "unified")}
+    assert lrs["baseline"] == [1.5e-3, 3e-3, 6e-3]  # best inside: nothing added, the grid's 2.5e-4 never run
+    assert lrs["unified"] == [1.5e-3, 3e-3, 6e-3, 1.2e-2]  # best at the lower edge: grown down to the optimum
+    with pytest.raises(ValueError, match="lr_grids"):
+        parse({**spec, "study": {"lr_grids": {"baseline": [1e-3]}}})  # unified has no grid

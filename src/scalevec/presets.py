@@ -55,7 +55,6 @@ import dataclasses
 
 from scalevec.config import ModelConfig, MoEConfig
 
-
 # The 0.12B model's d_model: the CPU ladder's init_std of 0.02 holds at this width and scales as 1/√d_model, so
 # every rung starts where the paper's smallest model does, std·√d_model = 0.02·√640 ≈ 0.506 (DESIGN.md §2).
 LADDER_INIT_WIDTH = 640

@@ -19,6 +19,7 @@ directories. What each function computes, and the choices made where the literat
 - ``tokens_to_reach``: the first point where a validation curve reaches a loss, linearly
   interpolated between evaluations (token efficiency).
 - ``pick_lr``: the learning rate with the lowest mean final loss, flagging a winner at a grid edge.
+- ``fit_line``: a weighted least-squares line with a t interval (the trend of Δ across model sizes).
 - ``seeds_needed`` / ``seeds_for_halfwidth``: planning figures from the per-seed differences seen so far:
   seeds until the interval would exclude 0, or until its half-width reaches a target.
 """
@@ -290,6 +291,69 @@ def seeds_needed(differences: Sequence[float], confidence: float = 0.95, max_see
     return None
 
 
+@dataclass(frozen=True)
+class LineFit:
+    """``y = intercept + slope · x`` by weighted least squares, with the parameters' covariance ``cov``
+    (2×2, order intercept, slope) and ``dof = points - 2``; ``t`` is the two-sided 95 % t quantile with those dof
+    (nan with no dof: then no interval can be given)."""
+
+    intercept: float
+    slope: float
+    cov: tuple[tuple[float, float], tuple[float, float]]
+    dof: int
+    t: float
+
+    def predict(self, x: float) -> tuple[float, float, float]:
+        """``(y, lo, hi)`` at ``x``: the line and its 95 % confidence interval (nan bounds without dof)."""
+        y = self.intercept + self.slope * x
+        var = self.cov[0][0] + 2 * x * self.cov[0][1] + x * x * self.cov[1][1]
+        half = self.t * math.sqrt(max(var, 0.0))
+        return y, y - half, y + half
+
+    @property
+    def slope_interval(self) -> tuple[float, float]:
+        half = self.t * math.sqrt(max(self.cov[1][1], 0.0))
+        return self.slope - half, self.slope + half
+
+
+def fit_line(x: Sequence[float], y: Sequence[float], se: Sequence[float] | None = None) -> LineFit:
+    """Weighted least squares of ``y`` on ``x`` (weights ``1/se²``; equal weights without ``se``).
+
+    Our choice of interval (issue 23's trend of Δ across the ladder): the covariance ``(XᵀWX)⁻¹`` is scaled by
+    the reduced χ² when that exceeds 1 (points scattered more than their ``se`` say: a model that is not a line,
+    or under-estimated errors), never shrunk below what the ``se`` give, and the interval uses t with
+    points - 2 dof; without ``se`` it is ordinary least squares with the residual variance. Raises
+    ``ValueError`` for fewer than 2 points, unequal lengths, a non-positive ``se`` or a single distinct x.
+    """
+    from scipy import stats as scipy_stats
+
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xs.shape != ys.shape or xs.ndim != 1 or xs.size < 2:
+        raise ValueError(f"fit_line needs two equal-length samples of >= 2 points, got {xs.shape} and {ys.shape}")
+    if np.ptp(xs) == 0:
+        raise ValueError("fit_line needs at least two distinct x values")
+    if se is not None:
+        w_se = np.asarray(se, dtype=float)
+        if w_se.shape != xs.shape or not np.all(np.isfinite(w_se)) or np.any(w_se <= 0):
+            raise ValueError("fit_line: every se must be a finite number > 0")
+        w = 1.0 / w_se**2
+    else:
+        w = np.ones_like(xs)
+    X = np.stack([np.ones_like(xs), xs], axis=1)
+    xtwx = X.T @ (X * w[:, None])
+    beta = np.linalg.solve(xtwx, X.T @ (w * ys))
+    cov = np.linalg.inv(xtwx)
+    dof = xs.size - 2
+    if dof > 0:
+        chi2 = float(np.sum(w * (ys - X @ beta) ** 2)) / dof
+        cov = cov * (max(chi2, 1.0) if se is not None else chi2)
+    t = float(scipy_stats.t.ppf(0.975, dof)) if dof > 0 else math.nan
+    if se is not None and dof == 0:
+        t = 1.959963984540054  # two points with known se: the normal quantile (the line passes through both)
+    return LineFit(float(beta[0]), float(beta[1]), ((float(cov[0, 0]), float(cov[0, 1])),
+                                                     (float(cov[1, 0]), float(cov[1, 1]))), dof, t)
+
+
 def seeds_for_halfwidth(differences: Sequence[float], halfwidth: float, confidence: float = 0.95,
                         max_seeds: int = 1000) -> int | None:
     """Seeds a paired comparison needs for its interval's half-width ``t_(1+c)/2,n-1 · sd / √n`` to reach
@@ -339,11 +403,13 @@ def pick_lr(results: dict[float, Sequence[float]]) -> LrPick:
 
 
 __all__ = [
+    "LineFit",
     "LrPick",
     "PairedDelta",
     "PowerLawFit",
     "SharedFit",
     "compute_multiplier",
+    "fit_line",
     "fit_power_law",
     "fit_shared_power_law",
     "mean_std",

@@ -9,11 +9,14 @@ tuning seeds, usually ``[0]``), plus a ``study`` section::
       confirm_seeds: [1, 2]   # seeds added at each strategy's tuned lr, per cell
       target_halfwidth: 0.015 # optional: then add seeds until each Δ's 95 % interval is planned this narrow
       max_seeds: 20           # ... but never past this many seeds per strategy (with target_halfwidth)
+      lr_grids: {baseline: [7e-3, 1e-2, 1.4e-2], unified: [2e-2, 2.8e-2, 4e-2]}  # optional: per strategy,
+                              # phase 1 runs each strategy on its own lrs instead of the grid's lr axis
 
 It runs in three phases (four with ``target_halfwidth``), each an ordinary sweep into the same folder (finished runs are skipped, so
 rerunning the command resumes and makes the same decisions from the same results):
 
-1. the grid as written (every strategy × lr × tuning seed × the other axes);
+1. the grid as written (every strategy × lr × tuning seed × the other axes), or with ``lr_grids`` each
+   strategy × its own lrs × tuning seed (the ladder's top rungs: a grid around each one's predicted lr);
 2. per cell (a combination of the other axes) and strategy: while the best lr on the tuning seeds
    is the smallest or largest value tried, add the next value past it (× or ÷ ``extend``); a
    diverged run counts as an infinitely bad lr, so a grid that diverges on one side grows the other;
@@ -42,7 +45,7 @@ from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.sweep import Run, SweepSpec, expand, run_sweep, spec_from_dict
 from scalevec.training import rundir
 
-STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds")
+STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "lr_grids")
 LR, SEED, STRATEGY = "optim.lr", "train.seed", "strategy"
 
 
@@ -56,6 +59,7 @@ class StudyPlan:
     confirm_seeds: list[int] = field(default_factory=lambda: [1, 2])
     target_halfwidth: float | None = None
     max_seeds: int = 20
+    lr_grids: dict[str, list[float]] | None = None  # strategy label -> its phase-1 lrs
 
 
 def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]:
@@ -75,6 +79,16 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
         raise ValueError(f"{where}.study.target_halfwidth={plan.target_halfwidth} must be > 0 (nats, e.g. 0.015)")
     if plan.max_seeds < 2:
         raise ValueError(f"{where}.study.max_seeds={plan.max_seeds} must be >= 2")
+    grids = plan_data.get("lr_grids")
+    if grids is not None:
+        labels = [str(v.get("name") or v.get("strategy")) if isinstance(v, dict) else str(v)
+                  for v in dict(spec.axes).get(STRATEGY, [])]
+        if (not isinstance(grids, dict) or sorted(map(str, grids)) != sorted(labels)
+                or not all(isinstance(v, list) and v and all(isinstance(x, (int, float)) and x > 0 for x in v)
+                           for v in grids.values())):
+            raise ValueError(f"{where}.study.lr_grids must map every strategy of the grid ({', '.join(labels)}) to a "
+                             f"non-empty list of positive lrs")
+        plan.lr_grids = {str(k): [float(x) for x in v] for k, v in grids.items()}
     if not plan.extend > 1:
         raise ValueError(f"{where}.study.extend={plan.extend} must be > 1 (e.g. 2)")
     if plan.max_extensions < 0:
@@ -92,6 +106,8 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     stored_plan = {"extend": plan.extend, "max_extensions": plan.max_extensions, "confirm_seeds": plan.confirm_seeds}
     if plan.target_halfwidth is not None:
         stored_plan |= {"target_halfwidth": plan.target_halfwidth, "max_seeds": plan.max_seeds}
+    if plan.lr_grids is not None:
+        stored_plan["lr_grids"] = plan.lr_grids
     stored = {**spec.to_dict(), "study": stored_plan}
     return spec, plan, stored
 
@@ -152,7 +168,9 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     out.mkdir(parents=True, exist_ok=True)
     sweepdir.write_spec(out, stored)
     runs_dir = out / "runs"
-    rc = run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+    rc = 0
+    if plan.lr_grids is None:
+        rc = run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
     tuning = list(dict(spec.axes)[SEED])
     groups: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
     examples: dict[tuple, Run] = {}
@@ -164,6 +182,12 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         groups[cell].setdefault(strategy, [])
         if run.values[LR] not in groups[cell][strategy]:
             groups[cell][strategy].append(run.values[LR])
+    if plan.lr_grids is not None:  # phase 1, each strategy on its own lrs
+        for cell, by_strategy in groups.items():
+            for label in by_strategy:
+                by_strategy[label] = list(plan.lr_grids[label])
+                rc |= run_sweep(narrowed(spec, examples[cell], axis_value[label], by_strategy[label], tuning), out,
+                                jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
     tuned: dict[tuple, dict[str, float]] = defaultdict(dict)  # cell -> strategy label -> its tuned lr
     for cell, by_strategy in groups.items():
         for label, lrs in by_strategy.items():

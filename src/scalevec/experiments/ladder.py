@@ -1,0 +1,150 @@
+"""The model ladder of issue 23: rungs in one init regime, lrs predicted up the ladder, the trend of Δ with N.
+
+A ladder is the CPU presets ``RUNGS`` (each initialized as the 0.12B model is, ``presets.LADDER_INIT_WIDTH``)
+trained by ``scalevec study`` into ``results/ladder-RUNG-CORPUS/``. This module reads what those studies
+committed (``results.csv``) and answers three questions; it trains nothing and draws nothing:
+
+- ``predict_lr`` / ``lr_grid``: a rung's tuned lr predicted from the smaller rungs' (a line in log lr against
+  log N, nanochat's and OLMo's ladders extrapolate lr the same way), and the ×√2 grid around it that the next
+  rung's study starts from (``study.lr_grids``; the study grows it at an edge);
+- ``trend``: Δ(N) (strategy − baseline, nats) against log10 N, weighted by each rung's interval
+  (``stats.fit_line``), with the slope per decade of N and its 95 % interval;
+- ``extrapolate``: that line at the 0.12B model's non-embedding N (``TARGET``), with its (wide) interval,
+  an extrapolation over two to four decades that the data cannot check.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalevec.experiments import stats
+
+RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")
+CORPORA = ("shakespeare", "kjv")
+TARGET = "llama-0.12b"  # the paper's smallest model
+GRID_FACTOR = math.sqrt(2)
+
+
+def folder(results: Path, rung: str, corpus: str) -> Path:
+    """Where a rung's study writes: ``results/ladder-RUNG-CORPUS``."""
+    return Path(results) / f"ladder-{rung}-{corpus}"
+
+
+def non_embedding_params(preset: str, strategy: str = "baseline") -> int:
+    """Non-embedding parameters of ``preset`` (built on the meta device: instant at 0.12B)."""
+    from scalevec.config import ScaleConfig
+    from scalevec.model.params import count_params
+    from scalevec.model.transformer import build_model
+    from scalevec.presets import get_preset
+
+    return count_params(build_model(get_preset(preset), ScaleConfig.preset(strategy), device="meta"))[
+        "non_embedding_params"]
+
+
+@dataclass(frozen=True)
+class RungResult:
+    """One strategy on one rung, as the rung's ``results.csv`` says: tuned lr (``at_edge`` when the best lr sat
+    at the grid's edge), seeds, Δ against the baseline with its 95 % interval (None for the baseline)."""
+
+    rung: str
+    corpus: str
+    strategy: str
+    n: int  # the baseline's non-embedding parameters (the rung's N)
+    lr: float
+    at_edge: bool
+    seeds: int
+    loss: float
+    loss_std: float
+    delta: float | None
+    lo: float | None
+    hi: float | None
+
+    @property
+    def se(self) -> float | None:
+        """The standard error of Δ behind its interval (half-width / t with seeds - 1 dof)."""
+        if self.delta is None or self.lo is None or self.seeds < 2 or not math.isfinite(self.hi - self.lo):
+            return None
+        from scipy import stats as scipy_stats
+
+        return (self.hi - self.lo) / 2 / float(scipy_stats.t.ppf(0.975, self.seeds - 1))
+
+
+def _num(text: str) -> float | None:
+    return float(text) if text not in ("", "nan", "None") else None
+
+
+def read_rung(path: Path, rung: str, corpus: str) -> dict[str, RungResult]:
+    """The strategies of one rung's ``results.csv`` (an empty dict when the study has not reported yet)."""
+    f = Path(path) / "results.csv"
+    if not f.is_file():
+        return {}
+    with f.open() as fh:
+        rows = list(csv.DictReader(fh))
+    base_n = {r["strategy"]: int(r["non_embedding_params"]) for r in rows}
+    n = base_n.get("baseline") or min(base_n.values())
+    return {r["strategy"]: RungResult(rung, corpus, r["strategy"], n, float(r["best_value"]),
+                                      r["at_grid_edge"] == "True", int(r["seeds"]), float(r["val_loss_mean"]),
+                                      float(r["val_loss_std"] or "nan"), _num(r["delta"]), _num(r["ci_lo"]),
+                                      _num(r["ci_hi"])) for r in rows}
+
+
+def read_ladder(results: Path) -> list[RungResult]:
+    """Every reported rung × corpus × strategy under ``results``, in rung order."""
+    out = []
+    for rung in RUNGS:
+        for corpus in CORPORA:
+            out.extend(read_rung(folder(results, rung, corpus), rung, corpus).values())
+    return out
+
+
+def predict_lr(points: list[tuple[int, float]], n: int) -> float:
+    """The lr at ``n`` parameters from ``points = [(N, tuned lr), ...]`` of smaller rungs: the least-squares
+    line of log lr on log N at ``n`` (one point: its lr; equal N: their geometric mean). ``ValueError`` if empty."""
+    if not points:
+        raise ValueError("predict_lr needs at least one rung's tuned lr")
+    xs = [math.log10(p[0]) for p in points]
+    ys = [math.log10(p[1]) for p in points]
+    if len(set(xs)) < 2:
+        return 10 ** (sum(ys) / len(ys))
+    fit = stats.fit_line(xs, ys)
+    return 10 ** (fit.intercept + fit.slope * math.log10(n))
+
+
+def lr_grid(center: float, steps: int = 1, factor: float = GRID_FACTOR) -> list[float]:
+    """``2·steps + 1`` lrs spaced by ``factor`` around ``center`` (6 significant digits, as the study writes them)."""
+    return [float(f"{center * factor ** k:.6g}") for k in range(-steps, steps + 1)]
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Δ(N) = intercept + slope · log10 N for one strategy on one corpus, from the rungs ``points``
+    ``[(N, Δ, se)]``; ``at_target`` = (Δ, lo, hi) at the 0.12B model's N (an extrapolation)."""
+
+    strategy: str
+    corpus: str
+    points: list[tuple[int, float, float]]
+    fit: stats.LineFit
+    target_n: int
+    at_target: tuple[float, float, float]
+
+    @property
+    def slope_interval(self) -> tuple[float, float]:
+        return self.fit.slope_interval
+
+
+def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> Trend | None:
+    """The weighted line of ``strategy``'s Δ across the rungs of ``corpus`` (None with fewer than 2 rungs that
+    have an interval)."""
+    pts = [(r.n, r.delta, r.se) for r in rows if r.strategy == strategy and r.corpus == corpus
+           and r.delta is not None and r.se is not None and r.se > 0]
+    if len({p[0] for p in pts}) < 2:
+        return None
+    fit = stats.fit_line([math.log10(p[0]) for p in pts], [p[1] for p in pts], [p[2] for p in pts])
+    return Trend(strategy, corpus, pts, fit, target_n, fit.predict(math.log10(target_n)))
+
+
+__all__ = ["CORPORA", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid", "non_embedding_params",
+           "predict_lr", "read_ladder", "read_rung", "trend"]

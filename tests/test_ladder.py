@@ -1,0 +1,160 @@
+"""Issue 23's switches: the ladder's init regime, warmup as a share of the run, the scale-vector lr
+multiplier, DP without q/k output scales, and the seeds a target interval needs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from scalevec.config import ModelConfig, OptimConfig, ScaleConfig, ScheduleConfig
+from scalevec.experiments import stats
+from scalevec.model.params import SCALE_ROLES
+from scalevec.model.transformer import build_model
+from scalevec.presets import LADDER_INIT_WIDTH, PRESETS, get_preset
+from scalevec.resolve import resolve_config
+from scalevec.training.optim import param_groups
+from scalevec.training.schedule import lr_multiplier
+
+LADDER = [name for name in PRESETS if name.startswith(("cpu-", "moe-cpu-"))]
+REGIME = 0.02 * math.sqrt(LADDER_INIT_WIDTH)  # the 0.12B model's std·√d_model (0.506)
+
+
+def test_every_ladder_rung_starts_in_the_012b_models_init_regime():
+    """std·√d_model is the 0.12B model's on every CPU-ladder preset, and its own at llama-0.12b."""
+    assert len(LADDER) >= 8
+    for name in LADDER:
+        m = get_preset(name)
+        assert m.weight_std * math.sqrt(m.d_model) == pytest.approx(REGIME, rel=1e-12), name
+    paper = get_preset("llama-0.12b")
+    assert paper.init_width is None and paper.weight_std * math.sqrt(paper.d_model) == pytest.approx(REGIME)
+    for name in ("tiny", "small", "medium", "llama-1b", "moe-tiny"):  # tests, golden losses and the paper keep 0.02
+        assert get_preset(name).weight_std == 0.02, name
+
+
+def test_built_weights_have_the_width_scaled_std():
+    """The embedding and q weights are drawn at weight_std, W_o at weight_std/√(2·n_layers) (cpu-10k: 0.113)."""
+    cfg = resolve_config("cpu-10k", "baseline")
+    model = build_model(cfg.model, cfg.scale, seed=0)
+    params = dict(model.named_parameters())
+    expected = 0.02 * math.sqrt(640 / 20)
+    emb = params["embed.weight"]
+    # a sample std of n draws is within 4/√(2n) relative of the true std with overwhelming probability
+    assert emb.std().item() == pytest.approx(expected, rel=4 / math.sqrt(2 * emb.numel()))
+    o = next(p for n, p in params.items() if n.endswith("attn.o.weight"))
+    assert o.std().item() == pytest.approx(expected / math.sqrt(2 * 2), rel=4 / math.sqrt(2 * o.numel()))
+
+
+def test_init_width_null_restores_the_fixed_init_bitwise():
+    """``model.init_width=null`` on a rung gives the same weights as init_std 0.02 at every width."""
+    a = resolve_config("cpu-25k", "unified", {"model.init_width": None})
+    b = ModelConfig(**{**{f: getattr(a.model, f) for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                                                            "vocab_size", "max_seq_len")}, "head_dim": 16})
+    ma, mb = build_model(a.model, a.scale, seed=3), build_model(b, a.scale, seed=3)
+    for (na, pa), (nb, pb) in zip(ma.named_parameters(), mb.named_parameters()):
+        assert na == nb and torch.equal(pa, pb), na
+
+
+@pytest.mark.parametrize("bad", [0, -640, 1.5, "wide", True])
+def test_bad_init_width_is_a_one_line_error(bad):
+    with pytest.raises(ValueError, match="model.init_width"):
+        resolve_config("cpu-10k", "baseline", {"model.init_width": bad})
+
+
+def test_warmup_frac_replaces_warmup_steps():
+    """warmup_frac 0.05 of 1054 steps = 53: the peak is reached at step 52, and warmup (50) is ignored."""
+    cfg = ScheduleConfig(warmup=50, warmup_frac=0.05)
+    assert cfg.warmup_steps(1054) == 53 and cfg.warmup_steps(10) == 1 and ScheduleConfig().warmup_steps(10) == 50
+    assert lr_multiplier(51, 1054, cfg) < 1.0 and lr_multiplier(52, 1054, cfg) == 1.0
+    assert lr_multiplier(0, 1054, cfg) == pytest.approx(1 / 53)
+    with pytest.raises(ValueError, match="warmup_frac"):
+        ScheduleConfig(warmup_frac=1.0).validate()
+
+
+def test_scale_lr_mult_multiplies_only_the_scale_groups():
+    cfg = resolve_config("cpu-10k", "unified", {"scale.lr_mult": 0.25, "optim.lr": 0.04})
+    model = build_model(cfg.model, cfg.scale, seed=0)
+    groups = param_groups(model, cfg.optim, cfg.scale)
+    assert {g.role for g in groups} & set(SCALE_ROLES)
+    for g in groups:
+        assert g.lr == (0.04 * 0.25 if g.role in SCALE_ROLES else 0.04), g.role
+    plain = param_groups(model, OptimConfig(lr=0.04), ScaleConfig.preset("unified"))
+    assert all(g.lr == 0.04 for g in plain)
+    with pytest.raises(ValueError, match="scale.lr_mult"):
+        resolve_config("cpu-10k", "unified", {"scale.lr_mult": 0})
+
+
+def test_dp_without_qk_output_scales_builds_none_on_q_and_k():
+    """``scale.dual_sites=[v, gate, up]`` (issue 23's suspect switch): no output scale on q or k, v's kept."""
+    cfg = resolve_config("cpu-10k", "unified", {"scale.dual_sites": ["v", "gate", "up"]})
+    names = [n for n, _ in build_model(cfg.model, cfg.scale, seed=0).named_parameters()]
+    assert not [n for n in names if ".q.out_scale" in n or ".k.out_scale" in n]
+    assert [n for n in names if ".v.out_scale" in n] and [n for n in names if ".gate.out_scale" in n]
+    full = [n for n, _ in build_model(*(lambda c: (c.model, c.scale))(resolve_config("cpu-10k", "unified")),
+                                      seed=0).named_parameters()]
+    assert [n for n in full if ".q.out_scale" in n]  # the default unified has them
+
+
+def test_seeds_for_halfwidth_matches_the_t_interval():
+    """The returned n is the first whose planned half-width t·sd/√n is at most the target."""
+    from scipy import stats as st
+
+    diffs = [0.01, -0.03, 0.02, 0.04, -0.01]
+    sd = torch.tensor(diffs, dtype=torch.float64).std().item()
+    n = stats.seeds_for_halfwidth(diffs, 0.015)
+    half = lambda k: st.t.ppf(0.975, k - 1) * sd / math.sqrt(k)
+    assert half(n) <= 0.015 < half(n - 1)
+    assert stats.seeds_for_halfwidth(diffs, 1e-6, max_seeds=50) is None
+    with pytest.raises(ValueError):
+        stats.seeds_for_halfwidth([0.1], 0.015)
+
+
+def test_fit_line_recovers_a_line_and_covers_it():
+    """Exact points give the line; noisy points with their true se give an interval around the true slope."""
+    from scalevec.experiments.stats import fit_line
+
+    x = [4.0, 4.4, 4.9, 5.3, 5.7]
+    exact = fit_line(x, [0.1 - 0.04 * v for v in x], [0.01] * 5)
+    assert exact.slope == pytest.approx(-0.04, abs=1e-12) and exact.intercept == pytest.approx(0.1, abs=1e-12)
+    y, lo, hi = exact.predict(7.77)
+    assert y == pytest.approx(0.1 - 0.04 * 7.77) and lo < y < hi  # the se still give a band (chi2 < 1 not shrunk)
+    rng = torch.Generator().manual_seed(0)
+    covered = 0
+    for _ in range(200):
+        noisy = [0.1 - 0.04 * v + 0.01 * torch.randn(1, generator=rng).item() for v in x]
+        lo, hi = fit_line(x, noisy, [0.01] * 5).slope_interval
+        covered += lo < -0.04 < hi
+    assert covered >= 180  # a 95 % interval (no less, being conservative): 190 expected, 180 is 2.9 sd below
+    with pytest.raises(ValueError):
+        fit_line([1.0, 1.0], [0.0, 1.0])
+
+
+def test_predict_lr_follows_the_smaller_rungs_power_law():
+    """Tuned lrs on a power law lr = c·N^-0.5 predict the next rung's exactly; one rung predicts its own lr."""
+    from scalevec.experiments.ladder import lr_grid, predict_lr
+
+    pts = [(n, 3.0 * n ** -0.5) for n in (9660, 24672, 83280)]
+    assert predict_lr(pts, 196672) == pytest.approx(3.0 * 196672 ** -0.5, rel=1e-9)
+    assert predict_lr(pts[:1], 196672) == pytest.approx(pts[0][1])
+    assert lr_grid(0.01) == [0.00707107, 0.01, 0.0141421] and len(lr_grid(0.02, steps=2)) == 5
+
+
+def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
+    """Δ rows in the ladder's results.csv -> a trend through them, evaluated at the 0.12B model's N."""
+    from scalevec.experiments import ladder
+
+    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
+            "non_embedding_params\n")
+    for rung, d in (("cpu-10k", 0.03), ("cpu-25k", 0.02), ("cpu-80k", 0.0)):
+        f = ladder.folder(tmp_path, rung, "kjv")
+        f.mkdir(parents=True)
+        n = ladder.non_embedding_params(rung)
+        f.joinpath("results.csv").write_text(head + f"c,baseline,optim.lr,0.01,False,10,2.0,0.01,,,,{n}\n"
+                                              f"c,unified,optim.lr,0.02,True,10,2.0,0.01,{d},{d - 0.01},{d + 0.01},{n}\n")
+    rows = ladder.read_ladder(tmp_path)
+    assert [r.rung for r in rows if r.strategy == "unified"] == ["cpu-10k", "cpu-25k", "cpu-80k"]
+    assert rows[1].at_edge and rows[1].se == pytest.approx(0.01 / 2.2621571627, rel=1e-6)  # t(0.975, 9)
+    t = ladder.trend(rows, "unified", "kjv", ladder.non_embedding_params(ladder.TARGET))
+    assert t.fit.slope < 0 and t.at_target[0] < 0 and t.at_target[1] < t.at_target[0] < t.at_target[2]
+    assert ladder.trend(rows, "unified", "shakespeare", 10**8) is None
