@@ -401,7 +401,7 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
                              for s in ("baseline", "none", "unified"))
             seeds = "/".join(str(got[s].seeds) for s in ("baseline", "none", "unified") if s in got)
 
-            def delta(s: str) -> str:
+            def delta(s: str, got: dict = got) -> str:
                 r = got.get(s)
                 if r is None or r.delta is None or r.lo is None:
                     return "—"

@@ -150,8 +150,9 @@ def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
         f = ladder.folder(tmp_path, rung, "kjv")
         f.mkdir(parents=True)
         n = ladder.non_embedding_params(rung)
-        f.joinpath("results.csv").write_text(head + f"c,baseline,optim.lr,0.01,False,10,2.0,0.01,,,,{n}\n"
-                                              f"c,unified,optim.lr,0.02,True,10,2.0,0.01,{d},{d - 0.01},{d + 0.01},{n}\n")
+        f.joinpath("results.csv").write_text(
+            head + f"c,baseline,optim.lr,0.01,False,10,2.0,0.01,,,,{n}\n"
+            f"c,unified,optim.lr,0.02,True,10,2.0,0.01,{d},{d - 0.01},{d + 0.01},{n}\n")
     rows = ladder.read_ladder(tmp_path)
     assert [r.rung for r in rows if r.strategy == "unified"] == ["cpu-10k", "cpu-25k", "cpu-80k"]
     assert rows[1].at_edge and rows[1].se == pytest.approx(0.01 / 2.2621571627, rel=1e-6)  # t(0.975, 9)

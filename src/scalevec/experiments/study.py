@@ -12,8 +12,9 @@ tuning seeds, usually ``[0]``), plus a ``study`` section::
       lr_grids: {baseline: [7e-3, 1e-2, 1.4e-2], unified: [2e-2, 2.8e-2, 4e-2]}  # optional: per strategy,
                               # phase 1 runs each strategy on its own lrs instead of the grid's lr axis
 
-It runs in three phases (four with ``target_halfwidth``), each an ordinary sweep into the same folder (finished runs are skipped, so
-rerunning the command resumes and makes the same decisions from the same results):
+It runs in three phases (four with ``target_halfwidth``), each an ordinary sweep into the same folder
+(finished runs are skipped, so rerunning the command resumes and makes the same decisions from the same
+results):
 
 1. the grid as written (every strategy × lr × tuning seed × the other axes), or with ``lr_grids`` each
    strategy × its own lrs × tuning seed (the ladder's top rungs: a grid around each one's predicted lr);

@@ -119,7 +119,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim  # q == d_model unless head_dim is set
         norm_linear = FusedNormLinear if plan.fused else NormLinear  # fused: q, k, v in one matmul (opt-in)
-        self.proj = norm_linear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops, std=cfg.weight_std)
+        self.proj = norm_linear(cfg.d_model, {"q": q, "k": kv, "v": kv}, plan.attn, cfg.norm_eps, ops,
+                                std=cfg.weight_std)
         qk = plan.qk_norm
         self.q_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
         self.k_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()

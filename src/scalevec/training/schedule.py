@@ -56,8 +56,9 @@ def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
     """A one-line warning when the warmup does not fit the run (``lr_multiplier`` then rises over all of it and
     never decays: a run of 40 steps under the default warmup of 50), else None (issue 12)."""
     if cfg.name != "constant" and cfg.warmup_steps(total_steps) >= total_steps:
-        return (f"schedule.warmup={cfg.warmup_steps(total_steps)} is not below the run's {total_steps} steps: the lr rises for the whole "
-                f"run and never decays; pass --warmup N with N < {total_steps} (e.g. {max(1, total_steps // 10)})")
+        return (f"schedule.warmup={cfg.warmup_steps(total_steps)} is not below the run's {total_steps} steps: the lr "
+                f"rises for the whole run and never decays; pass --warmup N with N < {total_steps} "
+                f"(e.g. {max(1, total_steps // 10)}) or schedule.warmup_frac=0.05")
     return None
 
 
