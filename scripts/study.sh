@@ -16,12 +16,15 @@ study() {  # study NAME OUT: sweeps/study-NAME.yaml into results/OUT
 PART=${1:-all}
 case "$PART" in all|ladder|first) ;; *) echo "usage: scripts/study.sh [all|ladder|first]" >&2; exit 2;; esac
 if [ "$PART" != first ]; then
-  for pass in 1 2; do
-    for rung in cpu-10k cpu-25k cpu-80k cpu-200k cpu-550k; do
-      for corpus in shakespeare kjv; do
-        [ -f "sweeps/study-ladder-$rung-$corpus.yaml" ] && study "ladder-$rung-$corpus" "ladder-$rung-$corpus"
-      done
+  rung() {  # rung RUNG: the ladder's study of RUNG on both corpora, where its study file exists
+    for corpus in shakespeare kjv; do
+      [ -f "sweeps/study-ladder-$1-$corpus.yaml" ] && study "ladder-$1-$corpus" "ladder-$1-$corpus"
     done
+  }
+  for pass in 1 2; do
+    rung cpu-10k; rung cpu-25k
+    for r in cpu-10k cpu-25k; do study "ladder-suspects-$r-shakespeare" "ladder-$r-shakespeare"; done  # the suspects
+    rung cpu-80k; rung cpu-200k; rung cpu-550k  # their study files come from scripts/ladder_plan.py
   done
   [ "$PART" = ladder ] && exit 0
 fi
