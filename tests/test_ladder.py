@@ -159,3 +159,41 @@ def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
     t = ladder.trend(rows, "unified", "kjv", ladder.non_embedding_params(ladder.TARGET))
     assert t.fit.slope < 0 and t.at_target[0] < 0 and t.at_target[1] < t.at_target[0] < t.at_target[2]
     assert ladder.trend(rows, "unified", "shakespeare", 10**8) is None
+
+
+def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
+    """scripts/ladder_plan.py: per strategy, 3 lrs ×√2 around the smaller rungs' power law, a valid study file;
+    --predicted-only gives one lr each and no tuning; a rung with no smaller results is refused (exit 2)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from scalevec.config import load_yaml
+    from scalevec.experiments import ladder
+    from scalevec.experiments.study import parse
+
+    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
+            "non_embedding_params\n")
+    for rung in ("cpu-10k", "cpu-25k"):
+        f = ladder.folder(tmp_path, rung, "kjv")
+        f.mkdir(parents=True)
+        n = ladder.non_embedding_params(rung)
+        f.joinpath("results.csv").write_text(head + "".join(
+            f"c,{s},optim.lr,{k * n ** -0.5:.9g},False,10,2.0,0.01,,,,{n}\n"
+            for s, k in (("baseline", 3.0), ("none", 2.0), ("unified", 6.0))))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ladder_plan.py"
+    out = tmp_path / "study.yaml"
+    run = lambda *a: subprocess.run([sys.executable, str(script), *a, "--results", str(tmp_path), "--out", str(out)],
+                                    capture_output=True, text=True)
+    assert run("cpu-80k", "kjv").returncode == 0
+    spec, plan, _ = parse(load_yaml(out))
+    n = ladder.non_embedding_params("cpu-80k")
+    assert plan.lr_grids["unified"][1] == pytest.approx(6.0 * n ** -0.5, rel=1e-5)
+    g = plan.lr_grids["baseline"]
+    assert len(g) == 3 and g[1] / g[0] == pytest.approx(math.sqrt(2), rel=1e-5) == g[2] / g[1]
+    assert plan.target_halfwidth == 0.015 and spec.base["preset"] == "cpu-80k"
+    assert run("cpu-550k", "kjv", "--predicted-only").returncode == 0
+    spec, plan, _ = parse(load_yaml(out))
+    assert all(len(g) == 1 for g in plan.lr_grids.values()) and plan.max_extensions == 0
+    bad = run("cpu-80k", "shakespeare")
+    assert bad.returncode == 2 and "no smaller rung" in bad.stderr
