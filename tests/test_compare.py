@@ -31,12 +31,15 @@ def test_no_arguments_is_the_main_job():
     d = compare.DEFAULTS
     assert [r.name for r in runs] == [f"{s}_s{i}" for s in d["strategies"].split(",") for i in range(d["seeds"])]
     key = (d["preset"], "shakespeare", "bytes", d["optimizer"], d["schedule"], d["tokens_per_param"])
-    tuned = compare.TUNED_LR[key]
+    tuned = compare.study_lrs(compare.TUNED[key])
     base_params = sweep.baseline_params(runs[0].cfg)
     for r in runs:
         assert r.cfg.preset == d["preset"] and r.cfg.optim.lr == tuned[r.cfg.strategy]
         assert r.cfg.train.tokens == round(d["tokens_per_param"] * base_params)
         assert r.cfg.data.source == "shakespeare" and r.cfg.data.tokenizer == "bytes"
+        for k, v in compare.TUNED[key].protocol.items():  # the setting the lrs were tuned in
+            section, field = k.split(".")
+            assert getattr(getattr(r.cfg, section), field) == v
     assert spec.tune == ["optim.lr"]
     # same seed => identical configs apart from the strategy and its lr (the trainer gives the same data and matrices)
     strip = [dict(to_dict(r.cfg), strategy=None, scale=None, optim=None) for r in runs]
@@ -44,6 +47,23 @@ def test_no_arguments_is_the_main_job():
     for i in range(n):  # run i of every strategy shares seed i, and differs from the other seeds
         assert all(strip[i] == strip[i + k * n] for k in range(len(runs) // n))
     assert strip[0] != strip[1]
+
+
+def test_tuned_lrs_are_read_from_the_committed_results_it_cites(tmp_path, monkeypatch):
+    """--lr tuned reads results/<cell>/results.csv (the study's best_value), and a missing file is a one-line
+    ValueError naming the folder, never a silent default."""
+    import csv
+
+    key = ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0)
+    cell = compare.TUNED[key]
+    with (compare.REPO / cell.folder / "results.csv").open() as f:
+        committed = {r["strategy"]: float(r["best_value"]) for r in csv.DictReader(f)}
+    assert compare.study_lrs(cell) == committed
+    missing = compare.TunedCell("results/no-such-cell", {})
+    monkeypatch.setattr(compare, "REPO", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="results/no-such-cell/results.csv, which is not here"):
+        compare.study_lrs(missing)
 
 
 def test_tuned_lr_refuses_a_setting_the_study_did_not_cover():

@@ -9,15 +9,17 @@ matrices (the trainer guarantees it), which is what makes the per-seed differenc
 ``scalevec compare`` with no arguments is the project's main job; its settings are ``DEFAULTS`` below
 (the one place to change them). A fair comparison puts every strategy at its own best lr (issue 12):
 with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
-found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED_LR``, with the
-study file and results folder that found it); ``--lr 3e-3,1e-2`` tunes on the spot instead, and
+found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the committed results
+folder it reads them from, ``results/<cell>/results.csv``, and the protocol they were tuned under); ``--lr 3e-3,1e-2`` tunes on the spot instead, and
 ``--lr 1e-2`` puts every strategy at one lr (a test of lr tolerance, not of the strategies).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -43,16 +45,53 @@ DEFAULTS = {
     "out": "runs/compare",
 }
 
-# Each strategy's best lr per setting, from the reproduction study (docs/reproduction.md): the lr grid
-# grew by ×2 until the best value on seed 0 was inside it (`scalevec study`). Key: (preset, corpus,
-# tokenizer, optimizer, schedule, tokens per parameter) at batch 16 × 128 tokens and warmup 50.
-TUNED_LR: dict[tuple, dict[str, float]] = {
-    # sweeps/study-c6-cpu-25k-shakespeare.yaml -> results/cpu-25k-shakespeare/results.csv
-    ("cpu-25k", "shakespeare", "bytes", "adamw", "cosine", 20.0): {"baseline": 0.02, "none": 0.01, "unified": 0.08},
-    # sweeps/study-c6-cpu-80k-shakespeare.yaml -> results/cpu-80k-shakespeare/results.csv
-    ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0): {"baseline": 0.01, "none": 0.01, "unified": 0.04},
+@dataclass(frozen=True)
+class TunedCell:
+    """A committed study cell that ``--lr tuned`` reads: ``folder`` (``results/<cell>`` in the repository; its
+    ``results.csv`` holds each strategy's tuned lr as ``best_value``) and ``protocol``, the cell's settings that
+    are not compare's own flags, applied to every run so that the lrs are used under the setting they were
+    tuned in (the first protocol pins ``model.init_width: null`` and warmup 50, DESIGN.md §2)."""
+
+    folder: str
+    protocol: dict
+
+
+# The study cells behind `--lr tuned`. Key: (preset, corpus, tokenizer, optimizer, schedule, tokens per
+# parameter) at batch 16 × 128 tokens.
+TUNED: dict[tuple, TunedCell] = {
+    # sweeps/study-c6-cpu-25k-shakespeare.yaml
+    ("cpu-25k", "shakespeare", "bytes", "adamw", "cosine", 20.0): TunedCell(
+        "results/cpu-25k-shakespeare", {"model.init_width": None, "schedule.warmup": 50}),
+    # sweeps/study-c6-cpu-80k-shakespeare.yaml
+    ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0): TunedCell(
+        "results/cpu-80k-shakespeare", {"model.init_width": None, "schedule.warmup": 50}),
 }
 TUNED_AT = {"batch_size": 16, "seq_len": 128}
+REPO = Path(__file__).resolve().parents[3]  # the checkout an editable install runs from
+
+
+def study_lrs(cell: TunedCell) -> dict[str, float]:
+    """Each strategy's tuned lr from ``cell.folder/results.csv`` (in the working directory, else the checkout
+    scalevec runs from). ``ValueError`` naming the folder when it is missing or has no tuned lr."""
+    for root in (Path.cwd(), REPO):
+        path = root / cell.folder / "results.csv"
+        if path.is_file():
+            break
+    else:
+        raise ValueError(f"--lr tuned reads the committed study in {cell.folder}/results.csv, which is not here; "
+                         f"run from the scalevec repository checkout, or pass --lr with a comma list to tune now")
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("tuned") == "optim.lr" and r.get("best_value")]
+    if not rows:
+        raise ValueError(f"{path} has no tuned lr (no row with tuned=optim.lr); regenerate it with the command in "
+                         f"its study file, or pass --lr")
+    return {r["strategy"]: float(r["best_value"]) for r in rows}
+
+
+def _tuned_cell(args: argparse.Namespace, tpp: float | None) -> TunedCell | None:
+    key = (args.preset, args.data or "shakespeare", args.tokenizer or "bytes", args.optimizer, args.schedule,
+           float(tpp) if tpp is not None else None)
+    return TUNED.get(key)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,18 +128,19 @@ def _list(text: str, what: str) -> list[str]:
 
 
 def tuned_lrs(args: argparse.Namespace, strategies: list[str], tpp: float | None) -> dict[str, float]:
-    """Each strategy's tuned lr for the command line's setting. ``ValueError`` naming the fix when the
-    study has none for it (a setting it did not cover, or a changed batch)."""
-    key = (args.preset, args.data or "shakespeare", args.tokenizer or "bytes", args.optimizer, args.schedule,
-           float(tpp) if tpp is not None else None)
-    table = TUNED_LR.get(key)
+    """Each strategy's tuned lr for the command line's setting, read from the committed study (``TUNED``).
+    ``ValueError`` naming the fix when the study has none for it (a setting it did not cover, or a changed batch),
+    or when its results are missing."""
+    cell = _tuned_cell(args, tpp)
     changed = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in TUNED_AT.items() if getattr(args, k) != v]
-    if table is None or changed or any(o.split("=")[0] in ("optim.lr", "schedule.warmup") for o in args.overrides):
-        known = "; ".join(f"{k[0]} {k[1]} {k[2]} {k[3]} {k[4]} {k[5]:g} tokens/param" for k in TUNED_LR)
-        why = f"it was tuned at batch 16 × 128 and you gave {', '.join(changed)}" if changed and table else \
+    if cell is None or changed or any(o.split("=")[0] in ("optim.lr", "schedule.warmup", "schedule.warmup_frac",
+                                                           "model.init_width") for o in args.overrides):
+        known = "; ".join(f"{k[0]} {k[1]} {k[2]} {k[3]} {k[4]} {k[5]:g} tokens/param" for k in TUNED)
+        why = f"it was tuned at batch 16 × 128 and you gave {', '.join(changed)}" if changed and cell else \
             "the study has no tuned lr for this setting"
         raise ValueError(f"--lr tuned: {why} (tuned settings: {known}); pass --lr with a comma list to tune now "
                          f"(e.g. --lr 5e-3,1e-2,2e-2) or run `scalevec study`")
+    table = study_lrs(cell)
     missing = [s for s in strategies if s not in table]
     if missing:
         raise ValueError(f"--lr tuned: no tuned lr for {', '.join(missing)} in this setting (tuned: "
@@ -141,6 +181,7 @@ def build_spec(args: argparse.Namespace) -> dict:
     grid: dict = {}
     if str(args.lr).strip() == "tuned":
         lrs = tuned_lrs(args, strategies, tpp if args.steps is None else None)
+        base.update(_tuned_cell(args, tpp).protocol)  # the setting the lrs were tuned in
         grid["strategy"] = [{"name": s, "strategy": s, "optim.lr": lr} for s, lr in lrs.items()]
         tune = ["optim.lr"]  # one value per strategy: the report shows it in the "best lr" column
     else:
@@ -166,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         if str(args.lr).strip() == "tuned":
             lrs = {v["strategy"]: v["optim.lr"] for v in dict(spec.axes)["strategy"]}
-            print("lr per strategy (tuned, TUNED_LR in compare.py): "
+            tpp = args.tokens_per_param if args.tokens_per_param is not None else DEFAULTS["tokens_per_param"]
+            print(f"lr per strategy (tuned, read from {_tuned_cell(args, tpp).folder}/results.csv): "
                   + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()))
         return rc
     analysis = write_report(args.out, quiet=True)
@@ -193,4 +235,4 @@ def per_seed_table(cell) -> str:
     return "per seed (final val loss, nats/token):\n" + text_table(header, rows)
 
 
-__all__ = ["DEFAULTS", "TUNED_LR", "add_arguments", "build_spec", "per_seed_table", "run", "tuned_lrs"]
+__all__ = ["DEFAULTS", "TUNED", "TunedCell", "add_arguments", "study_lrs", "build_spec", "per_seed_table", "run", "tuned_lrs"]
