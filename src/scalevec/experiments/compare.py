@@ -10,8 +10,8 @@ matrices (the trainer guarantees it), which is what makes the per-seed differenc
 (the one place to change them). A fair comparison puts every strategy at its own best lr (issue 12):
 with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
 found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the committed results
-folder it reads them from, ``results/<cell>/results.csv``, and the protocol they were tuned under); ``--lr 3e-3,1e-2`` tunes on the spot instead, and
-``--lr 1e-2`` puts every strategy at one lr (a test of lr tolerance, not of the strategies).
+folder it reads them from, ``results/<cell>/results.csv``, and the protocol they were tuned under);
+``--lr 3e-3,1e-2`` tunes on the spot instead, and ``--lr 1e-2`` puts every strategy at one lr (a test of lr tolerance, not of the strategies).
 """
 
 from __future__ import annotations
@@ -235,4 +235,5 @@ def per_seed_table(cell) -> str:
     return "per seed (final val loss, nats/token):\n" + text_table(header, rows)
 
 
-__all__ = ["DEFAULTS", "TUNED", "TunedCell", "add_arguments", "study_lrs", "build_spec", "per_seed_table", "run", "tuned_lrs"]
+__all__ = ["DEFAULTS", "TUNED", "TunedCell", "add_arguments", "build_spec", "per_seed_table", "run", "study_lrs",
+           "tuned_lrs"]
