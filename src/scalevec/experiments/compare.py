@@ -11,7 +11,8 @@ matrices (the trainer guarantees it), which is what makes the per-seed differenc
 with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
 found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the committed results
 folder it reads them from, ``results/<cell>/results.csv``, and the protocol they were tuned under);
-``--lr 3e-3,1e-2`` tunes on the spot instead, and ``--lr 1e-2`` puts every strategy at one lr (a test of lr tolerance, not of the strategies).
+``--lr 3e-3,1e-2`` tunes on the spot instead, and ``--lr 1e-2`` puts every strategy at one lr (a test of lr
+tolerance, not of the strategies).
 """
 
 from __future__ import annotations
