@@ -24,8 +24,14 @@ from scalevec.experiments import ladder  # noqa: E402
 STRATEGIES = ("baseline", "none", "unified")
 
 
-def plan(rung: str, corpus: str, results: Path, predicted_only: bool, max_seeds: int) -> str:
-    """The study YAML for ``rung`` on ``corpus``. ``ValueError`` when no smaller rung has reported."""
+def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, max_seeds: int = 20, *,
+         tuning_seeds: int = 2, lr_scale: float = 1.0, factor: float = ladder.GRID_FACTOR, tokens_per_param: float = 20,
+         batch_size: int = 16, seq_len: int = 128, device: str = "cpu", confirm: bool = True,
+         val_tokens: int | None = None) -> str:
+    """The study YAML for ``rung`` on ``corpus``. ``ValueError`` when no smaller rung has reported.
+
+    ``lr_scale`` multiplies every prediction (the GPU ladder's larger batch: √(batch ratio), Adam's square-root
+    rule, our choice); ``confirm=False`` adds no seeds after the tuning seeds (a budget-bound run)."""
     if rung not in ladder.RUNGS:
         raise ValueError(f"unknown rung {rung!r}; choose one of {', '.join(ladder.RUNGS)}")
     smaller = ladder.RUNGS[:ladder.RUNGS.index(rung)]
@@ -37,33 +43,38 @@ def plan(rung: str, corpus: str, results: Path, predicted_only: bool, max_seeds:
         if not pts:
             raise ValueError(f"no smaller rung of {corpus} has reported {s}; run those rungs first "
                              f"(scripts/study.sh ladder)")
-        lr = ladder.predict_lr(pts, n)
-        grids[s] = [float(f"{lr:.6g}")] if predicted_only else ladder.lr_grid(lr)
-        notes.append(f"#   {s}: " + ", ".join(f"N {p[0]:,} -> {p[1]:g}" for p in pts) + f"; predicted {lr:.4g}")
+        lr = ladder.predict_lr(pts, n) * lr_scale
+        grids[s] = [float(f"{lr:.6g}")] if predicted_only else ladder.lr_grid(lr, factor=factor)
+        notes.append(f"#   {s}: " + ", ".join(f"N {p[0]:,} -> {p[1]:g}" for p in pts) + f"; predicted {lr:.4g}"
+                     + (f" (× {lr_scale:.4g})" if lr_scale != 1 else ""))
     union = sorted({x for g in grids.values() for x in g})
-    seeds = "[0, 1]" if max_seeds >= 2 else "[0]"
-    study = ("{extend: 1.41421356, max_extensions: 4, confirm_seeds: [2, 3, 4, 5], target_halfwidth: 0.015, "
-             f"max_seeds: {max_seeds}, lr_grids: {{{', '.join(f'{s}: {grids[s]}' for s in STRATEGIES)}}}}}")
-    if predicted_only:
-        study = ("{extend: 1.41421356, max_extensions: 0, confirm_seeds: [], lr_grids: "
-                 f"{{{', '.join(f'{s}: {grids[s]}' for s in STRATEGIES)}}}}}")
+    seeds = list(range(tuning_seeds))
+    lr_grids = "{" + ", ".join(f"{s}: {grids[s]}" for s in STRATEGIES) + "}"
+    if predicted_only or not confirm:
+        study = (f"{{extend: {factor:.8g}, max_extensions: {0 if predicted_only else 4}, confirm_seeds: [], "
+                 f"lr_grids: {lr_grids}}}")
+    else:
+        study = (f"{{extend: {factor:.8g}, max_extensions: 4, confirm_seeds: {list(range(tuning_seeds, 6))}, "
+                 f"target_halfwidth: 0.015, max_seeds: {max_seeds}, lr_grids: {lr_grids}}}")
     how = ("the predicted lr only (no tuning: too expensive here)" if predicted_only else
-           "3 values ×√2 around the lr predicted from the smaller rungs, grown at an edge; seeds added until each "
-           f"Δ's 95 % interval is planned at ±0.015 nats (at most {max_seeds} seeds)")
+           f"3 values ×{factor:.3g} around the lr predicted from the smaller rungs, grown at an edge" +
+           (f"; seeds added until each Δ's 95 % interval is planned at ±0.015 nats (at most {max_seeds} seeds)"
+            if confirm else f"; {tuning_seeds} seed(s), no more"))
     flag = " --predicted-only" if predicted_only else ""
+    threads = "threads: 1" if device == "cpu" else f"device: {device}"
     return f"""# Issue 23, the ladder in the 0.12B model's init regime (model.init_width 640 in the preset), warmup
-# 5 % of the steps, 20 tokens per parameter. Written by scripts/ladder_plan.py {rung} {corpus}{flag}: each strategy's
-# lrs are {how}. The predictions (a line in log lr against log N over these tuned lrs):
+# 5 % of the steps, {tokens_per_param:g} tokens per parameter. Written by scripts/ladder_plan.py {rung} {corpus}{flag}:
+# each strategy's lrs are {how}. The predictions (a line in log lr against log N over these tuned lrs):
 {chr(10).join(notes)}
 # Regenerate: scalevec study sweeps/study-ladder-{rung}-{corpus}.yaml --out results/ladder-{rung}-{corpus}
 name: ladder-{rung}-{corpus}
 base:
   preset: {rung}
-  data: {{source: {corpus}, tokenizer: bytes}}
+  data: {{source: {corpus}, tokenizer: bytes{f", val_tokens: {val_tokens}" if val_tokens else ""}}}
   optim: {{name: adamw}}
   schedule: {{name: cosine, warmup_frac: 0.05}}
-  train: {{batch_size: 16, seq_len: 128, eval_every: 500, threads: 1}}
-  tokens_per_param: 20
+  train: {{batch_size: {batch_size}, seq_len: {seq_len}, eval_every: 500, {threads}}}
+  tokens_per_param: {tokens_per_param:g}
 grid:
   strategy: [{', '.join(STRATEGIES)}]
   lr: {union}
@@ -81,11 +92,23 @@ def main() -> int:
     p.add_argument("--results", default=str(ROOT / "results"))
     p.add_argument("--predicted-only", action="store_true", help="the predicted lr alone (no lr tuning)")
     p.add_argument("--max-seeds", type=int, default=20)
+    p.add_argument("--tuning-seeds", type=int, default=2, help="seeds every lr is tried on (default 2)")
+    p.add_argument("--no-confirm", action="store_true", help="no seeds after the tuning seeds")
+    p.add_argument("--lr-scale", type=float, default=1.0, help="multiply every predicted lr (default 1)")
+    p.add_argument("--grid-factor", type=float, default=ladder.GRID_FACTOR, help="grid spacing (default √2)")
+    p.add_argument("--tokens-per-param", type=float, default=20)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--device", default="cpu", help="cpu (one thread a run) or cuda")
+    p.add_argument("--val-tokens", type=int, help="validation tokens (default: data.val_tokens' 131,072)")
     p.add_argument("--out", help="the study file (default sweeps/study-ladder-RUNG-CORPUS.yaml)")
     args = p.parse_args()
     out = Path(args.out or ROOT / "sweeps" / f"study-ladder-{args.rung}-{args.corpus}.yaml")
     try:
-        text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds)
+        text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds,
+                    tuning_seeds=args.tuning_seeds, lr_scale=args.lr_scale, factor=args.grid_factor,
+                    tokens_per_param=args.tokens_per_param, batch_size=args.batch_size, seq_len=args.seq_len,
+                    device=args.device, confirm=not args.no_confirm, val_tokens=args.val_tokens)
     except ValueError as e:
         print(f"ladder_plan: {e}", file=sys.stderr)
         return 2

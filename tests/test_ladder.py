@@ -4,6 +4,7 @@ multiplier, DP without q/k output scales, and the seeds a target interval needs.
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -197,3 +198,35 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     assert all(len(g) == 1 for g in plan.lr_grids.values()) and plan.max_extensions == 0
     bad = run("cpu-80k", "shakespeare")
     assert bad.returncode == 2 and "no smaller rung" in bad.stderr
+
+
+@pytest.mark.slow  # 3 short real trainings
+def test_gpu_ladder_smallest_rung_runs_on_cpu(tmp_path):
+    """scripts/gpu_ladder.sh with DEVICE=cpu and a tiny budget trains the smallest GPU rung (cpu-1m) from the
+    committed-style smaller rungs' lrs and reports it where reproduction.py's ladder reads it."""
+    import subprocess
+    from pathlib import Path
+
+    from scalevec.experiments import ladder
+
+    root = Path(__file__).resolve().parents[1]
+    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
+            "non_embedding_params\n")
+    for rung in ("cpu-10k", "cpu-25k"):
+        f = ladder.folder(tmp_path, rung, "shakespeare")
+        f.mkdir(parents=True)
+        n = ladder.non_embedding_params(rung)
+        f.joinpath("results.csv").write_text(head + "".join(
+            f"c,{s},optim.lr,{k * n ** -0.3:.9g},False,2,2.0,0.01,,,,{n}\n"
+            for s, k in (("baseline", 0.6), ("none", 0.5), ("unified", 1.2))))
+    env = {**__import__("os").environ, "DEVICE": "cpu", "TPP": "0.02", "SEEDS": "1", "JOBS": "2", "PREDICTED_ONLY": "1",
+           "VAL_TOKENS": "4096",
+           "RESULTS": str(tmp_path), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(root / "scripts" / "gpu_ladder.sh"), "cpu-1m"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    got = ladder.read_rung(ladder.folder(tmp_path, "cpu-1m", "shakespeare"), "cpu-1m", "shakespeare")
+    assert set(got) == {"baseline", "none", "unified"} and got["baseline"].n == ladder.non_embedding_params("cpu-1m")
+    spec = (ladder.folder(tmp_path, "cpu-1m", "shakespeare") / "study-ladder-cpu-1m-shakespeare.yaml").read_text()
+    assert "batch_size: 64" in spec and "× 2.828" in spec  # the GPU batch and its √8 lr scaling
+    assert all(r.seeds == 1 for r in got.values())

@@ -31,6 +31,10 @@ d_model 20 and 0.063 at 64 (``model.init_width=null`` restores 0.02 at every wid
 | cpu-200k     |      64 |        4 |       2 |  170 |      229,440 |       196,672 | = tiny |
 | cpu-550k     |      96 |        5 |       3 |  256 |      603,168 |       554,016 | |
 | cpu-1m       |     128 |        5 |       4 |  341 |    1,049,344 |       983,808 | = small |
+| gpu-3m       |     192 |        6 |       6 |  512 |    2,755,008 |     2,656,704 | the GPU ladder |
+| gpu-6m       |     256 |        8 |       8 |  682 |    6,422,784 |     6,291,712 | |
+| gpu-14m      |     384 |        8 |       6 | 1024 |   14,358,912 |    14,162,304 | head_dim 64 |
+| gpu-30m      |     512 |       10 |       8 | 1365 |   31,725,056 |    31,462,912 | head_dim 64 |
 | moe-cpu-60k  |      32 |        2 |       2 | 8×32, top-2 | 74,400 |   58,016 | 37,536 active |
 | moe-cpu-200k |      48 |        3 |       3 | 8×48, top-2 | 219,600 | 195,024 | 95,184 active |
 
@@ -93,6 +97,11 @@ PRESETS: dict[str, ModelConfig] = {
     "cpu-200k": _rung(64, 4, head_dim=32),
     "cpu-550k": _rung(96, 5, head_dim=32),
     "cpu-1m": _rung(128, 5, head_dim=32),
+    # the ladder continued on a GPU (scripts/gpu_ladder.sh): the same init regime, bytes vocabulary
+    "gpu-3m": _rung(192, 6, head_dim=32),
+    "gpu-6m": _rung(256, 8, head_dim=32),
+    "gpu-14m": _rung(384, 8, head_dim=64),
+    "gpu-30m": _rung(512, 10, head_dim=64),
     "moe-cpu-60k": _moe(_rung(32, 2, head_dim=16), 8, 2, 32),
     "moe-cpu-200k": _moe(_rung(48, 3, head_dim=16), 8, 2, 48),
     "moe-tiny": _moe(_llama(64, 4, vocab=256, head_dim=32, max_seq_len=256), 8, 2, 64),

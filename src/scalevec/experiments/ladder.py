@@ -22,7 +22,9 @@ from pathlib import Path
 
 from scalevec.experiments import stats
 
-RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")
+CPU_RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")  # scripts/study.sh ladder
+GPU_RUNGS = ("cpu-1m", "gpu-3m", "gpu-6m", "gpu-14m", "gpu-30m")  # scripts/gpu_ladder.sh
+RUNGS = CPU_RUNGS + GPU_RUNGS  # by N
 CORPORA = ("shakespeare", "kjv")
 TARGET = "llama-0.12b"  # the paper's smallest model
 GRID_FACTOR = math.sqrt(2)
@@ -146,5 +148,5 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
     return Trend(strategy, corpus, pts, fit, target_n, fit.predict(math.log10(target_n)))
 
 
-__all__ = ["CORPORA", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid", "non_embedding_params",
+__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid", "non_embedding_params",
            "predict_lr", "read_ladder", "read_rung", "trend"]
