@@ -3,10 +3,12 @@
 Any model scalevec trains is scored with the tool the field uses: a run directory is first exported
 (``export.export_run``, float32, into a temporary directory: a plain Llama-family checkpoint, or the
 custom architecture for what cannot fold) and an exported directory is used as it is; lm-eval's own
-Hugging Face backend (``HFLM``, ``trust_remote_code=True``) then runs the tasks. So a run and its export
-are scored by the same code on the same weights, and what ``scalevec eval`` reports is what
-``lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True`` reports. The export declares
-the BOS/pad/prefix tokens lm-eval needs, also for the ``bytes`` tokenizer (``export.tokenizer_specials``).
+Hugging Face backend (``HFLM``) then runs the tasks. So a run and its export are scored by the same
+code on the same weights, and what ``scalevec eval`` reports is what ``lm_eval --model hf --model_args
+pretrained=DIR,trust_remote_code=True`` reports. An exported directory is checked first
+(``generate.check_hf_dir``): safetensors weights only, and custom code only when it is byte for byte
+the code this scalevec ships, or with ``--trust-remote-code``. The export declares the BOS/pad/prefix
+tokens lm-eval needs, also for the ``bytes`` tokenizer (``export.tokenizer_specials``).
 
 Scores are merged into ``eval.json`` in the evaluated directory (one entry per task: every metric and
 its standard error, lm-eval's version, few-shot count, limit and the date); ``scalevec report`` adds
@@ -98,13 +100,18 @@ def _import_lm_eval():
 
 def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | None = None,
                     limit: int | float | None = None, batch_size: int = 8, device: str = "cpu",
-                    include_path: str | Path | None = None) -> dict:
+                    include_path: str | Path | None = None, trust_remote_code: bool = False) -> dict:
     """Run lm-eval ``tasks`` on an exported Hugging Face directory; return ``{task: {metric: value}}``.
 
     Metric keys are lm-eval's (``"acc,none"``, ``"acc_stderr,none"``, ...). ``scalevec_shakespeare`` is
     written to a temporary directory when asked for; ``include_path`` adds a folder of user task YAMLs.
-    Raises ``ValueError`` without lm-eval or for a task name lm-eval does not know.
+    The directory is checked first (``generate.check_hf_dir``): custom code that is not scalevec's runs
+    only with ``trust_remote_code``. Raises ``ValueError`` without lm-eval, for a task name lm-eval does
+    not know or for untrusted custom code, and ``FileNotFoundError`` for a directory without safetensors.
     """
+    from scalevec.hf.generate import check_hf_dir
+
+    trust = check_hf_dir(hf_dir, trust_remote_code)  # before lm-eval or transformers touch the directory
     lm_eval, HFLM, TaskManager = _import_lm_eval()
     from transformers.utils import logging as hf_logging
 
@@ -123,8 +130,9 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
         if unknown:
             raise ValueError(f"lm-eval knows no task {', '.join(unknown)}; see `lm_eval ls tasks` (standard: "
                              f"{STANDARD_TASKS}; offline: {SHAKESPEARE_TASK}), or pass --include-path DIR")
-        lm = HFLM(pretrained=str(hf_dir), trust_remote_code=True, dtype="float32", device=device,
-                  batch_size=batch_size)
+        # use_safetensors (passed on to from_pretrained): never fall back to unpickling a pytorch_model.bin
+        lm = HFLM(pretrained=str(hf_dir), trust_remote_code=trust, dtype="float32", device=device,
+                  batch_size=batch_size, use_safetensors=True)
         out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
                                       task_manager=manager, log_samples=False, bootstrap_iters=1000)
     return {task: {k: v for k, v in metrics.items() if k != "alias"} for task, metrics in out["results"].items()}
@@ -132,10 +140,11 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
 
 def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None, limit: int | float | None = None,
              batch_size: int = 8, device: str = "cpu", include_path: str | Path | None = None,
-             write: bool = True) -> dict:
+             write: bool = True, trust_remote_code: bool = False) -> dict:
     """Evaluate a run directory (exported to a temporary float32 directory first) or an exported HF
     directory with ``evaluate_hf_dir``; with ``write``, merge the scores into ``path/eval.json``.
-    Returns ``{task: {metric: value}}``. Raises ``FileNotFoundError`` for a path that holds no model."""
+    Returns ``{task: {metric: value}}``. Raises ``FileNotFoundError`` for a path that holds no model and
+    as ``evaluate_hf_dir`` (``trust_remote_code``: run custom code that is not scalevec's)."""
     path = Path(path)
     if (path / "config.yaml").is_file():
         from scalevec.hf.export import export_run
@@ -146,9 +155,11 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
 
         with tempfile.TemporaryDirectory(prefix="scalevec-eval-") as tmp:
             hf_dir = export_run(path, Path(tmp) / "hf")
+            # our own fresh export: its code is the shipped code, trusted without the flag
             results = evaluate_hf_dir(hf_dir, tasks, num_fewshot, limit, batch_size, device, include_path)
     elif (path / "config.json").is_file():
-        results = evaluate_hf_dir(path, tasks, num_fewshot, limit, batch_size, device, include_path)
+        results = evaluate_hf_dir(path, tasks, num_fewshot, limit, batch_size, device, include_path,
+                                  trust_remote_code)
     else:
         raise FileNotFoundError(f"{path} is neither a scalevec run directory (config.yaml) nor an exported Hugging "
                                 f"Face directory (config.json); pass one of those")
@@ -158,6 +169,8 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from scalevec.hf.generate import add_trust_argument
+
     p.add_argument("path", metavar="RUN_DIR_OR_HF_DIR", help="a scalevec run directory or a `scalevec export` output")
     p.add_argument("--tasks", required=True,
                    help=f"comma-separated lm-eval tasks, e.g. {STANDARD_TASKS} (need a network once), or "
@@ -168,6 +181,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAML files")
     p.add_argument("--no-write", action="store_true", help=f"print the scores only (no {EVAL})")
+    add_trust_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit={args.limit} must be > 0")
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     results = evaluate(args.path, tasks, args.num_fewshot, limit, args.batch_size, args.device, args.include_path,
-                       write=not args.no_write)
+                       write=not args.no_write, trust_remote_code=args.trust_remote_code)
     print(f"{'task':<24} {'metric':<14} {'value':>8} {'stderr':>8}")
     for task, metrics in results.items():
         for name, value, stderr in main_metrics(metrics):

@@ -14,12 +14,22 @@ queries attend to every cached key (``model.Transformer.decode``; a transformers
 exported directory): greedy output equals the uncached path, which reruns the whole (cropped) context
 every step (``--no-cache``). Once the text outgrows the model's context the cache is dropped and each
 step reruns the last ``context`` tokens, exactly as the uncached path does.
+
+What is trusted in an exported directory (``check_hf_dir``, the one rule ``generate`` and ``eval`` both
+apply before transformers loads anything): its weights only as safetensors (a pickled
+``pytorch_model.bin`` runs code when unpickled and is never loaded), and its custom code (an ``auto_map``
+in config.json or tokenizer_config.json, which transformers imports and runs) only when every Python
+file it names, and every ``.py`` file in the directory, is byte-identical (sha256) to the code this
+scalevec ships (``scalevec/hf/remote``): scalevec's own custom-code exports load as they are, anything
+else needs ``--trust-remote-code``. A directory without custom code needs no trust.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,14 +106,98 @@ def sample(logits_fn: LogitsFn, prompt: list[int], max_new_tokens: int, temperat
     return ids[len(prompt):]
 
 
-def load_text_model(path: str | Path, device: str = "cpu") -> TextModel:
+def shipped_code_hashes() -> dict[str, str]:
+    """``{file name: sha256 of its bytes}`` of the custom code this scalevec ships (``scalevec/hf/remote``),
+    which ``scalevec export`` copies byte for byte into every custom-code export."""
+    from importlib import resources
+
+    from scalevec.hf.export import REMOTE_FILES
+
+    src = resources.files("scalevec.hf.remote")
+    return {name: hashlib.sha256(src.joinpath(name).read_bytes()).hexdigest() for name in REMOTE_FILES}
+
+
+def _auto_map_refs(hf_dir: Path) -> list[tuple[str, str]]:
+    """``(file, class reference)`` of every ``auto_map`` entry of config.json and tokenizer_config.json:
+    what transformers would import from the directory. Raises ``ValueError`` for a file that is not JSON
+    or an ``auto_map`` that is not a mapping of references (not checkable, so not trusted)."""
+    refs = []
+    for name in ("config.json", "tokenizer_config.json"):
+        f = hf_dir / name
+        if not f.is_file():
+            continue
+        try:
+            conf = json.loads(f.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"{f} is not valid JSON ({e}); fix it or export the model again") from None
+        auto_map = conf.get("auto_map") if isinstance(conf, dict) else None
+        if not auto_map:
+            continue
+        if not isinstance(auto_map, dict):
+            raise ValueError(f"{f} has an auto_map that is not a mapping ({auto_map!r}); fix it, or pass "
+                             f"--trust-remote-code if you trust the directory's code")
+        for value in auto_map.values():
+            for ref in value if isinstance(value, list) else [value]:  # a tokenizer maps to [slow, fast]
+                if ref is not None and not isinstance(ref, str):
+                    raise ValueError(f"{f} has an auto_map entry {ref!r} that is not a class reference; fix it, "
+                                     f"or pass --trust-remote-code if you trust the directory's code")
+                if ref is not None:
+                    refs.append((name, ref))
+    return refs
+
+
+def custom_code_trusted(hf_dir: str | Path, trust_remote_code: bool = False) -> bool:
+    """The ``trust_remote_code`` to load ``hf_dir`` with: False without custom code (no ``auto_map``), True
+    with ``trust_remote_code`` or when the code is scalevec's own (module docstring). Raises ``ValueError``
+    naming the first Python file that differs from the shipped code (or is missing, or lives in another
+    repository) and telling the user to pass ``--trust-remote-code`` if they trust it."""
+    hf_dir = Path(hf_dir)
+    refs = _auto_map_refs(hf_dir)
+    if not refs:
+        return False
+    if trust_remote_code:
+        return True
+    fix = "pass --trust-remote-code if you trust it (transformers runs it when loading the model)"
+    files = set()
+    for source, ref in refs:
+        if "--" in ref:  # "repo--module.Class": code transformers would fetch from another repository
+            raise ValueError(f"{hf_dir / source}'s auto_map takes code from another repository ({ref}), which "
+                             f"scalevec cannot check; {fix}")
+        files.add(ref.rsplit(".", 1)[0] + ".py")  # module.Class -> module.py, as transformers resolves it
+    files |= {str(f.relative_to(hf_dir)) for f in hf_dir.rglob("*.py")}
+    shipped = set(shipped_code_hashes().values())
+    for name in sorted(files):
+        f = hf_dir / name
+        if not f.is_file():
+            raise ValueError(f"{hf_dir}'s auto_map names {name}, which the directory does not hold; export the "
+                             f"model again, or {fix}")
+        if hashlib.sha256(f.read_bytes()).hexdigest() not in shipped:
+            raise ValueError(f"{f} is not the custom code this scalevec ships (its sha256 differs from "
+                             f"scalevec/hf/remote's) and would run on loading; {fix}")
+    return True
+
+
+def check_hf_dir(hf_dir: str | Path, trust_remote_code: bool = False) -> bool:
+    """Check an exported Hugging Face directory before transformers loads anything from it; return the
+    ``trust_remote_code`` to load it with (``custom_code_trusted``). Its weights must be safetensors
+    (``hf_import.weight_files``). Raises ``FileNotFoundError`` without safetensors (a pickled
+    ``pytorch_model.bin`` is never loaded) and ``ValueError`` for a shard outside the directory or
+    custom code that is not scalevec's and not trusted."""
+    from scalevec.hf.hf_import import weight_files
+
+    weight_files(hf_dir)
+    return custom_code_trusted(hf_dir, trust_remote_code)
+
+
+def load_text_model(path: str | Path, device: str = "cpu", trust_remote_code: bool = False) -> TextModel:
     """A ``TextModel`` for a scalevec run directory (``config.yaml``) or an exported HF directory
-    (``config.json``). Raises ``FileNotFoundError`` when ``path`` is neither."""
+    (``config.json``, checked by ``check_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is
+    neither, and as ``check_hf_dir``."""
     path = Path(path)
     if (path / "config.yaml").is_file():
         return _run_text_model(path, device)
     if (path / "config.json").is_file():
-        return _hf_text_model(path, device)
+        return _hf_text_model(path, device, trust_remote_code)
     raise FileNotFoundError(f"{path} is neither a scalevec run directory (config.yaml) nor an exported Hugging Face "
                             f"directory (config.json); pass one of those")
 
@@ -125,15 +219,18 @@ def _run_text_model(run_dir: Path, device: str) -> TextModel:
                      bos_id=start_token(tok), eos_id=tok.eos_id, context=cfg.model.max_seq_len, cached=cached)
 
 
-def _hf_text_model(hf_dir: Path, device: str) -> TextModel:
+def _hf_text_model(hf_dir: Path, device: str, trust_remote_code: bool = False) -> TextModel:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).to(device).eval()
+    trust = check_hf_dir(hf_dir, trust_remote_code)
     if not (hf_dir / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{hf_dir} has no tokenizer.json; export with the run's tokenizer (scalevec export "
                                 "RUN_DIR)")
+    hf_logging.disable_progress_bar()
+    # use_safetensors: transformers must never fall back to unpickling a pytorch_model.bin
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, trust_remote_code=trust,
+                                                 use_safetensors=True).to(device).eval()
     tok = PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
     # transformers 5 names the cache `cache`, 4.x `past_key_values` (input and output alike)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -153,22 +250,25 @@ def _hf_text_model(hf_dir: Path, device: str) -> TextModel:
 
 def generate_ids(path: str | Path, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                  top_k: int | None = None, seed: int = 0, device: str = "cpu",
-                 use_cache: bool = True) -> tuple[list[int], TextModel]:
+                 use_cache: bool = True, trust_remote_code: bool = False) -> tuple[list[int], TextModel]:
     """``(new token ids, the TextModel)`` sampled after ``[BOS] + encode(prompt)`` from the model at ``path``
     (run or exported HF dir), with a KV cache unless ``use_cache=False``; see ``sample``. Raises
-    ``ValueError`` for bad sampling arguments (before loading anything) and ``FileNotFoundError`` for a
-    path that holds no model."""
+    ``ValueError`` for bad sampling arguments (before loading anything) or custom code that is not
+    scalevec's without ``trust_remote_code`` (``check_hf_dir``), and ``FileNotFoundError`` for a path
+    that holds no model."""
     check_sampling(max_new_tokens, temperature, top_k)
-    g = load_text_model(path, device)
+    g = load_text_model(path, device, trust_remote_code)
     ids = ([g.bos_id] if g.bos_id is not None else []) + g.encode(prompt)
     return sample(g.logits, ids, max_new_tokens, temperature, top_k, seed, g.context, g.eos_id,
                   g.cached if use_cache else None), g
 
 
 def generate_text(path: str | Path, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-                  top_k: int | None = None, seed: int = 0, device: str = "cpu", use_cache: bool = True) -> str:
+                  top_k: int | None = None, seed: int = 0, device: str = "cpu", use_cache: bool = True,
+                  trust_remote_code: bool = False) -> str:
     """The text sampled after ``prompt`` (prompt and a final EOS excluded); arguments as ``generate_ids``."""
-    new, g = generate_ids(path, prompt, max_new_tokens, temperature, top_k, seed, device, use_cache)
+    new, g = generate_ids(path, prompt, max_new_tokens, temperature, top_k, seed, device, use_cache,
+                          trust_remote_code)
     if new and new[-1] == g.eos_id:
         new = new[:-1]
     return g.decode(new)
@@ -184,6 +284,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--no-cache", action="store_true",
                    help="rerun the whole context every step instead of using a KV cache (same greedy text, slower)")
+    add_trust_argument(p)
+
+
+def add_trust_argument(p: argparse.ArgumentParser) -> None:
+    """``--trust-remote-code``, shared by ``generate`` and ``eval`` (``check_hf_dir``)."""
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run an exported directory's custom Python code even when it is not the code this scalevec "
+                        "ships (scalevec's own custom-code exports load without it)")
 
 
 def check_device(device: str) -> None:
@@ -197,6 +305,6 @@ def check_device(device: str) -> None:
 def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     text = generate_text(args.path, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                         args.device, not args.no_cache)
+                         args.device, not args.no_cache, args.trust_remote_code)
     print(args.prompt + text)
     return 0

@@ -24,6 +24,8 @@ norm sites are ``names.NORM_SITES`` (export writes them as ones). Reading Huggin
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,9 +64,60 @@ def is_hf_dir(path: str | Path) -> bool:
     if not p.is_file():
         return False
     try:
-        return "model_type" in json.loads(p.read_text())
+        conf = json.loads(p.read_text())
     except (OSError, ValueError):
         return False
+    return isinstance(conf, dict) and "model_type" in conf
+
+
+_REQUIRED = object()  # the default of a config.json field that must be present
+
+
+def _hf_int(conf: dict, key: str, default=_REQUIRED, minimum: int = 1):
+    """``conf[key]`` as an integer >= ``minimum`` (``default`` when absent or null). Raises ``ValueError``
+    for a missing required field, a non-integer (a string, a float, a bool) or a value below ``minimum``:
+    a bad config.json must fail here, not as a ZeroDivisionError or an allocator error later."""
+    value = conf.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"config.json has no {key}; fix config.json (or re-save the model with save_pretrained)")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"config.json has {key}={value!r}; it must be an integer >= {minimum}: fix config.json")
+    return value
+
+
+def _hf_number(conf: dict, key: str, default=_REQUIRED, zero: bool = False) -> float:
+    """``conf[key]`` as a finite float > 0 (>= 0 with ``zero``), ``default`` when absent or null. Raises
+    ``ValueError`` for a missing required field, a non-number or a value out of range."""
+    value = conf.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"config.json has no {key}; fix config.json (or re-save the model with save_pretrained)")
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (0 <= value if zero else 0 < value) and math.isfinite(value)):
+        raise ValueError(f"config.json has {key}={value!r}; it must be a finite number {'>=' if zero else '>'} 0: "
+                         f"fix config.json")
+    return float(value)
+
+
+def _hf_flag(conf: dict, key: str, default: bool) -> bool:
+    """``conf[key]`` as a bool (``default`` when absent or null). Raises ``ValueError`` for another type
+    (``"false"`` is a string, and truthy)."""
+    value = conf.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"config.json has {key}={value!r}; it must be true or false: fix config.json")
+    return value
+
+
+def _hf_dict(conf: dict, key: str) -> dict:
+    value = conf.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"config.json has {key}={value!r}; it must be an object or null: fix config.json")
+    return value or {}
 
 
 def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
@@ -75,81 +128,275 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     MoE routing. Raises ``ValueError`` naming a feature our model does not compute (biases, sliding
     window, another activation or rope type, un-renormalized top-k, interleaved dense layers).
     """
+    if not isinstance(conf, dict):
+        raise ValueError("config.json is not a JSON object; fix config.json (or re-save the model with "
+                         "save_pretrained)")
     fmt = conf.get("model_type")
-    if fmt not in FORMATS:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"model_type {fmt!r} is not supported for --init-from; supported: {', '.join(FORMATS)}")
     for key, bad in (("hidden_act", lambda v: v not in (None, "silu")), ("attention_bias", bool), ("mlp_bias", bool),
                      ("use_sliding_window", bool), ("sliding_window", lambda v: fmt == "mixtral" and v is not None)):
         if key in conf and bad(conf[key]):
             raise ValueError(f"config.json has {key}={conf[key]!r}, which scalevec's model does not compute "
                              f"(SwiGLU, no biases, full causal attention)")
-    rope = dict(conf.get("rope_scaling") or {})
-    rope.update(conf.get("rope_parameters") or {})
-    theta = rope.get("rope_theta", conf.get("rope_theta", 10000.0))
+    rope = dict(_hf_dict(conf, "rope_scaling"))
+    rope.update(_hf_dict(conf, "rope_parameters"))
+    theta = _hf_number(rope, "rope_theta", _hf_number(conf, "rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope.get("partial_rotary_factor", conf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json has partial_rotary_factor != 1; scalevec rotates the whole head")
+    max_pos = _hf_int(conf, "max_position_embeddings", 2048)
     scaling = None
     if rope_type == "llama3":
         scaling = RopeScalingConfig(
-            factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-            high_freq_factor=float(rope["high_freq_factor"]),
-            original_max_position_embeddings=int(rope.get("original_max_position_embeddings",
-                                                          conf["max_position_embeddings"])))
+            factor=_hf_number(rope, "factor"), low_freq_factor=_hf_number(rope, "low_freq_factor"),
+            high_freq_factor=_hf_number(rope, "high_freq_factor"),
+            original_max_position_embeddings=_hf_int(rope, "original_max_position_embeddings", max_pos))
     elif rope_type not in ("default", None):
         raise ValueError(f"rope type {rope_type!r} is not supported; scalevec has default RoPE and llama3 scaling")
-    d, heads = conf["hidden_size"], conf["num_attention_heads"]
-    head_dim = conf.get("head_dim")
+    d, heads = _hf_int(conf, "hidden_size"), _hf_int(conf, "num_attention_heads")
+    kv_heads, head_dim = _hf_int(conf, "num_key_value_heads", heads), _hf_int(conf, "head_dim", None)
+    if head_dim is None and d % heads:
+        raise ValueError(f"config.json has hidden_size={d}, which num_attention_heads={heads} does not divide, and "
+                         f"no head_dim; fix config.json")
+    if heads % kv_heads:
+        raise ValueError(f"config.json has num_attention_heads={heads}, not a multiple of num_key_value_heads="
+                         f"{kv_heads}; fix config.json")
     moe = None
-    d_ff = conf["intermediate_size"]
+    d_ff = _hf_int(conf, "intermediate_size")
+    lb_coef = _hf_number(conf, "router_aux_loss_coef", 0.01, zero=True)
     if fmt == "mixtral":
-        moe = MoEConfig(n_experts=conf["num_local_experts"], top_k=conf["num_experts_per_tok"], d_expert=d_ff,
-                        lb_coef=conf.get("router_aux_loss_coef", 0.01))
+        moe = MoEConfig(n_experts=_hf_int(conf, "num_local_experts"), top_k=_hf_int(conf, "num_experts_per_tok"),
+                        d_expert=d_ff, lb_coef=lb_coef)
     elif fmt == "qwen3_moe":
-        if not conf.get("norm_topk_prob", False):
+        if not _hf_flag(conf, "norm_topk_prob", False):
             raise ValueError("config.json has norm_topk_prob=false; scalevec's router renormalizes the top-k "
                              "weights (Mixtral convention), so only norm_topk_prob=true models convert exactly")
-        dense = sorted(conf.get("mlp_only_layers") or [])
-        if conf.get("decoder_sparse_step", 1) != 1 or dense != list(range(len(dense))):
-            raise ValueError(f"config.json has decoder_sparse_step={conf.get('decoder_sparse_step')} / mlp_only_layers="
+        dense = conf.get("mlp_only_layers") or []
+        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+            raise ValueError(f"config.json has mlp_only_layers={dense!r}; it must be a list of layer indices")
+        dense = sorted(dense)
+        step = _hf_int(conf, "decoder_sparse_step", 1)
+        if step != 1 or dense != list(range(len(dense))):
+            raise ValueError(f"config.json has decoder_sparse_step={step} / mlp_only_layers="
                              f"{dense}; scalevec's dense MoE layers are the first k (moe.first_dense)")
-        moe = MoEConfig(n_experts=conf.get("num_experts", conf.get("num_local_experts")),
-                        top_k=conf["num_experts_per_tok"], d_expert=conf["moe_intermediate_size"],
-                        lb_coef=conf.get("router_aux_loss_coef", 0.01), first_dense=len(dense))
+        moe = MoEConfig(n_experts=_hf_int(conf, "num_experts" if "num_experts" in conf else "num_local_experts"),
+                        top_k=_hf_int(conf, "num_experts_per_tok"), d_expert=_hf_int(conf, "moe_intermediate_size"),
+                        lb_coef=lb_coef, first_dense=len(dense))
     cfg = ModelConfig(
-        d_model=d, n_layers=conf["num_hidden_layers"], n_heads=heads,
-        n_kv_heads=conf.get("num_key_value_heads") or heads,
+        d_model=d, n_layers=_hf_int(conf, "num_hidden_layers"), n_heads=heads, n_kv_heads=kv_heads,
         head_dim=None if head_dim in (None, d // heads) and d % heads == 0 else head_dim,
-        d_ff=d_ff, vocab_size=conf["vocab_size"], max_seq_len=conf.get("max_position_embeddings", 2048),
-        rope_theta=float(theta), rope_scaling=scaling, norm_eps=float(conf.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(conf.get("tie_word_embeddings", False)), layout="pre",
-        qk_norm=fmt in ("qwen3", "qwen3_moe"), init_std=float(conf.get("initializer_range", 0.02)), moe=moe)
+        d_ff=d_ff, vocab_size=_hf_int(conf, "vocab_size"), max_seq_len=max_pos,
+        rope_theta=theta, rope_scaling=scaling, norm_eps=_hf_number(conf, "rms_norm_eps", 1e-6),
+        tie_embeddings=_hf_flag(conf, "tie_word_embeddings", False), layout="pre",
+        qk_norm=fmt in ("qwen3", "qwen3_moe"), init_std=_hf_number(conf, "initializer_range", 0.02), moe=moe)
     cfg.validate()
     return fmt, cfg
 
 
-def read_safetensors(hf_dir: str | Path) -> dict[str, Tensor]:
-    """Every tensor of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``,
-    as float32 on CPU. Raises ``FileNotFoundError`` when the directory holds neither."""
-    from safetensors.torch import load_file
-
+def weight_files(hf_dir: str | Path) -> list[Path]:
+    """The safetensors files of a Hugging Face directory: the shards named by ``model.safetensors.index.json``,
+    else ``model.safetensors``. Only safetensors are ever read: a pickled ``pytorch_model.bin`` would run
+    code when unpickled. Raises ``FileNotFoundError`` when the directory holds neither (or a shard is
+    missing) and ``ValueError`` for an unreadable index or a shard that lies outside the directory
+    (``../x``, an absolute path, or a symlink pointing out: an index must not make scalevec read other files)."""
     d = Path(hf_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{index} is not a safetensors index ({type(e).__name__}: {e}); re-save the model with "
+                             f"save_pretrained(..., safe_serialization=True)") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{index} has no weight_map of tensor name -> shard file; re-save the model with "
+                             f"save_pretrained(..., safe_serialization=True)")
+        names = sorted(set(weight_map.values()))
     elif (d / "model.safetensors").is_file():
-        files = ["model.safetensors"]
+        names = ["model.safetensors"]
     else:
-        raise FileNotFoundError(f"{d} has no model.safetensors (nor an index of shards); save the model with "
+        raise FileNotFoundError(f"{d} has no model.safetensors (nor an index of shards); scalevec reads only "
+                                f"safetensors, never a pickled pytorch_model.bin: save the model with "
                                 f"save_pretrained(..., safe_serialization=True)")
-    state: dict[str, Tensor] = {}
+    root = d.resolve()
+    # The Hugging Face hub cache keeps a snapshot's files as symlinks into its repository's blobs/ folder
+    # (models--ORG--NAME/snapshots/REV/x -> ../../blobs/HASH): those targets are the snapshot's own files.
+    blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    files = []
+    for name in names:
+        f = d / name
+        target = f.resolve()
+        inside = target.is_relative_to(root) or (blobs is not None and target.parent == blobs
+                                                 and os.path.normpath(name) == name and not Path(name).is_absolute()
+                                                 and ".." not in Path(name).parts)
+        if not inside:
+            raise ValueError(f"{index if index.is_file() else d} names weight file {name!r}, which lies outside {d} "
+                             f"(symlinks followed); copy the shard into the model directory and name it there")
+        if not f.is_file():
+            raise FileNotFoundError(f"{d} has no shard {name} (named by its model.safetensors.index.json); "
+                                    f"copy the missing shard in or re-save the model")
+        files.append(f)
+    return files
+
+
+def _not_safetensors(f: Path, e: Exception) -> str:
+    return (f"{f} is not a readable safetensors file ({e}): truncated, or another format (a pickle?); "
+            f"download it again or re-save the model with save_pretrained(..., safe_serialization=True)")
+
+
+def tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """``{tensor name: shape}`` of safetensors ``files``, from their headers only (nothing is loaded).
+    Raises ``ValueError`` for a file that is not safetensors or is truncated (safetensors checks that
+    the header's offsets cover the file exactly)."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
-        state.update({k: v.float() for k, v in load_file(str(d / f)).items()})
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except SafetensorError as e:
+            raise ValueError(_not_safetensors(f, e)) from None
+    return shapes
+
+
+def read_safetensors(hf_dir: str | Path) -> dict[str, Tensor]:
+    """Every tensor of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``,
+    as float32 on CPU. Raises as ``weight_files`` and ``ValueError`` for a file that is not safetensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    state: dict[str, Tensor] = {}
+    for f in weight_files(hf_dir):
+        try:
+            state.update({k: v.float() for k, v in load_file(str(f)).items()})
+        except SafetensorError as e:
+            raise ValueError(_not_safetensors(f, e)) from None
     return state
+
+
+def _is_moe_layer(cfg: ModelConfig, i: int) -> bool:
+    return cfg.moe is not None and i >= cfg.moe.first_dense
+
+
+def _layer_shapes(cfg: ModelConfig, moe: bool) -> dict[str, tuple[tuple[int, ...], int]]:
+    """``{our name template or norm site: (shape of its Hugging Face tensor, how many)}`` of one layer;
+    an expert bank counts one ``(d_out, d_in)`` tensor per expert, as checkpoints hold it."""
+    d, hd = cfg.d_model, cfg.head_dim
+    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    p = "layers.{i}."
+    out = {p + "attn.proj.branches.q.weight": ((q, d), 1), p + "attn.proj.branches.k.weight": ((kv, d), 1),
+           p + "attn.proj.branches.v.weight": ((kv, d), 1), p + "attn.o.weight": ((d, q), 1),
+           p + "attn": ((d,), 1), p + "mlp": ((d,), 1)}
+    if cfg.qk_norm:
+        out.update({p + "attn.q_norm": ((hd,), 1), p + "attn.k_norm": ((hd,), 1)})
+    if moe:
+        e, f = cfg.moe.n_experts, cfg.moe.d_expert
+        out.update({p + "mlp.router.weight": ((e, d), 1), p + "mlp.experts.gate.weight": ((f, d), e),
+                    p + "mlp.experts.up.weight": ((f, d), e), p + "mlp.experts.down.weight": ((d, f), e)})
+    else:
+        out.update({p + "mlp.proj.branches.gate.weight": ((cfg.d_ff, d), 1),
+                    p + "mlp.proj.branches.up.weight": ((cfg.d_ff, d), 1), p + "mlp.down.weight": ((d, cfg.d_ff), 1)})
+    return out
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """The parameters of a Hugging Face checkpoint of shape ``cfg``, computed from the sizes alone (Python
+    integers: a config.json with absurd sizes gives an absurd number, not an allocation)."""
+    def layer(moe: bool) -> int:
+        return sum(math.prod(shape) * n for shape, n in _layer_shapes(cfg, moe).values())
+
+    n_moe = 0 if cfg.moe is None else cfg.n_layers - cfg.moe.first_dense
+    embeddings = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+    return embeddings + cfg.d_model + (cfg.n_layers - n_moe) * layer(False) + (n_moe and n_moe * layer(True))
+
+
+def machine_memory() -> int | None:
+    """Bytes of physical memory, or None where the OS does not tell (the size check is then skipped)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _sizes(cfg: ModelConfig) -> str:
+    """The sizes of ``cfg`` under config.json's names, for error messages."""
+    out = (f"hidden_size={cfg.d_model}, num_hidden_layers={cfg.n_layers}, num_attention_heads={cfg.n_heads}, "
+           f"num_key_value_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, intermediate_size={cfg.d_ff}, "
+           f"vocab_size={cfg.vocab_size}")
+    return out + (f", {cfg.moe.n_experts} experts of width {cfg.moe.d_expert}" if cfg.moe is not None else "")
+
+
+def _approx(x: int) -> str:
+    # an absurd config.json size makes an integer too large for a float
+    return f"{x:.3g}" if x < 1e300 else f"1e{int(math.log10(x))}"
+
+
+def check_size(cfg: ModelConfig, memory: int | None = None) -> None:
+    """Raise ``ValueError`` when a model of shape ``cfg`` does not fit in ``memory`` bytes (default: this
+    machine's) in float32, as ``read_safetensors`` holds it, before anything is read or allocated."""
+    memory = machine_memory() if memory is None else memory
+    n = param_count(cfg)
+    if memory is not None and 4 * n > memory:
+        raise ValueError(f"config.json describes {_approx(n)} parameters ({_approx(4 * n // 2**30)} GiB in float32; "
+                         f"{_sizes(cfg)}), more than this machine's {memory / 2**30:.3g} GiB of memory; fix "
+                         f"config.json or use a machine that can hold the model")
+
+
+def _expected_tensors(fmt: str, cfg: ModelConfig):
+    """``(Hugging Face name, shape, required)`` of every tensor a checkpoint of shape ``cfg`` holds, lazily
+    (a config with many layers costs nothing until its tensors are looked up). A missing norm weight
+    means γ = 1 and a tied model may omit ``lm_head.weight``: not required."""
+    hf = {**name_map(fmt), **NORM_SITES}
+    yield hf["embed.weight"], (cfg.vocab_size, cfg.d_model), True
+    yield hf["head"], (cfg.d_model,), False
+    yield hf["head.branches.lm_head.weight"], (cfg.vocab_size, cfg.d_model), not cfg.tie_embeddings
+    for i in range(cfg.n_layers):
+        for ours, (shape, count) in _layer_shapes(cfg, _is_moe_layer(cfg, i)).items():
+            for j in range(count):
+                yield hf[ours].format(i=i, j=j), shape, ours not in NORM_SITES
+
+
+def check_shapes(fmt: str, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise ``ValueError`` unless the tensors ``shapes`` (``tensor_shapes``) are those of a ``fmt``
+    checkpoint of shape ``cfg``: the layer count, every required tensor and its shape, and no tensor of
+    the family's names beyond what the sizes account for (unknown names are ``plain_from_hf_state``'s).
+    The work is bounded by the number of tensors: the first one missing stops the check."""
+    layers = {int(m.group(1)) for k in shapes if (m := re.match(r"model\.layers\.(\d+)\.", k))}
+    found = max(layers) + 1 if layers else 0
+    if found != cfg.n_layers:
+        raise ValueError(f"config.json says num_hidden_layers={cfg.n_layers} but the checkpoint's tensors hold "
+                         f"{found} layers; config.json does not describe these weights: fix it")
+    expected = set()
+    for name, shape, required in _expected_tensors(fmt, cfg):
+        expected.add(name)
+        have = shapes.get(name)
+        if have is None and required:
+            raise ValueError(f"config.json ({_sizes(cfg)}) needs tensor {name}, which the checkpoint does not hold; "
+                             f"config.json does not describe these weights: fix it")
+        if have is not None and have != shape:
+            raise ValueError(f"the checkpoint's {name} has shape {have} but config.json ({_sizes(cfg)}) gives "
+                             f"{shape}; config.json does not describe these weights: fix it")
+    rules = [rx for rx, _, _ in _rules(fmt)]
+    extra = [k for k in shapes if k not in expected and any(rx.match(k) for rx in rules)]
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ValueError(f"the checkpoint holds {extra[0]}{more}, which config.json ({_sizes(cfg)}) does not account "
+                         f"for; config.json does not describe these weights: fix it")
 
 
 def _template_regex(template: str) -> re.Pattern:
     return re.compile(re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)") + "$")
+
+
+def _rules(fmt: str) -> list[tuple[re.Pattern, str, bool]]:
+    """``(regex on the Hugging Face name, our template, is a norm site)`` of every tensor family ``fmt`` names."""
+    rules = []
+    for ours, theirs in name_map(fmt).items():
+        if ours.endswith("_norm.scale.weight"):
+            continue  # QK-norm: a norm site (NORM_SITES)
+        rules.append((_template_regex(theirs), ours, False))
+    return rules + [(_template_regex(theirs), site, True) for site, theirs in NORM_SITES.items()]
 
 
 def plain_from_hf_state(fmt: str, cfg: ModelConfig, hf_state: dict[str, Tensor]) -> PlainWeights:
@@ -158,12 +405,7 @@ def plain_from_hf_state(fmt: str, cfg: ModelConfig, hf_state: dict[str, Tensor])
     Per-expert tensors are stacked into our banks ``(E, d_out, d_in)``. A tied model may omit
     ``lm_head.weight``. Raises ``ValueError`` naming unknown or missing tensors.
     """
-    rules = []  # (regex on the HF name, our template, is a norm site)
-    for ours, theirs in name_map(fmt).items():
-        if ours.endswith("_norm.scale.weight"):
-            continue  # QK-norm: a norm site (NORM_SITES)
-        rules.append((_template_regex(theirs), ours, False))
-    rules += [(_template_regex(theirs), site, True) for site, theirs in NORM_SITES.items()]
+    rules = _rules(fmt)
     matrices: dict[str, Tensor] = {}
     norms: dict[str, Tensor] = {}
     experts: dict[str, dict[int, Tensor]] = {}
@@ -198,13 +440,26 @@ def plain_from_hf_state(fmt: str, cfg: ModelConfig, hf_state: dict[str, Tensor])
     return PlainWeights(cfg, matrices, norms)
 
 
-def read_hf(hf_dir: str | Path) -> tuple[str, PlainWeights]:
-    """``(family, PlainWeights)`` of a Hugging Face model directory (config.json + safetensors)."""
+def read_hf_config(hf_dir: str | Path) -> tuple[str, ModelConfig]:
+    """``(family, ModelConfig)`` of a Hugging Face model directory, checked without reading a tensor:
+    config.json's types and values (``model_config_from_hf``), the model's size against this machine's
+    memory (``check_size``), and the config against the tensors' shapes in the safetensors headers
+    (``check_shapes``). Raises ``FileNotFoundError`` for a directory that is not a Hugging Face model or
+    holds no safetensors, and ``ValueError`` naming what is wrong with the config or the files."""
     d = Path(hf_dir)
     if not is_hf_dir(d):
         raise FileNotFoundError(f"{d} is not a Hugging Face model directory (no config.json with a model_type)")
     fmt, cfg = model_config_from_hf(json.loads((d / "config.json").read_text()))
-    return fmt, plain_from_hf_state(fmt, cfg, read_safetensors(d))
+    check_size(cfg)
+    check_shapes(fmt, cfg, tensor_shapes(weight_files(d)))
+    return fmt, cfg
+
+
+def read_hf(hf_dir: str | Path) -> tuple[str, PlainWeights]:
+    """``(family, PlainWeights)`` of a Hugging Face model directory (config.json + safetensors), the
+    tensors read only once ``read_hf_config`` has checked the directory. Raises as ``read_hf_config``."""
+    fmt, cfg = read_hf_config(hf_dir)
+    return fmt, plain_from_hf_state(fmt, cfg, read_safetensors(hf_dir))
 
 
 # --------------------------------------------------------------------------------------------- scalevec models
@@ -349,6 +604,7 @@ def function_preserved(scfg) -> bool:
     return scfg.foldable
 
 
-__all__ = ["PlainWeights", "is_hf_dir", "model_config_from_hf", "read_safetensors",
-           "plain_from_hf_state", "read_hf", "plain_from_model", "set_scale", "load_plain", "import_hf",
+__all__ = ["PlainWeights", "is_hf_dir", "model_config_from_hf", "weight_files", "tensor_shapes", "param_count",
+           "machine_memory", "check_size", "check_shapes", "read_safetensors", "plain_from_hf_state",
+           "read_hf_config", "read_hf", "plain_from_model", "set_scale", "load_plain", "import_hf",
            "function_preserved"]

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from scalevec.config import RunConfig, from_dict, load_yaml, to_dict
-from scalevec.hf.hf_import import function_preserved, is_hf_dir, load_plain, plain_from_model, read_hf
+from scalevec.hf.hf_import import function_preserved, is_hf_dir, load_plain, plain_from_model, read_hf, read_hf_config
 from scalevec.presets import PRESETS
 
 SCHEDULE_FROM = ("restart", "continue")
@@ -90,7 +90,9 @@ def base_sections(init: InitFrom, preset: str | None, strategy: str | None, toke
 
     Run: the parent's config, less its ``scale`` section when ``--strategy`` is given and its ``model``
     section when ``--preset`` is. Hugging Face: the checkpoint's model shape, its ``tokenizer.json``
-    unless ``--tokenizer`` is given.
+    unless ``--tokenizer`` is given; the directory is checked before anything is built or loaded
+    (``hf_import.read_hf_config``: config.json's values, the size against memory, the tensors' shapes).
+    Raises ``ValueError`` / ``FileNotFoundError`` naming what is wrong with a Hugging Face directory.
     """
     if init.kind == "run":
         data = to_dict(init.parent)
@@ -103,9 +105,8 @@ def base_sections(init: InitFrom, preset: str | None, strategy: str | None, toke
             data.pop("model")
             data.pop("preset")
         return data
-    _, plain = read_hf(init.source)
-    init.family = _family(init.source)
-    data = {"model": to_dict(plain.cfg)}
+    init.family, model_cfg = read_hf_config(init.source)  # no tensor read yet: load_weights reads them
+    data = {"model": to_dict(model_cfg)}
     if not tokenizer and (init.source / "tokenizer.json").is_file():
         data["data"] = {"tokenizer": str(init.source / "tokenizer.json")}
     return data
@@ -117,12 +118,6 @@ def preset_label(init: InitFrom, preset: str | None, resolved: str) -> str:
     if preset:
         return resolved
     return f"hf-{init.family}" if init.kind == "hf" else init.parent.preset
-
-
-def _family(hf_dir: Path) -> str:
-    import json
-
-    return json.loads((hf_dir / "config.json").read_text())["model_type"]
 
 
 def _parent_model(init: InitFrom):
