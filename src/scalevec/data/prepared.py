@@ -4,7 +4,7 @@
 a folder of .txt files, .jsonl, .parquet, a bundled corpus or ``hf:NAME[:CONFIG]`` with datasets'
 ``streaming=True``), tokenizes them in ``--workers`` processes and appends them to token shards::
 
-    DIR/manifest.json             source, tokenizer, dtype, split rule, per shard: tokens, documents, SHA-256
+    DIR/manifest.json             source, tokenizer, dtype, split rule, per shard: tokens, documents, SHA-256, max id
     DIR/tokenizer/                a copy of the tokenizer (tokenizer.json + tokenizer_config.json)
     DIR/train-00000.bin ...       uint16 (vocab <= 65536) or uint32 token ids, documents back to back
     DIR/train-00000.docs.npy      int64 start offset of each document in its shard, then the shard length
@@ -23,11 +23,14 @@ through the corpus. (The plain ``--data FILE`` path instead holds out the *last*
 and plain splits of one corpus therefore differ.) ``bpe:N`` is trained on a first streamed pass over
 the training documents.
 
-``train --data DIR`` opens the shards with ``np.memmap`` (``load_prepared``): nothing is read or
-hashed at start-up besides the manifest and the file sizes; ``prepare-data --verify DIR`` checks
-every SHA-256. ``ShardedTokens`` presents the shards of a split as one 1-D array to ``TrainSampler``
-and ``val_batches`` without concatenating them, and asks ``TrainSampler`` for its ``feistel`` order
-(a permutation computed per index, so memory does not grow with the number of windows either).
+``train --data DIR`` opens the shards with ``np.memmap`` (``load_prepared``): nothing is hashed at
+start-up; the manifest is checked (``check_manifest``: fields, types, paths inside DIR, the dtype, file
+sizes) and each shard's max token id is taken in one vectorized pass, so an id outside the vocabulary is
+an error before the run rather than an IndexError in the embedding. ``prepare-data --verify DIR`` checks
+every SHA-256 and the max ids (issue 24). ``ShardedTokens`` presents the shards of a split as one 1-D
+array to ``TrainSampler`` and ``val_batches`` without concatenating them, and asks ``TrainSampler`` for
+its ``feistel`` order (a permutation computed per index, so memory does not grow with the number of
+windows either).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from scalevec.data.tokenizer import (
     load_tokenizer_dir,
     train_bpe,
 )
-from scalevec.data.tokens import TokenData, token_dtype
+from scalevec.data.tokens import TOKEN_DTYPES, TokenData, token_dtype
 
 MANIFEST = "manifest.json"
 FORMAT = "scalevec-prepared"
@@ -298,13 +301,15 @@ class _ShardWriter:
     def _open(self) -> None:
         name = f"{self.split}-{len(self.shards):05d}"
         self._name, self._f, self._sha = name, open(self.dir / f"{name}.bin", "wb"), hashlib.sha256()
-        self._n, self._starts = 0, []
+        self._n, self._starts, self._max = 0, [], 0
 
     def _write(self, arr: np.ndarray) -> None:
         b = arr.astype(self.dtype, copy=False).tobytes()
         self._f.write(b)
         self._sha.update(b)
         self._n += arr.size
+        if arr.size:  # recorded so that --verify and the reader can check the ids against the vocabulary
+            self._max = max(self._max, int(arr.max()))
 
     def add(self, ids: np.ndarray) -> None:
         """Append one document (its ``[BOS] + ids + [EOS]``); the separator goes before every document but the first."""
@@ -328,7 +333,7 @@ class _ShardWriter:
         np.save(self.dir / f"{self._name}.docs.npy", starts)
         self.shards.append({"file": f"{self._name}.bin", "tokens": self._n, "docs": len(self._starts),
                             "sha256": self._sha.hexdigest(), "offsets": f"{self._name}.docs.npy",
-                            "offsets_sha256": _file_sha256(self.dir / f"{self._name}.docs.npy")})
+                            "offsets_sha256": _file_sha256(self.dir / f"{self._name}.docs.npy"), "max_id": self._max})
         self.tokens += self._n
 
     def finish(self) -> dict:
@@ -509,8 +514,13 @@ class ShardedTokens:
 
 
 def read_manifest(path: str | Path) -> dict:
-    """The manifest of a prepared folder; ``ValueError`` if it is not one this version reads."""
-    p = Path(path).expanduser() / MANIFEST
+    """The manifest of a prepared folder, checked by ``check_manifest`` before anything reads a shard.
+
+    Raises ``FileNotFoundError`` if the folder has no manifest, ``ValueError`` (one line naming the file and
+    the field) if it is not valid JSON, not one this version reads, or fails ``check_manifest``.
+    """
+    root = Path(path).expanduser()
+    p = root / MANIFEST
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist; "
                                 f"write prepared data with `scalevec prepare-data SOURCE --out {path}`")
@@ -518,31 +528,150 @@ def read_manifest(path: str | Path) -> dict:
         m = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{p} is not valid JSON ({e}); prepare the data again") from None
+    return check_manifest(root, m)
+
+
+# The manifest fields a reader uses and their kinds (``int``: a non-negative integer; ``float``: a number;
+# ``object``: any value, checked by its own rule); the others (bos_id, created, ...) are informative only.
+_TOP_FIELDS = {"source": str, "tokenizer": str, "tokenizer_dir": str, "tokenizer_sha256": str, "vocab_size": int,
+               "dtype": object, "val_frac": float, "split_rule": str, "train": dict, "val": dict}
+_SPLIT_FIELDS = {"tokens": int, "docs": int, "shards": list}
+_SHARD_FIELDS = {"file": str, "tokens": int, "docs": int, "sha256": str, "offsets": str, "offsets_sha256": str}
+_KINDS = {int: "a non-negative integer", float: "a number", str: "a string", dict: "an object", list: "a list"}
+_REDO = "prepare the data again with `scalevec prepare-data SOURCE --out DIR`"
+
+
+def check_manifest(root: Path, m: object) -> dict:
+    """``m``, the parsed manifest of the folder ``root``, if a reader can trust it; the one home of its rules.
+
+    Checked, in this order, before any shard is opened: format and version; every field a reader uses is
+    present with its type (counts non-negative integers); ``vocab_size >= 1``; ``dtype`` is the one
+    prepare-data writes for ``vocab_size`` (``tokens.token_dtype``); every shard, offsets and tokenizer path
+    is relative and resolves (symlinks followed) inside ``root``; each split has shards whose tokens and
+    documents add up to the split's; each shard file exists and is ``tokens × itemsize`` bytes. Raises
+    ``ValueError``: one line naming the manifest, the field and the fix.
+    """
+    p = root / MANIFEST
     if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
         raise ValueError(f"{p} is not a {FORMAT} v{VERSION} manifest; prepare the data again with this scalevec")
+
+    def bad(name: str, problem: str) -> ValueError:
+        return ValueError(f"{p}: field {name} {problem}; {_REDO}")
+
+    def field(obj: dict, key: str, kind: type, name: str):
+        if key not in obj:
+            raise bad(name, "is missing")
+        v = obj[key]
+        if kind is int:
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        elif kind is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, kind)  # always true for object
+        if not ok:
+            raise bad(name, f"is {_show(v)}, not {_KINDS[kind]}")
+        return v
+
+    def inside(rel: str, name: str) -> Path:
+        # a manifest is data, not trusted code: following `../x`, `/etc/x` or a symlink out of the folder would
+        # read (and train on, or hash) any file the user can read
+        f = root / rel
+        try:
+            outside = Path(rel).is_absolute() or not f.resolve().is_relative_to(root.resolve())
+        except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+            outside = True
+        if outside:
+            raise bad(name, f"names {_show(rel)}, which is or resolves (symlinks followed) outside {root}: "
+                            f"a manifest may name only files inside its folder")
+        return f
+
+    for key, kind in _TOP_FIELDS.items():
+        field(m, key, kind, key)
+    if m["vocab_size"] < 1:
+        raise bad("vocab_size", "is 0, not a vocabulary size")
+    if m["dtype"] != token_dtype(m["vocab_size"]).name:
+        raise bad("dtype", f"is {_show(m['dtype'])}, not {token_dtype(m['vocab_size']).name}, what prepare-data "
+                           f"writes for vocab_size {m['vocab_size']} (ids are stored only as "
+                           f"{' or '.join(TOKEN_DTYPES)}; another dtype reads the bytes as other ids)")
+    for rel in (m["tokenizer_dir"], f"{m['tokenizer_dir']}/tokenizer.json",
+                f"{m['tokenizer_dir']}/tokenizer_config.json"):  # the files load_tokenizer_dir reads
+        inside(rel, "tokenizer_dir")
+    sizes = []
+    for split in ("train", "val"):
+        sp = m[split]
+        for key, kind in _SPLIT_FIELDS.items():
+            field(sp, key, kind, f"{split}.{key}")
+        if not sp["shards"]:
+            raise bad(f"{split}.shards", "is empty (a split has at least one shard)")
+        for k, s in enumerate(sp["shards"]):
+            name = f"{split}.shards[{k}]"
+            if not isinstance(s, dict):
+                raise bad(name, f"is {_show(s)}, not an object")
+            for key, kind in _SHARD_FIELDS.items():
+                field(s, key, kind, f"{name}.{key}")
+            if "max_id" in s:  # written since issue 24; older manifests lack it
+                field(s, "max_id", int, f"{name}.max_id")
+            sizes.append((name, inside(s["file"], f"{name}.file"), s["tokens"]))
+            inside(s["offsets"], f"{name}.offsets")
+        for key in ("tokens", "docs"):
+            total = sum(s[key] for s in sp["shards"])
+            if sp[key] != total:
+                raise bad(f"{split}.{key}", f"is {sp[key]}, but its shards' {key} add up to {total}")
+    itemsize = np.dtype(m["dtype"]).itemsize
+    for name, f, tokens in sizes:
+        if not f.is_file():
+            raise bad(f"{name}.file", f"names shard {f}, which is missing")
+        expected = tokens * itemsize
+        if f.stat().st_size != expected:
+            raise bad(f"{name}.tokens", f"is {tokens}, so the manifest says {expected} bytes of {m['dtype']}, but "
+                                        f"shard {f} is {f.stat().st_size} bytes")
     return m
 
 
+def _show(v: object) -> str:
+    """A manifest value for a one-line message: as JSON, cut to 60 characters."""
+    s = json.dumps(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
 def _open_split(root: Path, m: dict, split: str) -> ShardedTokens:
+    """The shards of ``split`` by memory map; ``m`` passed ``check_manifest`` (file sizes included)."""
     dtype = np.dtype(m["dtype"])
-    shards = []
-    for s in m[split]["shards"]:
-        f = root / s["file"]
-        expected = s["tokens"] * dtype.itemsize
-        if not f.is_file() or f.stat().st_size != expected:
-            got = f"{f.stat().st_size} bytes" if f.is_file() else "missing"
-            raise ValueError(f"shard {f} is {got}, the manifest says {expected} bytes; prepare the data again "
-                             f"(or check it with scalevec prepare-data --verify {root})")
-        shards.append(np.memmap(f, dtype=dtype, mode="r") if expected else np.zeros(0, dtype=dtype))
-    return ShardedTokens(shards)
+    return ShardedTokens([np.memmap(root / s["file"], dtype=dtype, mode="r") if s["tokens"] else
+                          np.zeros(0, dtype=dtype) for s in m[split]["shards"]])
+
+
+def _id_problem(shard: dict, tokens: np.ndarray, vocab_size: int) -> str | None:
+    """What is wrong with the token ids of one shard, or None: its max id must be below ``vocab_size`` (else the
+    embedding raises an IndexError mid-run) and equal the ``max_id`` the manifest records, if it records one."""
+    if not len(tokens):
+        return None
+    top = int(tokens.max())  # one vectorized pass over the memory map
+    if top >= vocab_size:
+        return (f"{shard['file']}: max token id {top} is not below the vocabulary size {vocab_size}; the shard was "
+                f"written with another tokenizer or is damaged: {_REDO}")
+    if shard.get("max_id", top) != top:
+        return (f"{shard['file']}: max token id {top}, but the manifest records max_id {shard['max_id']}; the shard "
+                f"changed after prepare-data: {_REDO}")
+    return None
+
+
+def _vocab_problem(tok: Tokenizer, m: dict) -> str | None:
+    """The tokenizer's vocabulary must be the manifest's ``vocab_size``: the dtype and id checks rely on it."""
+    if tok.vocab_size == m["vocab_size"]:
+        return None
+    return (f"{m['tokenizer_dir']}/tokenizer.json has {tok.vocab_size} ids, but the manifest's vocab_size is "
+            f"{m['vocab_size']}: {_REDO}")
 
 
 def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
-    """``TokenData`` over a prepared folder, by memory map: reads the manifest and stats the shards only.
+    """``TokenData`` over a prepared folder, by memory map: reads the manifest, stats the shards and takes each
+    shard's max token id (nothing is hashed; ``verify`` does that).
 
     ``tokenizer`` is the run's ``data.tokenizer``: the manifest's tokenizer is used; a different value
     other than the default ``bytes`` is an error (the data was tokenized with the manifest's one).
-    Raises ``FileNotFoundError`` / ``ValueError`` for a missing or inconsistent folder.
+    Raises ``FileNotFoundError`` / ``ValueError`` for a missing or inconsistent folder (``read_manifest``),
+    a tokenizer whose vocabulary is not the manifest's, or a shard holding an id outside the vocabulary.
     """
     root = Path(path).expanduser()
     m = read_manifest(root)
@@ -551,6 +680,13 @@ def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
                          f"drop --tokenizer or prepare the data again with --tokenizer {tokenizer}")
     tok = load_tokenizer_dir(root / m["tokenizer_dir"])
     train, val = _open_split(root, m, "train"), _open_split(root, m, "val")
+    # checked here, at start-up, because an id >= vocab is otherwise an IndexError inside the embedding mid-run
+    problems = [_vocab_problem(tok, m)]
+    for split, data in (("train", train), ("val", val)):
+        problems += [_id_problem(s, arr, tok.vocab_size) for s, arr in zip(m[split]["shards"], data.shards)]
+    problem = next(filter(None, problems), None)
+    if problem:
+        raise ValueError(f"prepared data {root}: {problem}")
     meta = {"format": m["version"], "source": str(path), "prepared_from": m["source"], "tokenizer": m["tokenizer"],
             "vocab_size": m["vocab_size"], "dtype": m["dtype"], "val_frac": m["val_frac"],
             "split": f"prepared: {m['split_rule']} (val_frac {m['val_frac']})", "train_docs": m["train"]["docs"],
@@ -561,11 +697,17 @@ def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
 
 
 def verify(path: str | Path) -> list[str]:
-    """Re-hash every shard, offsets file and the tokenizer against the manifest; returns the problems (empty = fine)."""
+    """Re-hash every shard, offsets file and the tokenizer against the manifest and check every shard's token ids
+    (``_id_problem``, against the manifest's ``vocab_size``); returns the problems, one line each (empty = fine).
+
+    Raises what ``read_manifest`` raises: a malformed manifest, a path outside the folder or a shard whose size
+    is not the manifest's leaves nothing to check against.
+    """
     root = Path(path).expanduser()
     m = read_manifest(root)
     problems = []
-    files = [(m["tokenizer_dir"] + "/tokenizer.json", m["tokenizer_sha256"])]
+    tokenizer_json = m["tokenizer_dir"] + "/tokenizer.json"
+    files = [(tokenizer_json, m["tokenizer_sha256"])]
     for split in ("train", "val"):
         for s in m[split]["shards"]:
             files += [(s["file"], s["sha256"]), (s["offsets"], s["offsets_sha256"])]
@@ -575,7 +717,12 @@ def verify(path: str | Path) -> list[str]:
             problems.append(f"{name}: missing")
         elif _file_sha256(f) != sha:
             problems.append(f"{name}: SHA-256 differs from the manifest")
-    return problems
+    if not any(q.startswith(f"{tokenizer_json}:") for q in problems):  # the tokenizer prepare-data wrote: load it
+        problems.append(_vocab_problem(load_tokenizer_dir(root / m["tokenizer_dir"]), m))
+    for split in ("train", "val"):
+        for s, arr in zip(m[split]["shards"], _open_split(root, m, split).shards):
+            problems.append(_id_problem(s, arr, m["vocab_size"]))
+    return [q for q in problems if q]
 
 
 def document_offsets(path: str | Path, split: str, shard: int) -> np.ndarray:
@@ -629,5 +776,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["ShardedTokens", "document_offsets", "is_prepared", "is_val_doc", "iter_documents", "load_prepared",
-           "prepare_shards", "read_manifest", "verify"]
+__all__ = ["ShardedTokens", "check_manifest", "document_offsets", "is_prepared", "is_val_doc", "iter_documents",
+           "load_prepared", "prepare_shards", "read_manifest", "verify"]

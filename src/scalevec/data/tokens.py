@@ -9,10 +9,14 @@ import numpy as np
 
 from scalevec.data.tokenizer import Tokenizer
 
+# The only dtypes token streams are written in: unsigned, so no id reads back negative. A reader accepts no other
+# (a float16 or int16 view of the same bytes is a different stream of ids).
+TOKEN_DTYPES = ("uint16", "uint32")
+
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """``uint16`` when every id fits (vocab_size <= 65536), else ``uint32``."""
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+    """``uint16`` when every id fits (vocab_size <= 65536), else ``uint32`` (``TOKEN_DTYPES``)."""
+    return np.dtype(TOKEN_DTYPES[0] if vocab_size <= 2**16 else TOKEN_DTYPES[1])
 
 
 @dataclass
