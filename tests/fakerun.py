@@ -61,7 +61,7 @@ def write_run(out: Path, cfg: dict, n_evals: int = 5, curve: list[float] | None 
     final = curve[-1] if curve else final_loss(cfg)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    (out / "meta.json").write_text(json.dumps({"fake": True}))
+    (out / "meta.json").write_text(json.dumps({"format": "scalevec-run/1", "fake": True}))  # rundir.RUN_FORMAT
     (out / "optim_groups.txt").write_text("fake\n")
     rows = []
     for i in range(1, n_evals + 1):

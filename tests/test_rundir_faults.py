@@ -221,6 +221,195 @@ def test_cut_off_metrics_line_is_dropped_on_resume_and_skipped_by_report(env, pa
     assert_same_as_reference(env, out)
 
 
+@pytest.mark.parametrize("how", ["zero", "nul-tail", "bad-line"])
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
+def test_damaged_metrics_file_is_set_aside_never_destroyed(env, partial, capsys, how):
+    """metrics.jsonl zero-filled, with NUL bytes after its rows (what a crash of the filesystem leaves, not a
+    cut-off append) or with a bad line amid its rows: report refuses it in one line, and --resume moves it to
+    metrics.jsonl.damaged byte for byte (with a note) and keeps its readable rows; with nothing lost from
+    them, the run ends bit for bit equal to the uninterrupted one."""
+    out = env["root"] / f"metrics-{how}" / "run"  # alone in its folder, for report
+    shutil.copytree(partial, out)
+    path = out / "metrics.jsonl"
+    if how == "zero":
+        damage(path, "zero")
+    elif how == "nul-tail":
+        path.write_bytes(path.read_bytes() + bytes(4096))
+    else:
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(lines[:3]) + "not a row\n" + "".join(lines[3:]))
+    original = path.read_bytes()
+    with pytest.raises(rundir.RunDirError, match="is not a metrics row"):
+        rundir.read_metrics(out)
+    assert main(["report", str(out.parent)]) == 2
+    one_line_error(capsys, "metrics.jsonl")
+    assert main(resume_argv(out)) == 0
+    err = capsys.readouterr().err
+    assert "metrics.jsonl.damaged" in err and "cut-off" not in err, err
+    assert (out / "metrics.jsonl.damaged").read_bytes() == original
+    if how == "zero":  # no row was readable: the file holds the resumed steps only
+        assert [r["step"] for r in rundir.read_metrics(out, "train")] == [6, 7]
+    else:
+        assert_same_as_reference(env, out)
+
+
+def rewrite_manifest(ckpt: Path) -> None:
+    """A new MANIFEST.json over the checkpoint's files as they are now: the damage passes the manifest."""
+    step = json.loads((ckpt / "MANIFEST.json").read_text())["step"]
+    (ckpt / "MANIFEST.json").unlink()
+    rundir.write_manifest(ckpt, step)
+
+
+def edit_train_state(ckpt: Path, edit) -> None:
+    state = json.loads((ckpt / "train_state.json").read_text())
+    edit(state)
+    (ckpt / "train_state.json").write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("how", ["step-huge", "step-older", "folder-huge"])
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
+def test_checkpoint_that_contradicts_itself_falls_back(env, partial, capsys, how):
+    """A newest checkpoint whose train_state.json says step 10^15 (it would mark the run DONE untrained) or
+    step 4 inside step_0000006 (it would retrain steps 4-5 from step 6's weights), or a folder renamed to
+    step 10^15 with all its files saying so (past train.steps), each with a manifest rewritten to match:
+    --resume skips it with a note and ends bit for bit equal to the uninterrupted run."""
+    out = env["root"] / f"contradicts-{how}"
+    shutil.copytree(partial, out)
+    ckpt = out / "checkpoints" / "step_0000006"
+    if how == "folder-huge":
+        huge = ckpt.with_name(f"step_{10 ** 15}")
+        ckpt.rename(huge)
+        ckpt = huge
+        edit_train_state(ckpt, lambda st: st.update(step=10 ** 15))
+        manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+        (ckpt / "MANIFEST.json").unlink()
+        rundir.write_manifest(ckpt, 10 ** 15)
+        assert manifest["step"] == 6
+    else:
+        edit_train_state(ckpt, lambda st: st.update(step=10 ** 15 if how == "step-huge" else 4))
+        rewrite_manifest(ckpt)
+    found, skipped = rundir.resumable_checkpoint(out)
+    assert found.name == "step_0000004" and skipped[0].startswith(ckpt.name), skipped
+    assert main(resume_argv(out)) == 0
+    err = capsys.readouterr().err
+    assert f"skipped checkpoint {ckpt.name}" in err and "resuming from step_0000004" in err, err
+    assert_same_as_reference(env, out)
+
+
+def malform(ckpt: Path, how: str) -> None:
+    """Damage the checkpoint in a way that passes a rewritten manifest (see MALFORMED)."""
+    import base64
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shard = next((ckpt / "dcp").glob("*.safetensors"))
+    if how == "not-safetensors":
+        shard.write_bytes(b"not a safetensors file " * 64)
+    elif how == "wrong-shape":
+        with safe_open(str(shard), framework="pt") as f:
+            metadata = f.metadata()
+        tensors = load_file(str(shard))
+        name = next(k for k in tensors if k.startswith("model/"))
+        tensors[name] = torch.zeros(3, 3)
+        save_file(tensors, str(shard), metadata=metadata)
+    elif how == "rng-length":
+        edit_train_state(ckpt, lambda st: st.update(rng_cpu=base64.b64encode(b"abc").decode()))
+    elif how == "extra-list":
+        edit_train_state(ckpt, lambda st: st.update(extra=[1, 2]))
+    else:  # betas of one value in the optimizer's stored param groups
+        def one_beta(st):
+            for path, value in st["plain"]:
+                if path[-1] == "betas":
+                    value[:] = value[:1]
+
+        edit_train_state(ckpt, one_beta)
+    rewrite_manifest(ckpt)
+
+
+# how -> found without a model (rundir checks the files), else only by loading them (checkpoint.py)
+MALFORMED = {"not-safetensors": True, "rng-length": True, "extra-list": True, "wrong-shape": False, "betas": False}
+
+
+@pytest.mark.parametrize("how", list(MALFORMED))
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
+def test_malformed_checkpoint_that_passes_its_manifest_falls_back(env, partial, capsys, how):
+    """A newest checkpoint that matches a rewritten manifest but is malformed: a DCP shard that is not
+    safetensors, a tensor of another shape, rng_cpu of another length, extra a list, one beta.
+    checkpoint.resume_checkpoint skips it with a note and loads step 4 exactly as a direct load does;
+    --resume continues bit for bit, or (for what only a load finds, until the trainer resumes through
+    resume_checkpoint) stops with a one-line error naming the checkpoint (exit 2), and never a traceback."""
+    out = env["root"] / f"malformed-{how}"
+    shutil.copytree(partial, out)
+    malform(out / "checkpoints" / "step_0000006", how)
+    api = env["root"] / f"malformed-{how}-api"  # a copy for resume_checkpoint, which only reads
+    shutil.copytree(out, api)
+    found, skipped = rundir.resumable_checkpoint(out)
+    assert (found.name == "step_0000004") == MALFORMED[how], (how, skipped)
+
+    rc = main(resume_argv(out))
+    if rc == 0:
+        assert "skipped checkpoint step_0000006" in capsys.readouterr().err
+        assert_same_as_reference(env, out)
+    else:
+        assert rc == 2 and not MALFORMED[how], (how, rc)
+        one_line_error(capsys, "step_0000006")
+
+    from scalevec.training.checkpoint import load_checkpoint, resume_checkpoint
+
+    notes: list[str] = []
+    trainer = train_mod.Trainer(env["cfg"], api, resume=True, quiet=True)
+    state = resume_checkpoint(api, trainer.model, trainer.optimizers, trainer.device, notice=notes.append)
+    trainer.release()
+    assert state["step"] == 4
+    assert notes[0].startswith("skipped checkpoint step_0000006") and notes[-1].startswith("resuming from step_0000004")
+    direct = train_mod.Trainer(env["cfg"], partial, resume=True, quiet=True)
+    load_checkpoint(partial / "checkpoints" / "step_0000004", direct.model, direct.optimizers, direct.device)
+    direct.release()
+    a, b = trainer.model.state_dict(), direct.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = trainer.optimizers[0].state_dict()["state"], direct.optimizers[0].state_dict()["state"]
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+
+
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
+def test_symlinked_checkpoints_are_never_written_through(env, partial, capsys):
+    """checkpoints/ a symbolic link to another run's: --resume refuses it in one line (exit 2) and the other
+    run is untouched. A step_0000006 that links to another run's step_0000006 (another lr, so other weights):
+    export refuses it, --resume skips it with a note, continues bit for bit from step 4 and replaces the link
+    by its own checkpoint, and the other run's checkpoint is untouched."""
+    other = env["root"] / "link-other"
+    assert train(tiny_cfg(env["root"] / "cache", **{"optim.lr": 2e-2}), other, stop_at=6, quiet=True) == \
+        {"stopped_at": 6}
+
+    def snapshot(run: Path) -> dict:
+        return {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted((run / "checkpoints").rglob("*"))
+                if p.is_file()}
+
+    before = snapshot(other)
+    out = env["root"] / "link-root"
+    shutil.copytree(partial, out)
+    shutil.rmtree(out / "checkpoints")
+    (out / "checkpoints").symlink_to(other / "checkpoints")
+    assert main(resume_argv(out)) == 2
+    one_line_error(capsys, "symbolic link")
+    assert snapshot(other) == before
+
+    out = env["root"] / "link-step"
+    shutil.copytree(partial, out)
+    link = out / "checkpoints" / "step_0000006"
+    shutil.rmtree(link)
+    link.symlink_to(other / "checkpoints" / "step_0000006")
+    assert main(["export", str(out), "--out", str(env["root"] / "hf-link")]) == 2
+    one_line_error(capsys, "symbolic link")
+    assert main(resume_argv(out)) == 0
+    err = capsys.readouterr().err
+    assert "skipped checkpoint step_0000006" in err and "symbolic link" in err, err
+    assert_same_as_reference(env, out)
+    assert not link.is_symlink() and link.is_dir()
+    assert snapshot(other) == before
+
+
 # ----------------------------------------------------------------------------------------- no code from files
 
 
@@ -370,6 +559,110 @@ def test_overwrite_never_deletes_a_run_that_appeared_meanwhile(env, capsys):
     assert_same_as_reference(env, out)
 
 
+def test_overwrite_refuses_a_folder_that_only_has_a_config_yaml(config, capsys):
+    """A project folder with its own config.yaml (even a valid scalevec config), precious.txt and src/main.py
+    is no run: --overwrite refuses it in one line (exit 2) and every file stays."""
+    out = config["root"] / "project"
+    (out / "src").mkdir(parents=True)
+    shutil.copy(config["cfg_file"], out / "config.yaml")
+    (out / "precious.txt").write_text("precious")
+    (out / "src" / "main.py").write_text("print('hi')\n")
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    assert main(train_argv(config, out, "--overwrite")) == 2
+    one_line_error(capsys, "not a scalevec run directory")
+    assert main(resume_argv(out)) == 2
+    one_line_error(capsys, "not a scalevec run directory")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == files
+    assert (out / "precious.txt").read_text() == "precious"
+
+
+def test_a_run_is_recognized_by_its_meta_json(tmp_path):
+    """is_run: config.yaml with a meta.json that carries RUN_FORMAT (write_meta) or, from before the marker,
+    the keys the trainer always wrote; not with a foreign or unreadable meta.json, another format, or none.
+    A meta.json with RUN_FORMAT alone is no run, but --overwrite may empty it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("preset: tiny\n")
+    assert not rundir.is_run(run)
+    rundir.write_meta(run, {"scalevec": "0.1.0"})
+    assert json.loads((run / "meta.json").read_text())["format"] == rundir.RUN_FORMAT and rundir.is_run(run)
+    legacy = {"scalevec": "0.1.0", "torch": "2.5.0", "python": "3.11.7", "start_time": "2025-01-01T00:00:00+0000",
+              "host": "h"}
+    for meta, ok in ((legacy, True), ({"version": 3}, False), ({**legacy, "format": "other/1"}, False), ([1], False)):
+        (run / "meta.json").write_text(json.dumps(meta))
+        assert rundir.is_run(run) is ok, meta
+    (run / "meta.json").write_bytes(b"\x00" * 16)
+    assert not rundir.is_run(run)
+    # a set-up interrupted after meta.json (RUN_FORMAT) and before config.yaml: no run, but --overwrite empties it
+    (run / "config.yaml").unlink()
+    rundir.write_meta(run, {})
+    assert not rundir.is_run(run)
+    rundir.check_out_dir(run, resume=False, overwrite=True)
+    assert rundir.remove_run(run) == [] and not any(run.iterdir())
+
+
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
+def test_overwrite_deletes_only_what_scalevec_wrote(env, partial, capsys):
+    """A run with the user's files beside scalevec's: remove_run deletes scalevec's entries (and its damaged
+    files and temporaries), keeps the lock, leaves and names the rest; train --overwrite then trains the run
+    bit for bit and the user's files are untouched."""
+    out = env["root"] / "overwrite-mixed"
+    shutil.copytree(partial, out)
+    (out / "notes.txt").write_text("mine")
+    assert main(train_argv(env, out, "--overwrite")) == 0
+    assert (out / "notes.txt").read_text() == "mine"
+    assert_same_as_reference(env, out)
+    shutil.rmtree(out)
+    shutil.copytree(partial, out)
+    (out / "notes.txt").write_text("mine")
+    (out / "analysis").mkdir()
+    (out / "analysis" / "plot.py").write_text("print('plot')\n")
+    (out / "metrics.jsonl.damaged").write_text("old")
+    (out / ".summary.json.123.tmp").write_text("{")
+    notes: list[str] = []
+    assert rundir.remove_run(out, notice=notes.append) == ["analysis", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "analysis", "notes.txt"]
+    assert "analysis, notes.txt" in notes[0]
+
+
+# ----------------------------------------------------------------------------------------- several processes
+
+
+def _save_without_tag(rank: int, root: str) -> dict:
+    """Each of the ranks saves a tiny model and AdamW state with ``tag=None``, then loads it back."""
+    from scalevec.model.transformer import build_model
+    from scalevec.training.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = resolve_config("tiny", "baseline", ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+                                              "model.n_kv_heads=1", "model.d_ff=48"])
+    model = build_model(cfg.model, cfg.scale, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.arange(16).view(2, 8) % 256
+    model(x, x)[0].backward()
+    opt.step()
+    ckpt = save_checkpoint(Path(root), 1, model, [opt], {}, tag=None)
+    fresh = build_model(cfg.model, cfg.scale, seed=1)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    state = load_checkpoint(ckpt, fresh, [fresh_opt], torch.device("cpu"))
+    a, b = model.state_dict(), fresh.state_dict()
+    return {"step": state["step"], "same": all(torch.equal(a[k], b[k]) for k in a),
+            "temporaries": sorted(p.name for p in (Path(root) / "checkpoints").iterdir() if p.name.startswith("."))}
+
+
+@pytest.mark.slow  # spawns 2 processes that import torch: ~10 s
+def test_save_checkpoint_without_a_tag_from_every_rank_loads(tmp_path):
+    """save_checkpoint(..., tag=None) called from both ranks of a gloo group, as its docstring says: the ranks
+    agree on one temporary directory (rank 0's PID), so the published checkpoint holds every rank's shards,
+    loads on both ranks with the saved weights, and no temporary directory is left."""
+    from dist_harness import run_distributed
+
+    results = run_distributed(_save_without_tag, str(tmp_path), world_size=2)
+    assert results == [{"step": 1, "same": True, "temporaries": []}] * 2, results
+    from scalevec.training.checkpoint import writer_tag
+
+    assert writer_tag(7) == 7 and writer_tag() == os.getpid()  # one process: its own PID
+
+
 # ----------------------------------------------------------------------------------------- resources
 
 
@@ -377,12 +670,24 @@ def enospc(path) -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
+# what safetensors raises on a full disk (its Rust writer's I/O error; not an OSError)
+SAFETENSORS_ENOSPC = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
 @pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys, monkeypatch):
-    """ENOSPC inside the step-4 checkpoint write, and in a metrics append at step 5: exit 3 with one line
-    naming the file, no temporary checkpoint left, and --resume ends bit for bit equal."""
+    """ENOSPC inside the step-4 checkpoint write (the manifest, the consolidated model: safetensors' own
+    SafetensorError, the DCP shards: DCP's CheckpointException around the OSError) and in a metrics append
+    at step 5: exit 3 with one line naming the file, no temporary checkpoint left, and --resume ends bit for
+    bit equal."""
+    from safetensors import SafetensorError
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    from scalevec.training import checkpoint as ckpt_mod
+
     real_manifest, real_append = rundir.write_manifest, rundir.append_metrics
-    for case in ("checkpoint", "metrics"):
+    real_save_file, real_write_data = ckpt_mod.save_file, HuggingFaceStorageWriter.write_data
+    for case in ("checkpoint", "consolidated", "dcp", "metrics"):
         out = env["root"] / f"enospc-{case}"
         if case == "checkpoint":
             def manifest(ckpt, step):
@@ -391,6 +696,20 @@ def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys,
                 return real_manifest(ckpt, step)
 
             monkeypatch.setattr(rundir, "write_manifest", manifest)
+        elif case == "consolidated":
+            def save_file(tensors, filename, metadata=None):
+                if "step_0000004" in filename:
+                    raise SafetensorError(SAFETENSORS_ENOSPC)
+                return real_save_file(tensors, filename, metadata=metadata)
+
+            monkeypatch.setattr(ckpt_mod, "save_file", save_file)
+        elif case == "dcp":
+            def write_data(self, plan, planner):
+                if "step_0000004" in str(self.path):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a write() fails: no file name
+                return real_write_data(self, plan, planner)
+
+            monkeypatch.setattr(HuggingFaceStorageWriter, "write_data", write_data)
         else:
             def append(run, row):
                 if row["step"] == 5 and row["kind"] == "train":
@@ -400,12 +719,11 @@ def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys,
                 return real_append(run, row)
 
             monkeypatch.setattr(rundir, "append_metrics", append)
-        assert main(train_argv(env, out)) == command.FAILED_EXIT
+        assert main(train_argv(env, out)) == command.FAILED_EXIT, case
         last = one_line_error(capsys, "No space left on device")
-        assert "--resume" in last
+        assert "--resume" in last and str(out) in last, last
         assert not list((out / "checkpoints").glob(".tmp_*"))
-        monkeypatch.setattr(rundir, "write_manifest", real_manifest)
-        monkeypatch.setattr(rundir, "append_metrics", real_append)
+        monkeypatch.undo()
         assert main(resume_argv(out)) == 0
         assert_same_as_reference(env, out)
 
@@ -461,6 +779,37 @@ def test_overflowing_lr_is_refused_at_validation(config, capsys):
     out = config["root"] / "lr1e38"
     assert main(train_argv(config, out, "--lr", "1e38")) == 2
     one_line_error(capsys, "overflows float32")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value, words", [("1.0e+30", ("train.steps", "float")), ("8.0", ("train.steps", "float")),
+                                          ("'1e30'", ("train.steps", "not a valid int")), ("true", ("train.steps",))])
+def test_stored_config_with_a_value_of_the_wrong_type_is_refused(config, capsys, value, words):
+    """config.yaml with train.steps 1.0e+30 (or 8.0, '1e30', true) for the int field: reading it is a one-line
+    error naming the field and the value's type, so no run trains 10^30 steps; `train --config` refuses it
+    before writing anything (exit 2)."""
+    out = config["root"] / f"wrongtype-{len(value)}-{value[:2]}"
+    out.mkdir()
+    text = config["cfg_file"].read_text()
+    assert "  steps: 8\n" in text
+    (out / "config.yaml").write_text(text.replace("  steps: 8\n", f"  steps: {value}\n"))
+    with pytest.raises(rundir.RunDirError) as info:
+        rundir.load_config(out)
+    assert all(w in str(info.value) for w in words) and "\n" not in str(info.value), info.value
+    target = config["root"] / f"wrongtype-run-{len(value)}-{value[:2]}"
+    assert main(["train", "--config", str(out / "config.yaml"), "--out", str(target), "--quiet"]) == 2
+    one_line_error(capsys, words[0])
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("betas", ["0.9", "[0.9]", "[0.9,0.95,0.99]", "[0.9,1.5]"])
+def test_bad_betas_name_the_field_and_the_expected_form(config, capsys, betas):
+    """optim.betas of one number, one value, three values or a value >= 1: one line naming optim.betas and the
+    form it takes (two numbers in [0, 1)), exit 2, nothing written."""
+    out = config["root"] / f"betas-{len(betas)}"
+    assert main(train_argv(config, out, f"optim.betas={betas}")) == 2
+    last = one_line_error(capsys, "optim.betas")
+    assert "two numbers in [0, 1)" in last, last
     assert not out.exists()
 
 

@@ -290,6 +290,12 @@ class OptimConfig:
     def validate(self) -> None:
         if self.name not in ("adamw", "muon"):
             raise ValueError(f"optim.name={self.name!r} is unknown; use 'adamw' or 'muon'")
+        betas = self.betas
+        if not (isinstance(betas, (list, tuple)) and len(betas) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+            shown = list(betas) if isinstance(betas, (list, tuple)) else betas
+            raise ValueError(f"optim.betas={shown!r} must be two numbers in [0, 1), written [a,b] "
+                             "(e.g. optim.betas=[0.9,0.95])")
         if not 0 < self.lr < math.inf:
             raise ValueError(f"optim.lr={self.lr} must be finite and > 0 (try 3e-3)")
         if self.muon_lr is not None and not 0 < self.muon_lr < math.inf:
@@ -297,15 +303,12 @@ class OptimConfig:
         for name in ("lr", "muon_lr"):
             # AdamW's first step moves a weight by lr / (1 - beta1) (bias correction); with the per-role
             # multipliers (x1e3 margin) that must stay a float32 number, or the update overflows to inf
-            value, b1 = getattr(self, name), self.betas[0] if len(self.betas) == 2 else 0.9
-            if value is not None and isinstance(b1, (int, float)) and value * 1e3 / max(1 - b1, 1e-12) > 3.4e38:
+            value = getattr(self, name)
+            if value is not None and value * 1e3 / max(1 - betas[0], 1e-12) > 3.4e38:
                 raise ValueError(f"optim.{name}={value} overflows float32 in the optimizer update; use an lr "
                                  f"below 1e30 (try 3e-3)")
         if not (0 <= self.weight_decay < math.inf and 0 <= self.grad_clip < math.inf):
             raise ValueError("optim.weight_decay and optim.grad_clip must be finite and >= 0")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas={list(self.betas)} must be two numbers in [0, 1), "
-                             "e.g. optim.betas=[0.9,0.95]")
         if not 0 < self.eps < math.inf:
             raise ValueError(f"optim.eps={self.eps} must be finite and > 0 (default 1e-8)")
         if not 0 <= self.muon_momentum < 1:
@@ -614,7 +617,9 @@ def to_dict(cfg: Any) -> dict:
 
 
 def from_dict(cls: type, data: dict, where: str = "") -> Any:
-    """Build dataclass ``cls`` from a dict, checking keys and types. Raises ``ValueError`` naming the key."""
+    """Build dataclass ``cls`` from a dict, checking keys and types (an int field takes an int, never a
+    float; a float field a number; a bool field a boolean; a str field a scalar). Raises ``ValueError``
+    naming the key, its value and the value's type."""
     if not isinstance(data, dict):
         raise ValueError(f"{where.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}")
     hints = _type_hints(cls)
@@ -646,6 +651,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.replace(" ", "").split(",") if v] if value else []
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]  # one number is a one-item list, as one word is: the section's validate judges its length
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{key}={value!r} is not a list; write it as [a,b] or a,b")
         args = typing.get_args(tp)
@@ -659,17 +666,29 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 if value.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError
-            return bool(value)
+            if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
+                return bool(value)
+            raise TypeError
         if tp is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(float(value)) if isinstance(value, str) else int(value)
+            # an int field takes an int (or its digits): a float, even 8.0 or 1e+30, is refused rather than
+            # truncated or turned into a 31-digit step count
+            if isinstance(value, str):
+                return int(value.strip())
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            raise TypeError
         if tp is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise TypeError
             return float(value)
         if tp is str:
+            if isinstance(value, (list, tuple, dict)) or value is None:
+                raise TypeError
             return str(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{key}={value!r} is not a valid {getattr(tp, '__name__', tp)}") from None
+        name = getattr(tp, "__name__", tp)
+        hint = "; write a whole number" if tp is int and isinstance(value, (float, str)) else ""
+        raise ValueError(f"{key}={value!r} is not a valid {name} (it is a {type(value).__name__}){hint}") from None
     return value
 
 

@@ -16,17 +16,25 @@ A checkpoint is a directory ``RUN/checkpoints/step_XXXXXXX`` (layout in ``rundir
   generate read; tied weights are stored once, as ``safetensors.torch.save_model`` does;
 - ``MANIFEST.json``: size and SHA-256 of every file above, written last.
 
-Everything is written into a temporary directory (unique per writer) and renamed into place by rank
-0, so a killed run never leaves a half-written checkpoint; a failure (a full disk) removes the
-temporary directory. Every rank calls ``save_checkpoint`` and ``load_checkpoint`` (they hold
-collectives). Under several nodes the run directory must be on a filesystem that every node sees.
+Everything is written into a temporary directory (unique per writer, the same on every rank) and
+renamed into place by rank 0, so a killed run never leaves a half-written checkpoint; a failure (a full
+disk) removes the temporary directory and is an ``OSError`` whatever library wrote the file. A symbolic
+link is never written through. Every rank calls ``save_checkpoint``, ``load_checkpoint`` and
+``resume_checkpoint`` (they hold collectives). A checkpoint that passes its manifest but does not load
+(a rewritten manifest over malformed files) is ``rundir.CorruptCheckpoint``, and ``resume_checkpoint``
+falls back to the next older one. Under several nodes the run directory must be on a filesystem that
+every node sees.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import re
 import shutil
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,8 +42,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -46,8 +56,8 @@ from torch.distributed.checkpoint.state_dict import (
 from scalevec.training import distributed, rundir
 from scalevec.training.rundir import CKPT_DIR, DCP_DIR, LATEST, MODEL_FILE, TRAIN_STATE, CorruptCheckpoint
 
-__all__ = ["CKPT_DIR", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "save_consolidated",
-           "split_state", "merge_state"]
+__all__ = ["CKPT_DIR", "latest_checkpoint", "load_checkpoint", "resume_checkpoint", "save_checkpoint",
+           "save_consolidated", "split_state", "merge_state"]
 
 
 def split_state(obj: Any, path: tuple = ()) -> tuple[dict[str, torch.Tensor], list]:
@@ -82,6 +92,10 @@ def merge_state(layout: Any, plain: list, where: Path) -> Any:
     _, want = split_state(layout)
     if {tuple(p) for p, _ in want} != set(stored):
         raise CorruptCheckpoint(f"{where / TRAIN_STATE} does not describe this run's model and optimizer state")
+    for p, v in want:
+        if not _same_form(v, stored[tuple(p)]):
+            raise CorruptCheckpoint(f"{where / TRAIN_STATE} holds {stored[tuple(p)]!r} for {'/'.join(map(str, p))}, "
+                                    f"where this run's state has {v!r} (damaged or edited)")
 
     def walk(obj, path):
         if torch.is_tensor(obj):
@@ -96,19 +110,45 @@ def merge_state(layout: Any, plain: list, where: Path) -> Any:
     return walk(layout, ())
 
 
+def _same_form(want: Any, got: Any) -> bool:
+    """Whether a stored plain leaf has the form of this run's: a sequence of the same length (item by item),
+    a number for a number; other leaves (flags, names, None) may differ (e.g. ``fused`` on another device)."""
+    if isinstance(want, (list, tuple)):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_same_form, want, got))
+    if isinstance(want, (int, float)) and not isinstance(want, bool):
+        return isinstance(got, (int, float)) and not isinstance(got, bool)
+    return True
+
+
+def writer_tag(tag: int | None = None) -> int:
+    """The tag of a checkpoint's temporary directory: ``tag``, else rank 0's PID. Every rank must get the
+    same one (each writes its shards into that directory and rank 0 publishes it), so under several
+    processes it is rank 0's, broadcast to the others (a collective: all ranks call)."""
+    if tag is not None:
+        return tag
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return os.getpid()
+    box = [os.getpid()]
+    dist.broadcast_object_list(box, src=0)  # a PID between our own processes: nothing from a file is unpickled
+    return int(box[0])
+
+
 def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: list, extra: dict,
                     tag: int | None = None, keep_window: int = 0) -> Path:
     """Write ``checkpoints/step_XXXXXXX`` atomically and point ``checkpoints/latest`` at it (all ranks call).
 
     ``model`` is the unwrapped model (FSDP2-sharded or plain; not the DDP wrapper). ``tag`` makes the
-    temporary name unique to the writer (default: this process's PID). Keeps the two newest
+    temporary name unique to the writer (default: rank 0's PID, ``writer_tag``). Keeps the two newest
     checkpoints, every checkpoint newer than ``step - keep_window`` and the newest one at or before it
-    (the health guard's look-back: the checkpoint from before a divergence must survive). On an error
-    the temporary directory is removed and the error re-raised.
+    (the health guard's look-back: the checkpoint from before a divergence must survive). A symbolic
+    link named ``step_XXXXXXX`` is replaced, never written through. On an error the temporary directory
+    is removed and the error re-raised: a failed write (a full disk) as an ``OSError`` naming the file,
+    also when DCP or safetensors report it; ``RunDirError`` when ``checkpoints/`` is a symbolic link.
     """
+    rundir.check_no_links(out)
     root = Path(out) / CKPT_DIR
     final = root / f"step_{step:07d}"
-    tmp = root / f".tmp_step_{step:07d}.{tag if tag is not None else os.getpid()}"
+    tmp = root / f".tmp_step_{step:07d}.{writer_tag(tag)}"
     lead = distributed.rank() == 0
     try:
         if lead:
@@ -120,9 +160,12 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
         aliases = tied_aliases(model)  # safetensors refuses two names for one storage: store the tensor once
         model_sd = {k: v for k, v in model_sd.items() if k not in aliases}
         tensors, plain = split_state({"model": model_sd, "optim": optim_sd})
-        with _single_process_quiet():
-            dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / DCP_DIR), save_distributed=True),
-                     no_dist=not dist.is_initialized())
+        try:
+            with _dcp_quiet():
+                dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / DCP_DIR), save_distributed=True),
+                         no_dist=not dist.is_initialized())
+        except CheckpointException as e:  # DCP gathers each rank's error into this BaseException
+            raise _write_error(_first_failure(e), tmp / DCP_DIR) from None
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if lead:
             save_consolidated(model, full, tmp / MODEL_FILE)
@@ -130,7 +173,9 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
                                      torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
                                      extra, plain)
             rundir.write_manifest(tmp, step)
-            if final.exists():
+            if final.is_symlink():
+                final.unlink()
+            elif final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
             rundir.write_atomic(root / LATEST, final.name)
@@ -149,8 +194,35 @@ def _prune(root: Path, step: int, keep_window: int) -> None:
     older = [c for c in ckpts if rundir.step_of(c) <= step - keep_window]
     keep |= set(older[:1])
     for c in ckpts:
-        if c not in keep:
+        if c in keep:
+            continue
+        if c.is_symlink():
+            c.unlink()  # the link, never what it points to
+        else:
             shutil.rmtree(c, ignore_errors=True)
+
+
+def _first_failure(e: CheckpointException) -> BaseException:
+    """The error of the lowest rank that failed inside DCP (DCP wraps each rank's error)."""
+    failures = e.failures
+    return failures[min(failures)][0] if failures else RuntimeError(str(e))
+
+
+def _write_error(e: BaseException, path: Path) -> BaseException:
+    """A failed write as an ``OSError`` naming ``path`` (what the trainer's disk-full handler reports in one
+    line): an ``OSError`` without a file name gets ``path``, and a ``SafetensorError`` from an I/O error
+    (safetensors reports "No space left on device (os error 28)", not an ``OSError``) becomes the ``OSError``
+    of that errno. Any other error is returned as it is."""
+    if isinstance(e, OSError):
+        return e if e.filename else OSError(e.errno, e.strerror or str(e), str(path))
+    if isinstance(e, SafetensorError):
+        m = re.search(r"os error (\d+)", str(e))
+        if m:
+            code = int(m.group(1))
+            return OSError(code, os.strerror(code), str(path))
+        if "I/O error" in str(e):
+            return OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+    return e
 
 
 def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -170,15 +242,32 @@ def save_consolidated(model: torch.nn.Module, state: dict[str, torch.Tensor], pa
     embeddings) is stored once, and its other names are recorded in the metadata (``save_model``'s format)."""
     aliases = tied_aliases(model)
     tensors = {k: v.detach().contiguous() for k, v in state.items() if k not in aliases}
-    save_file(tensors, str(path), metadata={"format": "pt", **aliases})
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt", **aliases})
+    except SafetensorError as e:
+        raise _write_error(e, path) from None
+
+
+class _DCPLogFilter(logging.Filter):
+    """Drops the records DCP logs on the root logger (from its own files): a damaged checkpoint's metadata
+    error comes with a traceback on stderr, although the error is raised and reported in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torch/distributed/checkpoint" not in record.pathname.replace(os.sep, "/")
 
 
 @contextmanager
-def _single_process_quiet():
-    """Silence DCP's warning that it runs without a process group: one process is a supported case here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+def _dcp_quiet():
+    """Silence DCP's warning that it runs without a process group (one process is a supported case here)
+    and its root-logger records (``_DCPLogFilter``)."""
+    root, log_filter = logging.getLogger(), _DCPLogFilter()
+    root.addFilter(log_filter)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
+    finally:
+        root.removeFilter(log_filter)
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -192,7 +281,10 @@ def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizers: list, device
     """Load a checkpoint into ``model`` and ``optimizers`` in place (all ranks call; any number of
     processes, resharded by DCP), restore the RNG states, and return the train state (``step``,
     ``extra``). Only safetensors and JSON are read; the files are checked against the manifest first
-    unless ``verified`` (``rundir.resumable_checkpoint`` did it). Raises ``rundir.CorruptCheckpoint``."""
+    unless ``verified`` (``rundir.resumable_checkpoint`` did it). Raises ``rundir.CorruptCheckpoint``
+    for every checkpoint that does not load, also one that passes its manifest (malformed shards, a
+    tensor of another shape, a train state of another form); ``model`` and ``optimizers`` may then hold
+    part of it (load another checkpoint, or rebuild them)."""
     ckpt = Path(ckpt)
     if not verified:
         rundir.verify_checkpoint(ckpt)
@@ -201,15 +293,59 @@ def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizers: list, device
     aliases = tied_aliases(model)
     layout = {"model": {k: v for k, v in model_sd.items() if k not in aliases}, "optim": optim_sd}
     tensors, _ = split_state(layout)
-    with _single_process_quiet():
-        dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(ckpt / DCP_DIR)),
-                 no_dist=not dist.is_initialized())
+    try:
+        with _dcp_quiet():
+            dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(ckpt / DCP_DIR)),
+                     no_dist=not dist.is_initialized())
+    except CheckpointException as e:  # DCP gathers each rank's error into this BaseException
+        raise CorruptCheckpoint(f"{ckpt / DCP_DIR} does not load into this run's model and optimizer "
+                                f"({rundir.one_line(_first_failure(e))[:300]})") from None
     restored = merge_state(layout, state["plain"], ckpt)
     for alias, name in aliases.items():  # a tied name gets the tensor its first name loaded
         if name in restored["model"]:
             restored["model"][alias] = restored["model"][name]
-    set_state_dict(model, optimizers, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
-    torch.set_rng_state(state["rng_cpu"])
-    if state["rng_cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(state["rng_cuda"], device)
+    try:
+        set_state_dict(model, optimizers, model_state_dict=restored["model"], optim_state_dict=restored["optim"])
+        torch.set_rng_state(state["rng_cpu"])
+        if state["rng_cuda"] is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng_cuda"], device)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise CorruptCheckpoint(f"{ckpt} does not load into this run ({rundir.one_line(e)[:300]})") from None
     return state
+
+
+def resume_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: list, device: torch.device,
+                      notice: Callable[[str], None] | None = None) -> dict | None:
+    """Load the newest checkpoint of ``run_dir`` that loads (all ranks call) and return its train state
+    (``load_checkpoint``), or ``None`` when the run has no intact checkpoint (train it from step 0: nothing
+    was loaded). Each checkpoint skipped (``rundir.checkpoint_candidates``: damaged, or one that does not
+    load) is one line to ``notice``, and so is the one resumed from after a skip. The ranks agree on each
+    attempt, so that they move on together.
+
+    Raises ``rundir.RunDirError`` when a checkpoint failed to load part-way and no older one loads: the
+    model and optimizer then hold part of it, so training from step 0 would not be a fresh run; the
+    message names the checkpoints and the way on (delete them, or ``--overwrite``).
+    """
+    skipped, tried = 0, []
+    for ckpt, problem in rundir.checkpoint_candidates(run_dir):
+        if problem is None:
+            try:
+                state = load_checkpoint(ckpt, model, optimizers, device, verified=True)
+            except CorruptCheckpoint as e:
+                problem = str(e)
+            if distributed.world_size() > 1:  # every rank tried the same checkpoint; one failure fails it for all
+                failed = distributed.all_reduce_sum(torch.tensor(float(problem is not None), device=device)).item()
+                problem = problem or ("it did not load on another process" if failed else None)
+            if problem is None:
+                if skipped and notice:
+                    notice(f"resuming from {ckpt.name}, the newest intact checkpoint")
+                return state
+            tried.append(ckpt.name)
+        skipped += 1
+        if notice:
+            notice(f"skipped checkpoint {ckpt.name}: {problem}")
+    if tried:
+        raise rundir.RunDirError(f"{run_dir} has no checkpoint that loads ({', '.join(tried)} failed part-way, see "
+                                 f"the notes above); delete {run_dir / CKPT_DIR} to train it from step 0, or pass "
+                                 f"--overwrite")
+    return None
