@@ -3,7 +3,7 @@
 Each case of ``tests/golden/generate.py`` trains ``tiny`` for 20 steps (one thread, fixed seed) and its
 per-step losses must equal the stored ones **bitwise** on a machine with the same torch version and
 CPU instruction set as a stored record. On another machine the fp32 kernels round differently, so
-the check there is a tolerance: 2e-3 nats per step, far below what a changed formula moves (dropping
+the check there (when no record of that machine kind is stored) is a tolerance: 2e-3 nats per step, far below what a changed formula moves (dropping
 the scale vectors alone moves the 20th-step loss by 5e-3, `unified` vs `baseline` by 0.35) and well
 above rounding drift between instruction sets (fp32, ~1e-7 relative per operation, grown over 20 steps). To change the
 numerics on purpose: ``python tests/golden/generate.py --update`` and say so in the commit.
@@ -22,6 +22,7 @@ CROSS_MACHINE_TOL = 2e-3  # nats per step; see the module docstring
 # The fast loop (`-m "not slow"`) trains one case, the one that takes most paths at once (branch scales,
 # DNP, OR, input weight decay); the other eight (~15 s together) run with the whole suite.
 FAST_CASES = ("unified",)
+ROUNDING_SENSITIVE = ("moe-unified", "unified-muon-wsd")  # see test_golden_losses
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +61,15 @@ def test_golden_losses(name, current, stored):
         assert len(got) == len(want) and not diffs, (
             f"{name}: numerics changed at step(s) {[i for i, *_ in diffs][:5]} (first: {diffs[0][1]!r} vs stored "
             f"{diffs[0][2]!r}); if intended, run tests/golden/generate.py --update and say so in the commit")
+        return
+    # No record of this machine kind: compare with the others within a tolerance. Steps past the first are
+    # compared only for cases whose path is smooth in rounding: MoE's top-k routing is discrete (a flipped
+    # choice takes another path: moe-unified differs by 0.2 nats between AVX2 and AVX-512 at step 1-20) and
+    # Muon's bfloat16 Newton–Schulz amplifies rounding (unified-muon-wsd: 4e-3); their first loss is checked.
+    steps = 1 if name in ROUNDING_SENSITIVE else len(got)
     for other, record in stored.items():
         want = _decode(record, name)
-        worst = max(abs(g - w) for g, w in zip(got, want))
+        worst = max(abs(g - w) for g, w in zip(got[:steps], want[:steps]))
         assert worst <= CROSS_MACHINE_TOL, f"{name}: differs from the record of {other} by {worst:.2e} nats"
 
 
