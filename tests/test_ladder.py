@@ -230,3 +230,10 @@ def test_gpu_ladder_smallest_rung_runs_on_cpu(tmp_path):
     spec = (ladder.folder(tmp_path, "cpu-1m", "shakespeare") / "study-ladder-cpu-1m-shakespeare.yaml").read_text()
     assert "batch_size: 64" in spec and "× 2.828" in spec  # the GPU batch and its √8 lr scaling
     assert all(r.seeds == 1 for r in got.values())
+
+
+@pytest.mark.parametrize("bad", [{"min_lr_ratio": 1.5}, {"decay_frac": 0.0}])
+def test_schedule_ratios_are_still_validated(bad):
+    """Adding warmup_frac kept min_lr_ratio and decay_frac validated."""
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        ScheduleConfig(**bad).validate()

@@ -339,6 +339,8 @@ class ScheduleConfig:
         if self.warmup_frac is not None and not 0 <= self.warmup_frac < 1:
             raise ValueError(f"schedule.warmup_frac={self.warmup_frac} must be in [0, 1) (e.g. 0.05), or null "
                              f"to use schedule.warmup steps")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.decay_frac <= 1:
+            raise ValueError("schedule.min_lr_ratio must be in [0, 1] and schedule.decay_frac in (0, 1]")
 
     def warmup_steps(self, total_steps: int) -> int:
         """The warmup in steps for a run of ``total_steps``: ``round(warmup_frac · total_steps)`` (at least 1
@@ -346,8 +348,6 @@ class ScheduleConfig:
         if self.warmup_frac is None:
             return self.warmup
         return max(1, round(self.warmup_frac * total_steps)) if self.warmup_frac > 0 else 0
-        if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.decay_frac <= 1:
-            raise ValueError("schedule.min_lr_ratio must be in [0, 1] and schedule.decay_frac in (0, 1]")
 
 
 @dataclass
