@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,9 +63,13 @@ def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, ma
             if confirm else f"; {tuning_seeds} seed(s), no more"))
     flag = " --predicted-only" if predicted_only else ""
     threads = "threads: 1" if device == "cpu" else f"device: {device}"
-    return f"""# Issue 23, the ladder in the 0.12B model's init regime (model.init_width 640 in the preset), warmup
-# 5 % of the steps, {tokens_per_param:g} tokens per parameter. Written by scripts/ladder_plan.py {rung} {corpus}{flag}:
-# each strategy's lrs are {how}. The predictions (a line in log lr against log N over these tuned lrs):
+    head = textwrap.fill(f"Issue 23, the ladder in the 0.12B model's init regime (model.init_width 640 in the preset), "
+                         f"warmup 5 % of the steps, {tokens_per_param:g} tokens per parameter. Written by "
+                         f"scripts/ladder_plan.py {rung} {corpus}{flag}: each strategy's lrs are {how}. The "
+                         f"predictions (ladder.predict_lr: a line in log lr against log N over 3 or more rungs, "
+                         f"else of slope -1/2 through the rungs' geometric mean), from these tuned lrs:",
+                         width=118, initial_indent="# ", subsequent_indent="# ")
+    return f"""{head}
 {chr(10).join(notes)}
 # Regenerate: scalevec study sweeps/study-ladder-{rung}-{corpus}.yaml --out results/ladder-{rung}-{corpus}
 name: ladder-{rung}-{corpus}

@@ -132,12 +132,15 @@ def test_fit_line_recovers_a_line_and_covers_it():
 
 
 def test_predict_lr_follows_the_smaller_rungs_power_law():
-    """Tuned lrs on a power law lr = c·N^-0.5 predict the next rung's exactly; one rung predicts its own lr."""
+    """Tuned lrs on a power law lr = c·N^-0.8 over 3 rungs predict the next rung's exactly; with fewer rungs the
+    prior slope -1/2 runs through their geometric mean."""
     from scalevec.experiments.ladder import lr_grid, predict_lr
 
-    pts = [(n, 3.0 * n ** -0.5) for n in (9660, 24672, 83280)]
-    assert predict_lr(pts, 196672) == pytest.approx(3.0 * 196672 ** -0.5, rel=1e-9)
-    assert predict_lr(pts[:1], 196672) == pytest.approx(pts[0][1])
+    pts = [(n, 3.0 * n ** -0.8) for n in (9660, 24672, 83280)]
+    assert predict_lr(pts, 196672) == pytest.approx(3.0 * 196672 ** -0.8, rel=1e-9)
+    assert predict_lr(pts[:1], 4 * 9660) == pytest.approx(pts[0][1] / 2)
+    two = [(10_000, 0.04), (40_000, 0.01)]  # slope -1 between them; the prior gives 0.02 at their mean N 20,000
+    assert predict_lr(two, 80_000) == pytest.approx(0.02 / 2)
     assert lr_grid(0.01) == [0.00707107, 0.01, 0.0141421] and len(lr_grid(0.02, steps=2)) == 5
 
 
@@ -189,7 +192,8 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     assert run("cpu-80k", "kjv").returncode == 0
     spec, plan, _ = parse(load_yaml(out))
     n = ladder.non_embedding_params("cpu-80k")
-    assert plan.lr_grids["unified"][1] == pytest.approx(6.0 * n ** -0.5, rel=1e-5)
+    assert plan.lr_grids["unified"][1] == pytest.approx(ladder.predict_lr(
+        [(m, 6.0 * m ** -0.5) for m in map(ladder.non_embedding_params, ("cpu-10k", "cpu-25k"))], n), rel=1e-5)
     g = plan.lr_grids["baseline"]
     assert len(g) == 3 and g[1] / g[0] == pytest.approx(math.sqrt(2), rel=1e-5) == g[2] / g[1]
     assert plan.target_halfwidth == 0.015 and spec.base["preset"] == "cpu-80k"

@@ -5,7 +5,7 @@ trained by ``scalevec study`` into ``results/ladder-RUNG-CORPUS/``. This module 
 committed (``results.csv``) and answers three questions; it trains nothing and draws nothing:
 
 - ``predict_lr`` / ``lr_grid``: a rung's tuned lr predicted from the smaller rungs' (a line in log lr against
-  log N, nanochat's and OLMo's ladders extrapolate lr the same way), and the ×√2 grid around it that the next
+  log N fitted over three or more rungs, else of slope -1/2 through them), and the ×√2 grid around it that the next
   rung's study starts from (``study.lr_grids``; the study grows it at an edge);
 - ``trend``: Δ(N) (strategy − baseline, nats) against log10 N, weighted by each rung's interval
   (``stats.fit_line``), with the slope per decade of N and its 95 % interval;
@@ -102,15 +102,22 @@ def read_ladder(results: Path) -> list[RungResult]:
     return out
 
 
+PRIOR_SLOPE = -0.5  # lr ∝ N^-1/2 ∝ 1/d_model at a fixed aspect ratio: Adam's rule under standard parameterization
+MIN_FIT_RUNGS = 3  # fewer distinct rungs: the prior slope through their geometric mean (two noisy picks can give
+# any slope: the ladder's first two Shakespeare rungs gave -1.5 for the baseline, an lr 5x below its neighbours')
+
+
 def predict_lr(points: list[tuple[int, float]], n: int) -> float:
-    """The lr at ``n`` parameters from ``points = [(N, tuned lr), ...]`` of smaller rungs: the least-squares
-    line of log lr on log N at ``n`` (one point: its lr; equal N: their geometric mean). ``ValueError`` if empty."""
+    """The lr at ``n`` parameters from ``points = [(N, tuned lr), ...]`` of smaller rungs: with at least
+    ``MIN_FIT_RUNGS`` distinct N, the least-squares line of log lr on log N at ``n``; with fewer, a line of slope
+    ``PRIOR_SLOPE`` through the points' geometric mean (our choice). ``ValueError`` if ``points`` is empty."""
     if not points:
         raise ValueError("predict_lr needs at least one rung's tuned lr")
     xs = [math.log10(p[0]) for p in points]
     ys = [math.log10(p[1]) for p in points]
-    if len(set(xs)) < 2:
-        return 10 ** (sum(ys) / len(ys))
+    if len(set(xs)) < MIN_FIT_RUNGS:
+        x0, y0 = sum(xs) / len(xs), sum(ys) / len(ys)
+        return 10 ** (y0 + PRIOR_SLOPE * (math.log10(n) - x0))
     fit = stats.fit_line(xs, ys)
     return 10 ** (fit.intercept + fit.slope * math.log10(n))
 
@@ -148,5 +155,5 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
     return Trend(strategy, corpus, pts, fit, target_n, fit.predict(math.log10(target_n)))
 
 
-__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid", "non_embedding_params",
-           "predict_lr", "read_ladder", "read_rung", "trend"]
+__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid",
+           "non_embedding_params", "predict_lr", "read_ladder", "read_rung", "trend"]
