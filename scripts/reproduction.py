@@ -419,7 +419,8 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
     trends = [t for s in ("none", "unified") for c in ladder.CORPORA
               if (t := ladder.trend(rows, s, c, target_n)) is not None]
     lines += ["", f"**Trend of Δ with N** (a weighted line in log10 N, the rungs' standard errors as weights, scaled "
-              f"by the reduced χ² when the rungs scatter more; 95 % t intervals). Δ at the 0.12B model's "
+              f"by the reduced χ² when the rungs scatter more; 95 % t intervals, or normal ones through exactly two rungs, which "
+              f"the line passes through). Δ at the 0.12B model's "
               f"{target_n:,} non-embedding parameters is an **extrapolation** far past the last rung.", ""]
     if not trends:
         lines += ["Fewer than two rungs with an interval on every corpus: no trend yet.", ""]
