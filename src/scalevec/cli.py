@@ -47,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from scalevec.training.command import PREEMPTED_EXIT  # loaded with the subcommands above
+    from scalevec.training.trainer import Preempted
+
     try:
         return importlib.import_module(args._module).run(args) or 0
+    except Preempted as e:  # SIGTERM to a sweep, compare or study: its trainers checkpointed; rerun to resume
+        print(f"scalevec {args.command}: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT
     except (ValueError, OSError) as e:  # bad input, an unusable file or directory (FileNotFoundError, a full disk)
         print(f"scalevec {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -24,15 +24,18 @@ run whose stored config differs from the sweep's is an error naming the fix); a 
 ``DONE`` or ``DIVERGED`` is skipped, one with a checkpoint is resumed, one without is restarted, one
 that another process holds (its lock, ``rundir.RunLock``) is skipped with a message (nanochat's sweeps
 skip finished runs the same way); SIGINT or SIGTERM to the sweep sends SIGTERM to its trainers, which
-checkpoint at their next step and exit, and the sweep then stops (exit 130); the token budget of
-``tokens_per_param`` uses the ``baseline`` strategy's parameter count so that every strategy of a cell
-trains on the same tokens. Every grid point resolves through ``resolve.resolve_config``, as ``scalevec
+checkpoint at their next step and exit, and the sweep then stops (exit 75 after SIGTERM, as ``train``:
+stopped and resumable; 130 after Ctrl-C); on Linux a trainer also gets SIGTERM when its sweep dies any
+other way, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``), so none is left training unwatched; the token
+budget of ``tokens_per_param`` uses the ``baseline`` strategy's parameter count so that every strategy
+of a cell trains on the same tokens. Every grid point resolves through ``resolve.resolve_config``, as ``scalevec
 train`` does (so ``wsd`` decays to 0 unless ``schedule.min_lr_ratio`` is given).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
 import os
@@ -71,7 +74,9 @@ from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments import sweepdir
 from scalevec.resolve import resolve_config
 from scalevec.training import rundir
-from scalevec.training.command import DIVERGED_EXIT  # the trainer's exit code when its health guard stopped it
+from scalevec.training.command import DIVERGED_EXIT, PREEMPTED_EXIT  # the trainer's codes: guard stop, SIGTERM
+from scalevec.training.rundir import RunDirError
+from scalevec.training.trainer import Preempted
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
            "steps": "train.steps", "tokens": "train.tokens", "tpp": "tokens_per_param"}
@@ -366,25 +371,68 @@ def stop_trainers(signum: int = signal.SIGTERM) -> None:
                 pass
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@cache
+def _prctl():
+    """libc's ``prctl`` (Linux), or None where there is none; loaded once, in the sweep itself, so that a
+    freshly forked child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent():
+    """A ``preexec_fn`` that has the kernel send SIGTERM to the child when the thread that started it
+    dies, whatever kills it (SIGKILL, the OOM killer): the trainer then checkpoints at its next step and
+    exits, as after a SIGTERM to the sweep, instead of training on unwatched. The sweep's worker thread
+    waits on its trainer, so it lives as long as the trainer does. None off Linux."""
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM))
+        if os.getppid() != parent:  # the sweep died between the fork and prctl: the signal would never come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def unwritable(out: Path, e: OSError) -> RunDirError:
+    """The one-line error for a sweep folder that cannot be written (read-only, no permission, full)."""
+    return RunDirError(f"cannot write the sweep folder {out} ({e.filename or out}: {e.strerror or e}); choose a "
+                       f"writable --out with free space")
+
+
 def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...], threads: int) -> int:
-    """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code (130 without
-    starting it when the sweep is stopping)."""
+    """Train one run in a subprocess (log in ``runs_dir/NAME.log``); returns its exit code (75, "stopped",
+    without starting it when the sweep is stopping). The trainer gets SIGTERM if the sweep dies
+    (``die_with_parent``). Raises ``RunDirError`` when the run's config or log cannot be written."""
     if _stopping.is_set():
-        return 130
+        return PREEMPTED_EXIT
     cfg_path = runs_dir / f"{run.name}.yaml"
     cfg = run.cfg if run.cfg.train.threads else apply_overrides(run.cfg, [f"train.threads={threads}"])
-    write_atomic(cfg_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     # not --quiet: the log holds its output
     cmd = [*train_cmd, "--config", str(cfg_path), "--out", str(runs_dir / run.name)]
     cmd += {"resume": ["--resume"], "restart": ["--overwrite"]}.get(status, [])
     env = dict(os.environ)
-    with open(runs_dir / f"{run.name}.log", "a") as log:
+    try:
+        write_atomic(cfg_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        log = open(runs_dir / f"{run.name}.log", "a")
+    except OSError as e:
+        raise unwritable(runs_dir.parent, e) from None
+    with log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
         with _children_lock:
             if _stopping.is_set():
-                return 130
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+                return PREEMPTED_EXIT
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent())
             _children.add(proc)
         try:
             rc = proc.wait()
@@ -465,9 +513,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     if dry_run:
         print(dry_run_text(runs, statuses))
         return 0
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    if record_spec:
-        sweepdir.write_spec(out, spec.to_dict())
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        if record_spec:
+            sweepdir.write_spec(out, spec.to_dict())
+    except OSError as e:
+        raise unwritable(out, e) from None
     todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")]
     n_div = statuses.count("diverged")
     say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
@@ -505,9 +556,13 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             failed.append(run.name)
             say(f"{head} FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
 
+    stopped_by: list[int] = []  # the first signal decides the exit code: 75 for SIGTERM, 130 for Ctrl-C
+
     def on_signal(signum, frame):  # SIGINT / SIGTERM: the trainers checkpoint and stop, then the sweep stops
         stop_trainers(signal.SIGTERM)
-        raise KeyboardInterrupt
+        if not stopped_by or signum == signal.SIGINT:  # a second Ctrl-C stops waiting; another SIGTERM does not
+            stopped_by.append(signum)
+            raise KeyboardInterrupt
 
     main = threading.current_thread() is threading.main_thread()
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
@@ -521,6 +576,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     except KeyboardInterrupt:  # start no new run; wait for the running trainers to checkpoint and exit
         stop_trainers(signal.SIGTERM)
         pool.shutdown(wait=True, cancel_futures=True)
+        if progress:
+            progress.stop()
+        if stopped_by == [signal.SIGTERM]:  # preempted like a trainer: exit 75 (cli.py), resumable
+            raise Preempted(f"SIGTERM: stopped the sweep; its running trainers checkpointed; rerun the same command "
+                            f"to resume ({runs_dir})") from None
         raise
     finally:
         for s, h in old.items():

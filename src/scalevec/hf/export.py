@@ -176,13 +176,22 @@ def hf_state_dict(folded: Transformer, fmt: str, dtype: torch.dtype = torch.floa
 
 def write_safetensors(state: dict[str, Tensor], out_dir: Path, max_shard_size: int | str = "5GB") -> list[str]:
     """Write ``state`` as ``model.safetensors``, or as shards plus ``model.safetensors.index.json`` when it
-    exceeds ``max_shard_size`` (the Hugging Face layout, split by huggingface_hub). Returns the file names."""
+    exceeds ``max_shard_size`` (the Hugging Face layout, split by huggingface_hub). Returns the file names.
+    A failed write (a full disk) is an ``OSError`` naming the file, also when safetensors reports it (its
+    ``SafetensorError`` is no ``OSError``: ``checkpoint.write_error``), so ``scalevec export`` says it in one line."""
     from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
+
+    from scalevec.training.checkpoint import write_error
 
     split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
     for filename, keys in split.filename_to_tensors.items():
-        save_file({k: state[k] for k in keys}, str(out_dir / filename), metadata={"format": "pt"})
+        path = out_dir / filename
+        try:
+            save_file({k: state[k] for k in keys}, str(path), metadata={"format": "pt"})
+        except SafetensorError as e:
+            raise write_error(e, path) from None
     files = list(split.filename_to_tensors)
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
@@ -284,12 +293,14 @@ def remote_state_dict(model: Transformer, dtype: torch.dtype = torch.float32) ->
 
 
 def copy_remote_code(out_dir: Path) -> None:
-    """Copy ``configuration_scalevec.py`` and ``modeling_scalevec.py`` (package data) into ``out_dir``."""
+    """Copy ``configuration_scalevec.py`` and ``modeling_scalevec.py`` (package data) into ``out_dir``,
+    byte for byte: ``generate``/``eval`` trust an export's code only when its sha256 is the shipped
+    file's (``generate.check_hf_dir``), and a text copy may rewrite line endings."""
     from importlib import resources
 
     src = resources.files("scalevec.hf.remote")
     for name in REMOTE_FILES:
-        (out_dir / name).write_text(src.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
+        (out_dir / name).write_bytes(src.joinpath(name).read_bytes())
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -446,10 +457,17 @@ def plan_export(model: Transformer, out_dir: str | Path, tokenizer_dir: str | Pa
 def write_export(plan: ExportPlan, max_shard_size: int | str = "5GB", model: Transformer | None = None,
                  verify_tokens: Tensor | None = None) -> Path:
     """Write ``plan`` into a temporary sibling of ``plan.out``, ``verify`` it against ``model`` on
-    ``verify_tokens`` when given, then rename it to ``plan.out``; on any failure nothing is left."""
+    ``verify_tokens`` when given, then rename it to ``plan.out``; on any failure nothing is left. A folder
+    that cannot be written (read-only, no permission, a full disk) is ``rundir.RunDirError``, one line."""
+    from scalevec.training.rundir import RunDirError
+
     out = plan.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:  # the errno text alone names neither the folder nor the fix
+        raise RunDirError(f"cannot write {out.parent}, the folder of --out {out}: {e.strerror or e}; choose a writable "
+                          f"--out") from None
     try:
         _write_all(tmp, plan.config, plan.state, plan.tokenizer_dir, max_shard_size, plan.specials)
         if plan.fmt == REMOTE_FORMAT:

@@ -57,7 +57,7 @@ from scalevec.training import distributed, rundir
 from scalevec.training.rundir import CKPT_DIR, DCP_DIR, LATEST, MODEL_FILE, TRAIN_STATE, CorruptCheckpoint
 
 __all__ = ["CKPT_DIR", "latest_checkpoint", "load_checkpoint", "resume_checkpoint", "save_checkpoint",
-           "save_consolidated", "split_state", "merge_state"]
+           "save_consolidated", "split_state", "merge_state", "write_error"]
 
 
 def split_state(obj: Any, path: tuple = ()) -> tuple[dict[str, torch.Tensor], list]:
@@ -165,7 +165,7 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
                 dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / DCP_DIR), save_distributed=True),
                          no_dist=not dist.is_initialized())
         except CheckpointException as e:  # DCP gathers each rank's error into this BaseException
-            raise _write_error(_first_failure(e), tmp / DCP_DIR) from None
+            raise write_error(_first_failure(e), tmp / DCP_DIR) from None
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if lead:
             save_consolidated(model, full, tmp / MODEL_FILE)
@@ -208,11 +208,11 @@ def _first_failure(e: CheckpointException) -> BaseException:
     return failures[min(failures)][0] if failures else RuntimeError(str(e))
 
 
-def _write_error(e: BaseException, path: Path) -> BaseException:
-    """A failed write as an ``OSError`` naming ``path`` (what the trainer's disk-full handler reports in one
-    line): an ``OSError`` without a file name gets ``path``, and a ``SafetensorError`` from an I/O error
-    (safetensors reports "No space left on device (os error 28)", not an ``OSError``) becomes the ``OSError``
-    of that errno. Any other error is returned as it is."""
+def write_error(e: BaseException, path: Path) -> BaseException:
+    """A failed write as an ``OSError`` naming ``path`` (what the trainer's disk-full handler and ``scalevec
+    export`` report in one line): an ``OSError`` without a file name gets ``path``, and a ``SafetensorError``
+    from an I/O error (safetensors reports "No space left on device (os error 28)", not an ``OSError``)
+    becomes the ``OSError`` of that errno. Any other error is returned as it is."""
     if isinstance(e, OSError):
         return e if e.filename else OSError(e.errno, e.strerror or str(e), str(path))
     if isinstance(e, SafetensorError):
@@ -245,7 +245,7 @@ def save_consolidated(model: torch.nn.Module, state: dict[str, torch.Tensor], pa
     try:
         save_file(tensors, str(path), metadata={"format": "pt", **aliases})
     except SafetensorError as e:
-        raise _write_error(e, path) from None
+        raise write_error(e, path) from None
 
 
 class _DCPLogFilter(logging.Filter):

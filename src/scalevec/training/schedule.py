@@ -30,10 +30,12 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     """The multiplier of every group's peak lr at optimizer step ``step`` (0-based) of ``total_steps``:
     ``(step + 1) / warmup`` during warmup, 1 at the peak, ``cfg.min_lr_ratio`` at the last step of a decay.
 
-    Raises ``ValueError`` if ``step`` is outside ``[0, total_steps)``.
+    Raises ``ValueError`` if ``step`` is outside ``[0, total_steps)`` (the trainer checks a checkpoint's
+    step against its run first, ``Trainer.load``, so a user meets that message, naming the file, instead).
     """
     if not 0 <= step < total_steps:
-        raise ValueError(f"step {step} is outside [0, {total_steps})")
+        raise ValueError(f"step {step} is outside [0, {total_steps}): a run of {total_steps} steps (train.steps, or "
+                         f"train.tokens over the tokens of a step) takes the optimizer steps 0 to {total_steps - 1}")
     warmup = min(cfg.warmup_steps(total_steps), total_steps)
     if step < warmup:
         return (step + 1) / warmup

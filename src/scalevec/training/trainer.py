@@ -18,7 +18,6 @@ Run directory (its layout and readers: ``rundir``): ``config.yaml``, ``meta.json
 from __future__ import annotations
 
 import math
-import os
 import signal
 import statistics
 import sys
@@ -48,7 +47,7 @@ from scalevec.model.flops import flops_per_token, peak_flops
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
 from scalevec.training import autocompile, distributed, init_from, rundir, tracking
-from scalevec.training.checkpoint import load_checkpoint, save_checkpoint
+from scalevec.training.checkpoint import resume_checkpoint, save_checkpoint, writer_tag
 from scalevec.training.environment import run_meta
 from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
 from scalevec.training.rundir import CKPT_DIR, RunDirError, check_out_dir, write_json
@@ -58,8 +57,9 @@ from scalevec.training.telemetry import moe_stats, scale_stats
 
 
 class TrainingDiverged(RuntimeError):
-    """The health guard stopped the run (non-finite loss or gradient norm, a dead model, a loss spike);
-    ``DIVERGED`` records the step and reason, and the checkpoint from before the trouble is kept."""
+    """The health guard stopped the run (non-finite loss or gradient norm, a loss blow-up, a dead model,
+    a loss spike); ``DIVERGED`` records the step and reason, and the checkpoint from before the trouble
+    is kept."""
 
 
 class TrainingFailed(RuntimeError):
@@ -68,7 +68,22 @@ class TrainingFailed(RuntimeError):
 
 
 class Preempted(RuntimeError):
-    """SIGTERM (how SLURM and Kubernetes preempt): a checkpoint was written at the step boundary."""
+    """SIGTERM (how SLURM and Kubernetes preempt): a checkpoint was written at the step boundary. Also
+    raised by ``sweep.run_sweep`` when SIGTERM stopped a sweep (its trainers checkpointed); every command
+    exits 75 on it (``command.PREEMPTED_EXIT``)."""
+
+
+# The blow-up rule of the health guard (always on, like the non-finite check). A model can always reach
+# the uniform-prediction loss ln(V): a fresh model starts there (tiny: 5.53-5.56 at step 0 for ln 256 =
+# 5.545) and training only lowers it. A loss of BLOWUP_RATIO x ln(V) gives the targets a geometric-mean
+# probability of V^-3, V^2 times less than guessing uniformly: the weights blew up (lr 10 on tiny:
+# 500-2500 nats from step 1), it is never a healthy state. One training batch can still be far off (a confident
+# model on a batch of garbage bytes), hence BLOWUP_STEPS steps in a row; the validation loss averages
+# the whole held-out set, so one evaluation above the threshold is enough. The reference is the larger
+# of ln(V) and the run's first loss, so that an unusual initialisation that starts above uniform is
+# judged against where it started. Healthy runs stay at or below ln(V) and never come near 3 ln(V).
+BLOWUP_RATIO = 3.0
+BLOWUP_STEPS = 5
 
 
 @contextmanager
@@ -103,6 +118,29 @@ def deferred_sigint(enabled: bool = True, sigint: bool = True):
         signal.signal(signal.SIGTERM, old_term)
 
 
+def check_target(out: Path, resume: bool, overwrite: bool) -> None:
+    """``rundir.check_out_dir``, with the way on named for a run that cannot be resumed: a finished run
+    (``DONE``: extend it as a branch, ``--init-from RUN --schedule-from continue``) or a diverged one
+    (``DIVERGED``: a result). Raises as ``check_out_dir``; the refusal of an existing run is always a
+    ``FileExistsError`` saying that ``out`` already holds a run."""
+    try:
+        check_out_dir(out, resume, overwrite)
+    except FileExistsError:
+        if resume or overwrite or not rundir.is_run(out):
+            raise
+        if rundir.is_done(out):
+            raise FileExistsError(
+                f"{out} already holds a run, and it is finished (DONE), so --resume has nothing left to do; to "
+                f"train it further branch it into a new --out: scalevec train --init-from {out} --schedule-from "
+                f"continue --steps N --out NEW (N beyond its steps); or pass --overwrite to replace it, or choose "
+                f"a new --out") from None
+        if (out / rundir.DIVERGED).exists():
+            raise FileExistsError(
+                f"{out} already holds a run, and it diverged (DIVERGED), so --resume would refuse it; it is kept as "
+                f"a result: choose a new --out (with a lower lr), or pass --overwrite to replace it") from None
+        raise
+
+
 # ----------------------------------------------------------------------------------------- the trainer
 
 
@@ -115,7 +153,7 @@ class Trainer:
         self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
         self.overwrite = overwrite
         self.steps = total_steps(cfg)
-        check_out_dir(self.out, resume, overwrite)
+        check_target(self.out, resume, overwrite)
         tracking.check(cfg.train.tracker)  # a missing optional package fails before anything is written
         self.lock = rundir.RunLock(self.out)
 
@@ -179,9 +217,11 @@ class Trainer:
         self.write = self.rank == 0
         self.recent: deque[float] = deque(maxlen=t.guard_spike_window)  # the health guard's state (saved)
         self.dead_run = 0
+        self.high_run = 0  # steps in a row above the blow-up threshold
+        self.bad_since: int | None = None  # first step of the current run of unhealthy steps (None: healthy)
+        self.reference: float | None = None  # the blow-up rule's reference: max(ln V, the run's first loss)
         # temporary checkpoint names carry rank 0's PID (every rank writes into the same directory)
-        self.tmp_tag = os.getpid() if self.world == 1 else int(distributed.all_reduce_sum(
-            torch.tensor(float(os.getpid() if self.rank == 0 else 0), dtype=torch.float64, device=self.device)).item())
+        self.tmp_tag = writer_tag()
         self.compiled, self.compile_why = autocompile.resolve(t.compile, self.device, self.steps, t.sharpness_every > 0)
         # the mfu / flops_per_s metrics (issue 17): FLOPs per token from the config, a peak resolved once
         self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
@@ -221,14 +261,29 @@ class Trainer:
 
     def setup_run_dir(self) -> None:
         """Lock the run directory, check it again under the lock (a run that appeared meanwhile is never
-        touched), then resume from its newest intact checkpoint (from step 0 when it has none), or write a
-        new run (``--overwrite`` first empties a scalevec run directory, and nothing else). An unusable
-        target (read-only, full disk) is a one-line ``RunDirError``, exit 2. Rank 0 does the writing; every
-        rank fails together if it fails."""
-        err, ckpt = None, None
+        touched), then resume from its newest checkpoint that loads (``checkpoint.resume_checkpoint``: a
+        damaged one, or one that does not load, is skipped with a note; from step 0 when none is left), or
+        write a new run (``--overwrite`` first empties a scalevec run directory, and nothing else, naming
+        what it leaves). An unusable target (read-only, full disk) is a one-line ``RunDirError``, exit 2.
+        Rank 0 does the writing; every rank fails together if it fails."""
+        self._rank0_writes(self._prepare_run_dir)
+        if self.resume:
+            state = resume_checkpoint(self.out, self.model, self.optimizers, self.device, notice=self.notice)
+            if state is not None:
+                self.load(state)
+                # metrics past the checkpoint belong to a lost future: drop them
+                self._rank0_writes(lambda: self.truncate_metrics(self.step))
+            else:
+                self._rank0_writes(self._restart_run_dir)
+        distributed.barrier()
+
+    def _rank0_writes(self, work) -> None:
+        """Run ``work`` (writes into the run directory) on rank 0 and agree on its outcome: every rank raises
+        when it failed; an ``OSError`` (read-only, full disk) becomes a one-line ``RunDirError``."""
+        err = None
         if self.write:
             try:
-                ckpt = self._prepare_run_dir()
+                work()
             except (ValueError, OSError) as e:
                 err = e
         if self.world > 1:
@@ -240,48 +295,52 @@ class Trainer:
                               f"choose a writable --out with free space") from None
         if err is not None:
             raise err
-        if self.resume and not self.write:
-            ckpt, _ = rundir.resumable_checkpoint(self.out)
-        if ckpt is not None:
-            self.load(ckpt)
-        distributed.barrier()
 
-    def _prepare_run_dir(self) -> Path | None:
-        """Rank 0's part of ``setup_run_dir``; returns the checkpoint to resume from (or None)."""
+    def _prepare_run_dir(self) -> None:
+        """Rank 0's part of ``setup_run_dir`` before a checkpoint is chosen: lock, check again, remove dead
+        writers' temporaries; for a new run, empty the target (``--overwrite``) and write the run files."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
-        check_out_dir(self.out, self.resume, self.overwrite)  # again, now that no other writer can change it
+        check_target(self.out, self.resume, self.overwrite)  # again, now that no other writer can change it
         for name in rundir.clean_temporaries(self.out):
             self.notice(f"removed {name}, a temporary file left by an interrupted writer")
         if self.resume:
-            ckpt, skipped = rundir.resumable_checkpoint(self.out)
-            for line in skipped:
-                self.notice(f"skipped checkpoint {line}")
-            if ckpt is not None:
-                if skipped:
-                    self.notice(f"resuming from {ckpt.name}, the newest intact checkpoint")
-                return ckpt
-            self.notice(f"{self.out} has no intact checkpoint; training it from step 0")
-            rundir.rewrite_metrics(self.out, keep=lambda r: False)
-        elif rundir.is_run(self.out):  # --overwrite (check_out_dir passed): empty this scalevec run, nothing else
-            rundir.remove_run(self.out)
-        save_yaml(self.cfg, self.out / "config.yaml")
-        write_json(self.out / "meta.json",
-                   {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
-        rundir.write_atomic(self.out / "optim_groups.txt", group_table(self.groups) + "\n")
-        self.data.tokenizer.save(self.out / "tokenizer")
-        return None
+            return  # setup_run_dir resumes through resume_checkpoint (every rank), or restarts the run
+        if self.overwrite and any(p.name != rundir.LOCK for p in self.out.iterdir()):
+            # check_target passed: a scalevec run (or a set-up interrupted before config.yaml); empty it,
+            # naming what scalevec did not write (it stays)
+            rundir.remove_run(self.out, notice=self.notice)
+        self._write_run_files()
 
-    def load(self, ckpt: Path) -> None:
-        state = load_checkpoint(ckpt, self.model, self.optimizers, self.device, verified=True)
+    def _restart_run_dir(self) -> None:
+        """Rank 0: a resumed run without a checkpoint that loads trains from step 0: its metrics are dropped
+        and its run files written anew."""
+        self.notice(f"{self.out} has no intact checkpoint; training it from step 0")
+        rundir.rewrite_metrics(self.out, keep=lambda r: False, notice=self.notice)
+        self._write_run_files()
+
+    def _write_run_files(self) -> None:
+        """``meta.json`` first (its format marker makes an interrupted set-up a recognized run, which
+        ``--overwrite`` may empty), then ``config.yaml``, ``optim_groups.txt`` and ``tokenizer/``."""
+        rundir.write_meta(self.out, {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
+        save_yaml(self.cfg, self.out / rundir.CONFIG)
+        rundir.write_atomic(self.out / rundir.GROUPS, group_table(self.groups) + "\n")
+        self.data.tokenizer.save(self.out / rundir.TOKENIZER)
+
+    def load(self, state: dict) -> None:
+        """Restore the trainer from a loaded checkpoint's train state (``resume_checkpoint`` loaded the
+        model, optimizer and RNG states): step, best validation loss, time so far, the guard's state. The
+        step is the checkpoint's and within the run's steps (``rundir`` skips a checkpoint that is not)."""
         self.step = state["step"]
         self.best_val = state["extra"].get("best_val", math.inf)
         self.elapsed = state["extra"].get("elapsed_s", 0.0)
         guard = state["extra"].get("guard") or {}
         self.recent.extend(guard.get("recent", []))
         self.dead_run = guard.get("dead_run", 0)
-        if self.write:  # metrics past the checkpoint belong to a lost future: drop them
-            self.truncate_metrics(self.step)
+        self.high_run = guard.get("high_run", 0)
+        self.bad_since = guard.get("bad_since")
+        # a checkpoint from before the blow-up rule: judge against ln V (its first loss is not known)
+        self.reference = guard.get("reference") or math.log(self.cfg.model.vocab_size)
 
     def truncate_metrics(self, step: int) -> None:
         """Drop the metrics rows past ``step`` (and a cut-off last line, with a notice)."""
@@ -336,33 +395,73 @@ class Trainer:
 
     def guard(self, step: int, stats: list[float]) -> None:
         """The health guard, before the optimizer step (DESIGN.md §8). Stops the run (``diverge``) on a
-        non-finite loss or gradient norm; on a dead model, ``train.guard_dead_steps`` steps in a row at
-        the uniform loss ln(vocab) (relative 1e-4) with a gradient norm <= 1e-6 (what an lr that blew
-        the model up leaves: nothing can be learnt any more); and on a loss spike, a loss above both
-        ``train.guard_spike_ratio`` x the mean of the last ``train.guard_spike_window`` losses and that
-        mean + 6 std (OLMo-core's stability monitor flags mean + k std; the ratio keeps ordinary noise
-        and early-training drops far from the threshold). Every rank sees the same global figures."""
+        non-finite loss or gradient norm; on a loss blow-up, ``BLOWUP_STEPS`` steps in a row above
+        ``BLOWUP_RATIO`` x the reference (module constants: ln(vocab), or the run's first loss when that is
+        higher); on a dead model, ``train.guard_dead_steps`` steps in a row at the uniform loss ln(vocab)
+        (relative 1e-4) with a gradient norm <= 1e-6 (what an lr that blew the model up leaves: nothing
+        can be learnt any more); and on a loss spike, a loss above both ``train.guard_spike_ratio`` x the
+        mean of the last ``train.guard_spike_window`` losses and that mean + 6 std (OLMo-core's stability
+        monitor flags mean + k std; the ratio keeps ordinary noise and early-training drops far from the
+        threshold). The trouble starts at the first step of the unbroken run of unhealthy steps (blown-up
+        or dead) that leads to the stop, so ``DIVERGED`` never names a checkpoint written after it. Every
+        rank sees the same global figures; the guard only reads them (healthy runs are bitwise unchanged)."""
         t = self.cfg.train
         loss, grad_norm = stats[0], stats[2]
-        if not all(math.isfinite(v) for v in stats):
-            self.diverge(step, step, f"non-finite loss or gradient norm at step {step} (loss {loss}, grad norm "
-                                     f"{grad_norm})", "lower the lr or raise the warmup")
         uniform = math.log(self.cfg.model.vocab_size)
-        self.dead_run = self.dead_run + 1 if abs(loss - uniform) <= 1e-4 * uniform and grad_norm <= 1e-6 else 0
+        if self.reference is None:  # the run's first step (a resumed run restored it from its checkpoint)
+            self.reference = max(uniform, loss) if math.isfinite(loss) else uniform
+        fix = "lower the lr or raise the warmup"
+        if not all(math.isfinite(v) for v in stats):
+            self.diverge(step, self.first_bad(step), f"non-finite loss or gradient norm at step {step} (loss {loss}, "
+                                                     f"grad norm {grad_norm})", fix)
+        dead = abs(loss - uniform) <= 1e-4 * uniform and grad_norm <= 1e-6
+        high = loss > BLOWUP_RATIO * self.reference
+        self.dead_run = self.dead_run + 1 if dead else 0
+        self.high_run = self.high_run + 1 if high else 0
+        self.bad_since = (step if self.bad_since is None else self.bad_since) if dead or high else None
+        if self.high_run >= BLOWUP_STEPS:
+            self.diverge(step, self.first_bad(step), f"loss blow-up at step {step}: {loss:.1f} nats, above "
+                                                     f"{BLOWUP_RATIO:g}x {self.reference_text()} for "
+                                                     f"{self.high_run} steps since step {step - self.high_run + 1}",
+                         fix)
         if t.guard_dead_steps and self.dead_run >= t.guard_dead_steps:
             first = step - self.dead_run + 1
-            self.diverge(step, first, f"dead model at step {step}: loss {loss:.4f} = ln({self.cfg.model.vocab_size}) "
-                                      f"with gradient norm {grad_norm:.1e} for {self.dead_run} steps "
-                                      f"since step {first}",
-                         "lower the lr or raise the warmup")
+            self.diverge(step, self.first_bad(step), f"dead model at step {step}: loss {loss:.4f} = "
+                                                     f"ln({self.cfg.model.vocab_size}) with gradient norm "
+                                                     f"{grad_norm:.1e} for {self.dead_run} steps since step {first}",
+                         fix)
         if t.guard_spike_ratio and len(self.recent) == self.recent.maxlen:
             mean, std = statistics.fmean(self.recent), statistics.pstdev(self.recent)
             if loss > t.guard_spike_ratio * mean and loss > mean + 6 * std:
-                self.diverge(step, step, f"loss spike at step {step}: {loss:.4f}, {loss / mean:.1f}x the mean "
-                                         f"{mean:.4f} "
-                                         f"of the last {len(self.recent)} steps",
-                             "lower the lr or raise the warmup (or raise train.guard_spike_ratio)")
+                self.diverge(step, self.first_bad(step), f"loss spike at step {step}: {loss:.4f}, {loss / mean:.1f}x "
+                                                         f"the mean {mean:.4f} of the last {len(self.recent)} steps",
+                             f"{fix} (or raise train.guard_spike_ratio)")
         self.recent.append(loss)
+
+    def guard_eval(self, val_loss: float) -> None:
+        """The blow-up rule on an evaluation, before its row is logged: a non-finite validation loss, or
+        one above ``BLOWUP_RATIO`` x the reference (one evaluation is enough: it averages the whole
+        held-out set), stops the run. The model evaluated is checkpoint ``self.step``'s, so the trouble
+        starts there at the latest."""
+        if self.reference is None:  # no training step in this session yet
+            self.reference = math.log(self.cfg.model.vocab_size)
+        if math.isfinite(val_loss) and val_loss <= BLOWUP_RATIO * self.reference:
+            return
+        self.diverge(self.step, self.first_bad(self.step),
+                     f"validation loss blow-up at step {self.step}: {val_loss:.1f} nats, above {BLOWUP_RATIO:g}x "
+                     f"{self.reference_text()}", "lower the lr or raise the warmup")
+
+    def first_bad(self, step: int) -> int:
+        """The first step of the trouble found at ``step``: the start of the unbroken run of unhealthy
+        steps before it, else ``step`` itself (checkpoint N holds the model used at step N)."""
+        return step if self.bad_since is None else min(self.bad_since, step)
+
+    def reference_text(self) -> str:
+        """What the blow-up threshold is a multiple of, for the ``DIVERGED`` reason."""
+        v = self.cfg.model.vocab_size
+        if self.reference is None or self.reference <= math.log(v):
+            return f"the uniform-prediction loss ln({v}) = {math.log(v):.2f}"
+        return f"the run's first loss {self.reference:.2f}"
 
     def diverge(self, step: int, first_bad: int, reason: str, fix: str) -> None:
         """Write ``DIVERGED`` naming the newest intact checkpoint from before step ``first_bad`` (and point
@@ -509,6 +608,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss:.4f}")
             if self.step % t.eval_every == 0 or self.step == self.steps:
                 val_loss, val_bpb = self.evaluate()
+                self.guard_eval(val_loss)
                 self.best_val = min(self.best_val, val_loss)
                 self.log({"kind": "eval", "step": self.step, "tokens": self.step * per_step,
                           "val_loss": val_loss, "val_bpb": val_bpb})
@@ -541,11 +641,17 @@ class Trainer:
             self.log({"kind": "probe", "step": self.step, "tokens": self.step * tokens_per_step(self.cfg), **row})
 
     def checkpoint(self) -> None:
-        # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py)
+        # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py). Pruning keeps
+        # the checkpoint that DIVERGED would name: the newest one from before the current run of unhealthy
+        # steps (bad_since), and as before the dead rule's look-back
+        window = max(self.cfg.train.guard_dead_steps, 1,
+                     self.step - self.bad_since + 1 if self.bad_since is not None else 0)
         save_checkpoint(self.out, self.step, self.model, self.optimizers,
                         {"best_val": self.best_val, "elapsed_s": self.elapsed,
-                         "guard": {"recent": list(self.recent), "dead_run": self.dead_run}},
-                        tag=self.tmp_tag, keep_window=max(self.cfg.train.guard_dead_steps, 1))
+                         "guard": {"recent": list(self.recent), "dead_run": self.dead_run,
+                                   "high_run": self.high_run, "bad_since": self.bad_since,
+                                   "reference": self.reference}},
+                        tag=self.tmp_tag, keep_window=window)
 
     def summary(self, wall: float) -> dict:
         """Final figures; read back from metrics.jsonl so that a resumed run reports the whole run.
