@@ -149,3 +149,38 @@ def test_compare_end_to_end_same_start_per_seed(tmp_path, capsys):
     assert abs(first_loss("baseline_s0") - first_loss("baseline_s1")) > 1e-4
     for name in ("report.md", "results.csv", "loss_curves.png"):
         assert (out / name).is_file()
+
+
+def test_threads_reach_every_run_and_bad_threads_exit_2(tmp_path, capsys):
+    """--threads N sets train.threads on every run (what bitwise reproduction depends on); 0 is refused."""
+    runs = expand(spec_from_dict(compare.build_spec(parse("--threads", "1"))))
+    assert runs and all(r.cfg.train.threads == 1 for r in runs)
+    assert main(["compare", "--threads", "0", "--out", str(tmp_path / "c")]) == 2
+    assert "--threads 0" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_report_hides_implausible_step_times_and_names_mixed_machines(tmp_path):
+    """A step-time ratio no scale-vector strategy can have (here 30x) is not printed but explained, and runs made
+    on two CPU kinds or thread counts get a warning."""
+    import json as _json
+
+    from scalevec.experiments.analysis import analyze
+    from scalevec.experiments.records import load_runs
+    from scalevec.experiments.sweepdir import load_specs
+
+    out = tmp_path / "cmp"
+    args = parse("--strategies", "baseline,unified", "--seeds", "2", "--lr", "1e-2", "--steps", "10", "--out", str(out))
+    assert sweep.run_sweep(spec_from_dict(compare.build_spec(args)), out, train_cmd=FAKE, report=False, quiet=True) == 0
+    for d in (p for p in (out / "runs").iterdir() if p.is_dir()):
+        s = _json.loads((d / "summary.json").read_text())
+        if d.name.startswith("unified"):
+            s["step_time_s"] = s["step_time_s"] * 30  # the fake trainer logs wall time per step only
+        (d / "summary.json").write_text(_json.dumps(s))
+        meta = _json.loads((d / "meta.json").read_text())
+        meta |= {"cpu": "AMD EPYC", "cpu_capability": "AVX512" if d.name.endswith("s1") else "AVX2", "threads": 1}
+        (d / "meta.json").write_text(_json.dumps(meta))
+    a = analyze(load_runs(out), load_specs(out))
+    unified = next(r for r in a.cells[0].results if r.strategy == "unified")
+    assert unified.step_time_ratio != unified.step_time_ratio  # nan: not shown
+    assert any("not plausible" in w for w in a.warnings)
+    assert any("2 machine kinds or thread counts" in w and "AVX512" in w for w in a.warnings)

@@ -145,6 +145,12 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     return res
 
 
+# Scale-vector strategies change a step's FLOPs by a few percent (README "Performance": 0.9-1.6x measured): a
+# ratio outside this band says the measurement failed (OpenMP spin-waiting under oversubscription inflates CPU
+# time: on a shared 2-core machine one baseline ran at 3.04 CPU-s per step against unified's 0.085), not the model.
+PLAUSIBLE_STEP_RATIO = (1 / 3, 3.0)
+
+
 def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: list[str]) -> None:
     base = results[0]
     base_curve = mean_curve(base.runs)
@@ -153,6 +159,12 @@ def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: li
     for res in results:
         res.extra_params = res.params - base.params
         res.step_time_ratio = res.step_time_s / base.step_time_s
+        lo, hi = PLAUSIBLE_STEP_RATIO
+        if res is not base and not lo <= res.step_time_ratio <= hi:
+            warnings.append(f"[{label}] {res.strategy}: step time {res.step_time_ratio:.2f}x the baseline's is not "
+                            f"plausible for a scale-vector strategy (the machine was oversubscribed while they ran?); "
+                            f"not shown; rerun with fewer --jobs or --threads, or measure with `scalevec bench`")
+            res.step_time_ratio = math.nan
         if res is base:
             continue
         seeds = [r.seed for r in res.runs if r.seed in base_by_seed]
@@ -194,6 +206,11 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
     for key, cell_runs in groups.items():
         example = next((r for r in cell_runs if r.done), cell_runs[0])
         label = labeler.label(key, example)
+        machines = sorted({r.machine for r in cell_runs if r.done and r.machine})
+        if len(machines) > 1:  # e.g. compare reusing runs made under another --jobs/--threads or on another CPU
+            warnings.append(f"[{label}] the runs were made on {len(machines)} machine kinds or thread counts "
+                            f"({'; '.join(machines)}): their losses are not bitwise comparable across those, "
+                            f"and step times not at all")
         results = []
         for strategy in order:
             res = _strategy_result(strategy, [r for r in cell_runs if r.cfg.strategy == strategy], tune_key,

@@ -115,6 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", help="bytes (default), bpe:N or a tokenizer.json")
     p.add_argument("--out", default=d["out"], help=f"output folder (default {d['out']}); rerun to resume")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--threads", type=int, help="CPU threads per run (default: the usable CPUs split between --jobs); "
+                                               "a loss is bitwise reproducible at the same thread count only")
     p.add_argument("--dry-run", action="store_true", help="print the runs (with each one's lr) and the token budget")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.qk_norm=true")
 
@@ -170,6 +172,11 @@ def build_spec(args: argparse.Namespace) -> dict:
         base["train.eval_every"] = min(DEFAULTS["eval_every"], args.steps)
     else:
         base["tokens_per_param"] = tpp
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads {threads} must be >= 1 (or leave it out: the CPUs split between --jobs)")
+        base["train.threads"] = threads
     if args.data:
         base["data.source"] = args.data
     if args.tokenizer:

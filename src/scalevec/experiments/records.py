@@ -27,6 +27,7 @@ class RunRecord:
     summary: dict | None
     evals: list[dict]
     status: str  # done | diverged | unfinished
+    machine: str = ""  # "CPU name (instruction set), N threads" from meta.json: what bitwise reproduction needs
 
     @property
     def done(self) -> bool:
@@ -66,7 +67,21 @@ def read_run(path: Path) -> RunRecord:
                                                               "unfinished")
     evals = rundir.read_metrics(path, kind="eval")
     status = "done" if summary else ("diverged" if rundir.is_diverged(path) else "unfinished")
-    return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status)
+    return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status, machine_of(path, cfg))
+
+
+def machine_of(path: Path, cfg: RunConfig) -> str:
+    """What a run's bits depend on besides its config (README "What reproduces where"): the CPU kind and
+    instruction set from its ``meta.json`` and its thread count; "" when meta.json does not say."""
+    meta_file = path / rundir.META
+    try:
+        meta = rundir.read_json(meta_file) if meta_file.is_file() else {}
+    except rundir.RunDirError:
+        meta = {}
+    if not isinstance(meta, dict) or not meta.get("cpu"):
+        return ""
+    threads = meta.get("threads", cfg.train.threads)
+    return f"{meta['cpu']} ({meta.get('cpu_capability', '?')}), {threads} thread(s)"
 
 
 def load_runs(root: str | Path) -> list[RunRecord]:

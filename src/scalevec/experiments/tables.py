@@ -43,7 +43,8 @@ def cell_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
             row.append(f"{r.pick.lr:g}{' †' if r.pick.at_edge else ''}" if r.pick else "—")
         row += [str(len(r.runs)), f"{r.loss_mean:.4f} ± {_num(r.loss_std)}", format_delta(r.delta),
                 _num(r.bpb_mean), "—" if i == 0 else _token_eff(r),
-                f"{r.params:,}", f"{r.extra_params:+,}", f"{r.step_time_ratio:.2f}×"]
+                f"{r.params:,}", f"{r.extra_params:+,}",
+                f"{r.step_time_ratio:.2f}×" if math.isfinite(r.step_time_ratio) else "—"]
         rows.append(row)
     return header, rows
 
