@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -754,6 +755,149 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
+# --------------------------------------------------------------------------------------------- help
+
+
+@dataclass(frozen=True)
+class FieldDoc:
+    """One row of ``config_fields``: a field's dotted ``name`` (``model.moe.n_experts``), its ``type`` as
+    annotated (``float | None``), its ``default`` as YAML-safe data (``to_dict``'s form) and ``doc``, one line
+    taken from this module's source ("" where there is none)."""
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+
+
+def config_fields(cfg: RunConfig | None = None) -> list[FieldDoc]:
+    """Every field of ``RunConfig``, derived from the dataclasses (issue 26: what ``scalevec train --help``
+    lists), in declaration order. A section (``model``, ``scale``, ...) is no row of its own; an optional
+    one (``model.moe``, ``model.rope_scaling``: None or a section) is a row, followed by its fields.
+
+    ``default``: the value in ``cfg`` (default ``RunConfig()``); the fields of an optional section that is
+    None there take their class's defaults (what ``moe.n_experts=4`` starts from). ``doc``: the field's
+    trailing comment, else the comment block right above it, else the clause of its class's docstring
+    (or of a comment block in the class) that starts with its name: one sentence, cut to about 110
+    characters."""
+    rows: list[FieldDoc] = []
+
+    def walk(cls: type, values: dict, prefix: str) -> None:
+        docs, hints = _field_docs(cls), _type_hints(cls)
+        for f in fields(cls):
+            tp = hints[f.name]
+            section = next((a for a in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(a)), None)
+            value = values[f.name]
+            if section is not None and section is tp:  # a section that is always there: only its fields
+                walk(section, value, f"{prefix}{f.name}.")
+                continue
+            rows.append(FieldDoc(prefix + f.name, str(f.type), value, docs.get(f.name, "")))
+            if section is not None:
+                walk(section, value if isinstance(value, dict) else to_dict(section()), f"{prefix}{f.name}.")
+
+    walk(RunConfig, to_dict(RunConfig() if cfg is None else cfg), "")
+    return rows
+
+
+_DOC_WIDTH = 110  # a description's length before it is cut at a clause or a word
+_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf")
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
+    """``{field: one-line description}`` for a dataclass of this module, read from its source (config_fields)."""
+    import ast
+    import io
+    import tokenize
+
+    source = Path(__file__).read_text(encoding="utf-8")
+    node = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
+    if node is None:
+        return {}
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (comment text, whether the line is only a comment)
+    lines = source.splitlines()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and node.lineno <= tok.start[0] <= node.end_lineno:
+            row = tok.start[0]
+            comments[row] = (tok.string.lstrip("#").strip(), not lines[row - 1][:tok.start[1]].strip())
+    names = [f.name for f in fields(cls)]
+    clauses = [_clean(c) for c in _docstring_clauses(ast.get_docstring(node) or "")]
+    block_clauses: list[str] = []  # of the comment blocks above fields
+    out: dict[str, str] = {}
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)) or stmt.target.id not in names:
+            continue
+        name = stmt.target.id
+        trailing = comments.get(stmt.end_lineno)
+        block, row = [], stmt.lineno - 1
+        while row in comments and comments[row][1]:
+            block.insert(0, comments[row][0])
+            row -= 1
+        if block:
+            block_clauses.extend(_clean(c) for c in _split_top(" ".join(block), "; "))
+        if trailing and not trailing[1] and not trailing[0].startswith("type:"):
+            out[name] = _one_line(trailing[0])
+        elif block:
+            out[name] = _one_line(" ".join(block))
+    for name in names:  # the clauses "``name``: ..." / "``name`` is ...", then a comment's clause that names it
+        if name in out:
+            continue
+        for clause in clauses:
+            m = re.match(r"(\w+(?: / \w+)*)(:?) (.*)", clause)  # "scale: ...", "dual_sites / norm_sites: ..."
+            if m and name in m.group(1).split(" / "):
+                out[name] = _one_line(m.group(3) if m.group(2) else clause)
+                break
+        else:  # an identifier, not a word that prose may use ("steps")
+            named = [c for c in block_clauses if "_" in name and re.search(rf"\b{name}\b", c)]
+            if named:
+                out[name] = _one_line(named[0])
+    return out
+
+
+def _docstring_clauses(doc: str) -> list[str]:
+    """A docstring as clauses: each ``- `` bullet whole, the rest as sentences split at top-level ``; ``."""
+    items, prose = [], []
+    for line in doc.splitlines():
+        if line.lstrip().startswith("- "):
+            items.append(line.lstrip()[2:])
+        elif items and line.startswith(" ") and line.strip():
+            items[-1] += " " + line.strip()
+        else:
+            prose.append(line.strip())
+    sentences = _split_top(" ".join(prose), ". ")
+    return items + [c for s in sentences for c in _split_top(s, "; ")]
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.replace("``", "").split())
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one line of at most about ``_DOC_WIDTH`` characters: its first sentence, then its first
+    clause (top-level ``;``), then cut at a word; a cut inside the sentence ends in `` …``."""
+    text = _clean(text)
+    text = _split_top(text, ". ")[0].rstrip(".")
+    if len(text) > _DOC_WIDTH and len(_split_top(text, "; ")) > 1:
+        text = _split_top(text, "; ")[0] + " …"
+    if len(text) > _DOC_WIDTH:
+        text = text[:_DOC_WIDTH].rsplit(" ", 1)[0].rstrip(" …") + " …"
+    return text
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside brackets; a ``. `` after an abbreviation (e.g.) does not split."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == 0 and text.startswith(sep, i):
+            if sep == ". " and text[:i].rsplit(" ", 1)[-1].lstrip("(").lower() in _ABBREVIATIONS:
+                continue
+            parts.append(text[start:i])
+            start = i + len(sep)
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()] or [""]
+
+
 def _positive(obj: Any, *names: str) -> None:
     section = type(obj).__name__.replace("Config", "").lower()
     for name in names:
@@ -766,5 +910,5 @@ __all__ = [
     "MoEConfig", "RopeScalingConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
     "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
     "load_yaml", "save_yaml", "replace", "EXECUTION_FIELDS", "usable_cpus", "tokens_per_step", "total_steps",
-    "run_tokens", "budget_tokens", "config_diff", "fit_vocab", "format_diff",
+    "run_tokens", "budget_tokens", "config_diff", "fit_vocab", "format_diff", "FieldDoc", "config_fields",
 ]

@@ -4,17 +4,21 @@ Flags and ``key=value`` overrides become a ``RunConfig`` through ``resolve.resol
 resolution; ``--resume`` resolves the stored config with execution flags only), then
 ``trainer.train`` runs it. Exit codes: 0 done, 2 bad input or an unusable run directory (``cli.py``
 prints the one-line error), 3 the run diverged (``DIVERGED``) or failed during training, 75 SIGTERM
-(checkpointed; continue with ``--resume``), 130 Ctrl-C (also checkpointed). ``sweep`` reads the same
-codes from its trainer subprocesses.
+(EX_TEMPFAIL: stopped with a checkpoint, continue with ``--resume``), 130 Ctrl-C (also checkpointed).
+``sweep`` reads the same codes from its trainer subprocesses, and ``sweep``, ``compare`` and ``study``
+exit with the same 75 on SIGTERM and 130 on Ctrl-C (``trainer.Preempted``, mapped in ``cli.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import defaultdict
 from pathlib import Path
 
-from scalevec.config import RunConfig, load_yaml, replace, usable_cpus
+import yaml
+
+from scalevec.config import RunConfig, config_fields, fit_vocab, load_yaml, replace, to_dict, usable_cpus
 from scalevec.resolve import resolve_config
 from scalevec.training import init_from, rundir
 from scalevec.training.trainer import Preempted, TrainingDiverged, TrainingFailed, train
@@ -33,7 +37,46 @@ FLAG_FIELDS = {  # --flag -> config field
 }
 
 
+FIELDS_EPILOG = "<config fields>"  # train --help's epilog: replaced by fields_help() when the help is printed
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter with ``FIELDS_EPILOG`` expanded to ``fields_help()`` (only when help is printed, not
+    on every command line) and kept as written (one field a line)."""
+
+    def add_text(self, text):
+        super().add_text(fields_help() if text == FIELDS_EPILOG else text)
+
+
+def fields_help() -> str:
+    """Every config field as ``section.field  type  default  [--flag] description``, derived from the
+    dataclasses (``config.config_fields``; issue 26), one block per section. Defaults are those of a run
+    with no options (preset small, strategy baseline); an optional section's (``model.moe``,
+    ``model.rope_scaling``) are its class's."""
+    flags = {key: "--" + name.replace("_", "-") for name, key in FLAG_FIELDS.items()}
+    flags.update({"preset": "--preset", "strategy": "--strategy", "train.compile": "--compile"})
+    blocks: dict[str, list[tuple[str, ...]]] = defaultdict(list)
+    for f in config_fields(resolve_config()):
+        default = "{...}" if isinstance(f.default, dict) else yaml.safe_dump(
+            f.default, default_flow_style=True, width=1 << 16).removesuffix("...\n").strip()
+        doc = " ".join(x for x in (f"[{flags[f.name]}]" if f.name in flags else "", f.doc) if x)
+        blocks[f.name.rpartition(".")[0]].append((f.name, f.type, default, doc))
+    out = ["config fields: section.field  type  default  [--flag] description",
+           "  set any as key=value (e.g. optim.lr=0.01), in a --config YAML file or with its --flag; the defaults",
+           "  are a run's with no options (--preset small --strategy baseline: model.* follow --preset, scale.*",
+           "  --strategy); model.moe.* (also moe.*) and model.rope_scaling.* start from the values shown once one",
+           "  of them is set. --print-config prints the resolved config of a command line."]
+    for rows in blocks.values():
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        out.append("")
+        out.extend("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + ("  " + r[3] if r[3] else "")
+                   for r in rows)
+    return "\n".join(line.rstrip() for line in out)
+
+
 def add_arguments(p) -> None:
+    p.formatter_class = _HelpFormatter
+    p.epilog = FIELDS_EPILOG
     p.add_argument("--config", help="YAML file with any RunConfig fields (preset, strategy, model, scale, optim, ...)")
     p.add_argument("--preset", help="model preset (default small; see `scalevec info`)")
     p.add_argument("--strategy", help="scale-vector strategy (default baseline)")
@@ -70,24 +113,36 @@ def add_arguments(p) -> None:
     p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
                    help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (the config.yaml this command would store) as YAML and exit "
+                        "without training or writing anything")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="any config field, e.g. model.d_model=256")
 
 
 def config_from_args(args, base: dict | None = None) -> RunConfig:
     """The RunConfig of a ``train``-style command line (precedence: preset/strategy < file < flags < key=value),
     through ``resolve.resolve_config``. ``base``: sections below the file (``--init-from``:
-    ``init_from.base_sections``)."""
+    ``init_from.base_sections``). Raises ``ValueError`` when ``--preset`` meets a model section (of the
+    ``--config`` file or of ``base``), naming which, and as ``resolve_config``."""
     file_data = load_yaml(args.config) if args.config else {}
+    if args.preset and "model" in file_data:
+        raise ValueError("--preset conflicts with the model section of --config; drop one of them")
+    if args.preset and base and "model" in base:
+        raise ValueError(preset_conflict(getattr(args, "init_from", None)))
     if base:
         file_data = {**base, **{k: {**base[k], **v} if isinstance(base.get(k), dict) and isinstance(v, dict) else v
                                 for k, v in file_data.items()}}
-    if args.preset and "model" in file_data:
-        raise ValueError("--preset conflicts with the model section of --config; drop one of them")
     flags = [f"{key}={getattr(args, name)}" for name, key in FLAG_FIELDS.items()
              if getattr(args, name, None) is not None]
     if getattr(args, "compile", None) is not None:
         flags.append(f"train.compile={'true' if args.compile else 'false'}")
     return resolve_config(args.preset, args.strategy, flags + list(args.overrides), file_data)
+
+
+def preset_conflict(source) -> str:
+    """The message for ``--preset`` with an ``--init-from`` source that fixes the model's shape."""
+    return (f"--preset conflicts with --init-from {source}: the model's shape comes from that source (a Hugging "
+            f"Face model's config.json); drop --preset (the run is labelled after the source's family)")
 
 
 def run(args) -> int:
@@ -97,6 +152,8 @@ def run(args) -> int:
             raise ValueError("--resume continues the run in --out; drop --init-from (the branch's origin is in "
                              "its meta.json)")
         init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
+        if init.kind == "hf" and args.preset:  # before init_from.base_sections reads the model's weights
+            raise ValueError(preset_conflict(args.init_from))
     if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
         execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker",
                      "threads": "train.threads"}
@@ -114,6 +171,9 @@ def run(args) -> int:
             cfg.preset = init_from.preset_label(init, args.preset, cfg.preset)
     if not cfg.train.threads:  # explicit, so that the same command gives the same numbers however it is started
         cfg = replace(cfg, train=replace(cfg.train, threads=usable_cpus()))  # a positive count: still valid
+    if getattr(args, "print_config", False):
+        print_config(cfg)
+        return 0
     out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
     try:
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
@@ -129,4 +189,18 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["DIVERGED_EXIT", "FAILED_EXIT", "FLAG_FIELDS", "PREEMPTED_EXIT", "add_arguments", "config_from_args", "run"]
+def print_config(cfg: RunConfig) -> None:
+    """``--print-config``: ``cfg`` as the YAML of ``config.yaml``, with ``model.vocab_size`` fitted to the
+    tokenizer's declared size as the trainer fits it (``config.fit_vocab``; ``bpe:N``: N, an upper bound the
+    trained tokenizer may stay under, said in a comment). Reads a tokenizer.json at most; writes nothing."""
+    from scalevec.data.tokenizer import declared_vocab_size
+
+    cfg = fit_vocab(cfg, declared_vocab_size(cfg.data.tokenizer))
+    if cfg.data.tokenizer.startswith("bpe:"):
+        print(f"# model.vocab_size: {cfg.data.tokenizer} declares at most {cfg.model.vocab_size} tokens; the "
+              f"trainer fits the trained tokenizer's size")
+    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+__all__ = ["DIVERGED_EXIT", "FAILED_EXIT", "FLAG_FIELDS", "PREEMPTED_EXIT", "add_arguments", "config_from_args",
+           "fields_help", "print_config", "run"]
