@@ -47,8 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from scalevec.training.command import PREEMPTED_EXIT  # loaded with the subcommands above
-    from scalevec.training.trainer import Preempted
+    from scalevec.training.exits import PREEMPTED_EXIT, Preempted
 
     try:
         return importlib.import_module(args._module).run(args) or 0

@@ -74,9 +74,8 @@ from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments import sweepdir
 from scalevec.resolve import resolve_config
 from scalevec.training import rundir
-from scalevec.training.command import DIVERGED_EXIT, PREEMPTED_EXIT  # the trainer's codes: guard stop, SIGTERM
+from scalevec.training.exits import DIVERGED_EXIT, PREEMPTED_EXIT, Preempted  # the trainer's codes: guard stop, SIGTERM
 from scalevec.training.rundir import RunDirError
-from scalevec.training.trainer import Preempted
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
            "steps": "train.steps", "tokens": "train.tokens", "tpp": "tokens_per_param"}

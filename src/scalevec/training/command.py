@@ -21,11 +21,8 @@ import yaml
 from scalevec.config import RunConfig, config_fields, fit_vocab, load_yaml, replace, to_dict, usable_cpus
 from scalevec.resolve import resolve_config
 from scalevec.training import init_from, rundir
-from scalevec.training.trainer import Preempted, TrainingDiverged, TrainingFailed, train
-
-DIVERGED_EXIT = 3  # the health guard stopped the run (DIVERGED written)
-FAILED_EXIT = 3  # training could not go on (an OSError such as a full disk); resumable
-PREEMPTED_EXIT = 75  # EX_TEMPFAIL: SIGTERM, checkpointed, continue with --resume
+from scalevec.training.exits import DIVERGED_EXIT, FAILED_EXIT, PREEMPTED_EXIT, Preempted  # the one contract
+from scalevec.training.trainer import TrainingDiverged, TrainingFailed, train
 
 FLAG_FIELDS = {  # --flag -> config field
     "optimizer": "optim.name", "lr": "optim.lr", "schedule": "schedule.name", "warmup": "schedule.warmup",

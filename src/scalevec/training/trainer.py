@@ -49,6 +49,7 @@ from scalevec.model.transformer import build_model
 from scalevec.training import autocompile, distributed, init_from, rundir, tracking
 from scalevec.training.checkpoint import resume_checkpoint, save_checkpoint, writer_tag
 from scalevec.training.environment import run_meta
+from scalevec.training.exits import Preempted
 from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
 from scalevec.training.rundir import CKPT_DIR, RunDirError, check_out_dir, write_json
 from scalevec.training.schedule import lr_multiplier, warmup_warning
@@ -65,12 +66,6 @@ class TrainingDiverged(RuntimeError):
 class TrainingFailed(RuntimeError):
     """Training could not go on (an ``OSError`` such as a full disk while writing); the run resumes
     from its last checkpoint with ``--resume`` once the cause is fixed."""
-
-
-class Preempted(RuntimeError):
-    """SIGTERM (how SLURM and Kubernetes preempt): a checkpoint was written at the step boundary. Also
-    raised by ``sweep.run_sweep`` when SIGTERM stopped a sweep (its trainers checkpointed); every command
-    exits 75 on it (``command.PREEMPTED_EXIT``)."""
 
 
 # The blow-up rule of the health guard (always on, like the non-finite check). A model can always reach
