@@ -94,3 +94,157 @@ def test_eval_errors_exit_2(tmp_path, capsys):
     assert "neither a scalevec run directory" in capsys.readouterr().err
     assert main(["eval", str(tmp_path), "--tasks", ","]) == 2
     assert "--tasks is empty" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ --text: held-out perplexity (issue 26)
+
+HELD_OUT = ("In the beginning God created the heaven and the earth. — And the earth was without form, and void;\n"
+            "and darkness was upon the face of the deep.\n") * 3  # 2 non-ASCII bytes a line: bytes != characters
+
+
+def test_windows_score_every_target_once_as_the_trainer_does():
+    """Full windows are the trainer's (val_batches), a last short one takes the rest: the targets are
+    stream[1:] in order, once each, and a uniform model gives ln V nats/token, perplexity V, 8 bits/byte."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from scalevec.data.sampler import val_batches
+    from scalevec.data.tokenizer import ByteTokenizer
+    from scalevec.data.tokens import TokenData
+    from scalevec.training.perplexity import perplexity, text_stream, windows
+
+    tok = ByteTokenizer()
+    stream = text_stream(HELD_OUT, tok)
+    assert stream[0] == 10 and len(stream) == len(HELD_OUT.encode()) + 1  # the newline start token, then every byte
+    batches, n_bytes = windows(stream, 64, tok.token_bytes(), batch_size=3)
+    assert n_bytes == len(HELD_OUT.encode())
+    assert torch.equal(torch.cat([y.flatten() for _, y in batches]), torch.from_numpy(stream[1:]))
+    assert torch.equal(torch.cat([x.flatten() for x, _ in batches]), torch.from_numpy(stream[:-1]))
+    trainer, _ = val_batches(TokenData(stream[:0], stream, tok, tok.token_bytes()), 64, len(stream), 3)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(trainer, batches))
+    assert len(batches) == len(trainer) + 1  # the tail the trainer drops
+
+    def uniform(x, y):
+        return torch.tensor(math.log(256) * y.numel(), dtype=torch.float64)
+
+    r = perplexity(uniform, stream, 64, tok.token_bytes())
+    assert r["tokens"] == len(stream) - 1 and r["bytes"] == len(HELD_OUT.encode())
+    assert math.isclose(r["perplexity"], 256) and math.isclose(r["bits_per_byte"], 8)
+    with pytest.raises(ValueError, match="outside the tokenizer"):
+        perplexity(lambda x, y: torch.zeros(()), np.array([1, 300]), 8, tok.token_bytes())
+
+
+def _ppl(capsys, argv):
+    """Run `scalevec eval ... --text`; return its printed perplexity line's three numbers."""
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("perplexity "))
+    return [float(v) for v in line.split()[1::2]], out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["unified", "baseline"])
+def test_run_and_export_give_the_same_perplexity(tmp_path, make_cfg, perturb_scales, export_fixtures, capsys,
+                                                 strategy):
+    """`eval RUN --text F` and `eval EXPORT --text F` agree (our Transformer vs transformers on the export:
+    custom code for unified, folded plain Llama for baseline) within 1e-5 nats/token. Why 1e-5: both are fp32
+    forwards of the same function, differing only in operation order (folded scales, another attention
+    kernel); export --verify already bounds their logits by 1e-4, and the per-token errors, of either sign,
+    average out in the mean (measured here: 0.0, bit-equal sums). bits/byte and token/byte counts agree likewise."""
+    from scalevec.hf.evaluation import text_perplexity
+
+    model = build_model(make_cfg(vocab_size=256, max_seq_len=64), ScaleConfig.preset(strategy), seed=0)
+    perturb_scales(model)
+    run = export_fixtures._run_dir(tmp_path / "run", model, strategy)
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text(HELD_OUT, encoding="utf-8")
+    ours, out = _ppl(capsys, ["eval", str(run), "--text", str(held_out)])
+    theirs, _ = _ppl(capsys, ["eval", str(tmp_path / "hf"), "--text", str(held_out)])
+    assert f"{len(HELD_OUT.encode()):,} bytes" in out and "windows of 64" in out
+    a, b = text_perplexity(run, held_out), text_perplexity(tmp_path / "hf", held_out)
+    assert abs(a["nats_per_token"] - b["nats_per_token"]) <= 1e-5
+    assert abs(a["bits_per_byte"] - b["bits_per_byte"]) <= 1e-5
+    assert (a["tokens"], a["bytes"]) == (b["tokens"], b["bytes"]) == (len(HELD_OUT.encode()), len(HELD_OUT.encode()))
+    assert ours == pytest.approx(theirs, rel=1e-4)  # printed with 4 decimals
+    # shorter windows (more of them): still one definition; nats/token changes, the counts do not
+    c = text_perplexity(run, held_out, seq_len=16)
+    assert c["tokens"] == a["tokens"] and c["nats_per_token"] != a["nats_per_token"]
+    if strategy == "unified":  # the trust rule of check_hf_dir holds for --text: changed custom code is refused
+        py = next((tmp_path / "hf").glob("*.py"))
+        py.write_text(py.read_text() + "\n# changed\n")
+        assert main(["eval", str(tmp_path / "hf"), "--text", str(held_out)]) == 2
+        assert "--trust-remote-code" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_bpe_export_counts_the_bytes_of_the_text(tmp_path, make_cfg, export_fixtures):
+    """With a BPE tokenizer (BOS/EOS) every token of the text and the EOS are targets; bits/byte divides by the
+    text's UTF-8 bytes, which for a byte-level BPE are the bytes the targets stand for (the trainer's count)."""
+    import numpy as np
+
+    from scalevec.data.tokenizer import BOS, EOS, Tokenizer, train_bpe
+    from scalevec.hf.evaluation import text_perplexity
+    from scalevec.hf.export import export_model
+    from scalevec.training.perplexity import text_stream, windows
+
+    tok = Tokenizer(train_bpe(300, ["to be or not to be, that is the question"] * 4), "bpe:300", BOS, EOS)
+    tok.save(tmp_path / "tok")
+    stream = text_stream(HELD_OUT, tok)
+    assert windows(stream, 32, tok.token_bytes(), 8)[1] == len(HELD_OUT.encode())  # lossless: the same count
+    model = build_model(make_cfg(vocab_size=320, max_seq_len=32), ScaleConfig.preset("dnp"), seed=0)
+    out = export_model(model, tmp_path / "hf", tokenizer_dir=tmp_path / "tok")
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text(HELD_OUT, encoding="utf-8")
+    r = text_perplexity(out, held_out, batch_size=2)
+    assert stream[0] == tok.bos_id and stream[-1] == tok.eos_id
+    assert r["tokens"] == len(tok.encode(HELD_OUT)) + 1 == len(stream) - 1  # + EOS
+    assert r["bytes"] == len(HELD_OUT.encode()) and np.isfinite(r["perplexity"]) and r["perplexity"] > 1
+
+
+def test_text_on_a_prepared_folder_scores_its_validation_split(tmp_path, make_cfg, export_fixtures, capsys):
+    """`--text DIR` on a `scalevec prepare-data` folder scores every target of its validation split."""
+    import numpy as np
+
+    from scalevec.data.documents import DOC_SEP
+    from scalevec.data.prepared import load_prepared, prepare_shards
+    from scalevec.hf.evaluation import text_perplexity
+
+    model = build_model(make_cfg(vocab_size=256, max_seq_len=32), ScaleConfig.preset("unified"), seed=0)
+    run = export_fixtures._run_dir(tmp_path / "run", model, "unified")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(DOC_SEP.join(f"document {i}: " + HELD_OUT for i in range(20)), encoding="utf-8")
+    prepare_shards(str(corpus), "bytes", tmp_path / "prep", val_frac=0.2)
+    val = np.asarray(load_prepared(tmp_path / "prep").val)
+    r = text_perplexity(run, tmp_path / "prep")
+    assert r["tokens"] == len(val) - 1 and r["bytes"] == len(val) - 1 and "validation split" in r["source"]
+    assert main(["eval", str(run), "--text", str(tmp_path / "prep")]) == 0
+    assert "perplexity" in capsys.readouterr().out
+
+
+def test_text_errors_exit_2_with_one_line(tmp_path, make_cfg, export_fixtures, capsys):
+    """A missing, empty, binary or non-text --text, a plain folder, a bad --seq-len, or neither --tasks nor --text:
+    exit 2, one line."""
+    model = build_model(make_cfg(vocab_size=256, max_seq_len=32), ScaleConfig.preset("unified"), seed=0)
+    run = export_fixtures._run_dir(tmp_path / "run", model, "unified")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "garbage.bin").write_bytes(bytes(range(128, 256)) * 4)
+    (tmp_path / "nul.bin").write_bytes(b"ab\x00\x00cd")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "ok.txt").write_text(HELD_OUT)
+    cases = [(["--text", str(tmp_path / "missing.txt")], "no such file"),
+             (["--text", str(tmp_path / "empty.txt")], "is empty"),
+             (["--text", str(tmp_path / "garbage.bin")], "is not UTF-8 text"),
+             (["--text", str(tmp_path / "nul.bin")], "NUL bytes"),
+             (["--text", str(tmp_path / "plain")], "not a `scalevec prepare-data` output"),
+             (["--text", str(tmp_path / "ok.txt"), "--seq-len", "33"], "must be in [1, 32]"),
+             ([], "pass --tasks")]
+    for extra, message in cases:
+        assert main(["eval", str(run), *extra]) == 2, extra
+        err = capsys.readouterr().err
+        errors = [ln for ln in err.splitlines() if not ln.startswith("note: ")]  # the fixture run has no MANIFEST
+        assert len(errors) == 1 and errors[0].startswith("scalevec eval: error: ") and message in errors[0], err
+    assert main(["eval", str(tmp_path / "plain"), "--text", str(tmp_path / "ok.txt")]) == 2
+    assert "neither a scalevec run directory" in capsys.readouterr().err

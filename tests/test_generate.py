@@ -10,7 +10,7 @@ from scalevec import RunConfig, ScaleConfig, build_model
 from scalevec.cli import main
 from scalevec.config import save_yaml
 from scalevec.data.tokenizer import load_tokenizer
-from scalevec.hf.generate import generate_ids, sample
+from scalevec.hf.generate import generate_ids, generate_text, sample
 
 V = 16
 
@@ -32,10 +32,10 @@ def model(make_cfg, perturb_scales):
     return m
 
 
-def _run_dir(path, model):
+def _run_dir(path, model, strategy="unified_foldable"):
     """A run directory in the trainer's contract with a bytes tokenizer."""
     path.mkdir()
-    save_yaml(RunConfig(strategy="unified_foldable", model=model.cfg, scale=model.scfg), path / "config.yaml")
+    save_yaml(RunConfig(strategy=strategy, model=model.cfg, scale=model.scfg), path / "config.yaml")
     ckpt = path / "checkpoints" / "step_0000005"
     ckpt.mkdir(parents=True)
     save_model(model, str(ckpt / "model.safetensors"))
@@ -201,3 +201,127 @@ def test_cli_generate_no_cache_prints_the_same_greedy_text(tmp_path, model, caps
     cached = capsys.readouterr().out
     assert main([*args, "--no-cache"]) == 0
     assert capsys.readouterr().out == cached
+
+
+# ------------------------------------------------------------------------- through transformers' generate()
+
+GREEDY_CASES = ["unified_foldable", "unified", "dnp"]  # a foldable export (llama) and two custom-code ones
+
+
+def _reference_greedy(model, prompt: str, n: int) -> list[int]:
+    """Greedy ids from the reference loop over our Transformer with its KV cache (``sample``): what
+    ``scalevec generate`` printed before it went through transformers."""
+    from scalevec.data.tokenizer import start_token
+    from scalevec.model.transformer import KVCache
+
+    tok = load_tokenizer("bytes")
+    ids = ([start_token(tok)] if start_token(tok) is not None else []) + tok.encode(prompt)
+
+    def cached(x, cache):
+        cache = cache if cache is not None else KVCache(model.cfg.n_layers)
+        return model.decode(x, cache), cache
+
+    return sample(model, ids, n, temperature=0.0, context=model.cfg.max_seq_len, eos_id=tok.eos_id, cached=cached)
+
+
+@pytest.mark.parametrize("strategy", GREEDY_CASES)
+def test_greedy_equals_the_reference_loop_from_run_and_export(tmp_path, make_cfg, perturb_scales, strategy):
+    """Greedy ids through generate() equal the reference loop's, from the run directory (converted in memory)
+    and from its export, with and without the cache; 3 + 24 tokens also cross the context of 16."""
+    m = build_model(make_cfg(vocab_size=256), ScaleConfig.preset(strategy), seed=0).eval()
+    perturb_scales(m)
+    run = _run_dir(tmp_path / "run", m, strategy)
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    custom = "auto_map" in (tmp_path / "hf" / "config.json").read_text()
+    assert custom == (strategy != "unified_foldable")  # both kinds of export are covered
+    for n in (8, 24):
+        ref = _reference_greedy(m, "Thou", n)
+        assert len(ref) == n
+        for path in (run, tmp_path / "hf"):
+            for use_cache in (True, False):
+                ids, _ = generate_ids(path, "Thou", max_new_tokens=n, temperature=0.0, use_cache=use_cache)
+                assert ids == ref, (path.name, n, use_cache)
+
+
+def test_stop_string_truncates_the_output(tmp_path, model, capsys):
+    """`--stop S` prints the greedy text up to and including the first S, and generates no further;
+    a second --stop that comes earlier wins."""
+    run = _run_dir(tmp_path / "run", model)
+    args = ["generate", str(run), "--prompt", "Shall I", "--max-new-tokens", "30", "--temperature", "0"]
+    assert main(args) == 0
+    full = capsys.readouterr().out[len("Shall I"):-1]
+    # the random model emits many invalid UTF-8 bytes (printed as U+FFFD): stop at printable ASCII ones
+    ascii_at = [i for i, c in enumerate(full) if c.isascii() and c.isprintable() and full.index(c) == i]
+    assert len(ascii_at) >= 2 and ascii_at[-1] > 0
+    earlier, later = full[ascii_at[0]], full[ascii_at[-1]]
+    assert main([*args, "--stop", later]) == 0
+    assert capsys.readouterr().out == "Shall I" + full[:ascii_at[-1] + 1] + "\n"
+    assert main([*args, "--stop", later, "--stop", earlier]) == 0
+    assert capsys.readouterr().out == "Shall I" + full[:ascii_at[0] + 1] + "\n"
+    new, _ = generate_ids(run, "Shall I", max_new_tokens=30, temperature=0.0, stop=[earlier])
+    assert len(new) < 30  # generation ended there, not only the printed text
+
+
+def test_repetition_penalty_changes_greedy_output_on_a_repeating_model(tmp_path, model, capsys):
+    """The random model's greedy text repeats its tokens; --repetition-penalty 5 gives other, less repetitive
+    ids, still greedy (the same on every call); 1 changes nothing."""
+    run = _run_dir(tmp_path / "run", model)
+    plain, _ = generate_ids(run, "Shall I", max_new_tokens=40, temperature=0.0)
+    assert len(set(plain)) < len(plain)  # it repeats
+    penalized, _ = generate_ids(run, "Shall I", max_new_tokens=40, temperature=0.0, repetition_penalty=5.0)
+    assert penalized != plain and len(set(penalized)) > len(set(plain))
+    assert generate_ids(run, "Shall I", max_new_tokens=40, temperature=0.0, repetition_penalty=1.0)[0] == plain
+    args = ["generate", str(run), "--prompt", "Shall I", "--max-new-tokens", "40", "--temperature", "0"]
+    assert main(args) == 0
+    greedy_text = capsys.readouterr().out
+    assert main([*args, "--repetition-penalty", "5"]) == 0
+    assert capsys.readouterr().out != greedy_text
+
+
+def test_top_p_restricts_the_choices(tmp_path, model, capsys):
+    """A tiny --top-p keeps only the most likely token: hot sampling becomes greedy; --top-p 1 samples the
+    full distribution (other text than greedy at temperature 5, and the same text for the same seed)."""
+    run = _run_dir(tmp_path / "run", model)
+    greedy = generate_text(run, "Shall I", max_new_tokens=20, temperature=0.0)
+    assert generate_text(run, "Shall I", max_new_tokens=20, temperature=5.0, top_p=1e-6, seed=3) == greedy
+    hot = generate_text(run, "Shall I", max_new_tokens=20, temperature=5.0, top_p=1.0, seed=3)
+    assert hot != greedy and hot == generate_text(run, "Shall I", max_new_tokens=20, temperature=5.0, seed=3)
+    args = ["generate", str(run), "--prompt", "Shall I", "--max-new-tokens", "20", "--temperature", "5"]
+    assert main([*args, "--top-p", "1e-6"]) == 0
+    assert capsys.readouterr().out == "Shall I" + greedy + "\n"
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--top-p", "0", "--top-p=0.0 must be in (0, 1]"), ("--top-p", "1.5", "--top-p=1.5 must be in (0, 1]"),
+    ("--top-p", "-0.1", "must be in (0, 1]"), ("--top-p", "nan", "must be in (0, 1]"),
+    ("--repetition-penalty", "0", "--repetition-penalty=0.0 must be > 0"),
+    ("--repetition-penalty", "-1", "must be > 0"), ("--stop", "", "--stop '' is empty"),
+])
+def test_bad_generation_flags_are_one_line_errors(tmp_path, model, capsys, flag, value, needle):
+    """top-p outside (0, 1], a penalty <= 0 and an empty stop string exit 2 with one line on stderr."""
+    run = _run_dir(tmp_path / "run", model)
+    assert main(["generate", str(run), "--prompt", "x", "--temperature", "0", flag, value]) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+
+
+def test_bench_generate_reports_every_way_side_by_side(capsys):
+    """`scalevec bench --generate` times scalevec generate, HF generate() and the reference loop on the same export
+    for a foldable and a custom-code strategy (structure only: speed is measured, never asserted); too many
+    tokens for the context is a one-line error."""
+    import json
+
+    from scalevec.bench import GENERATE_WAYS
+
+    args = ["bench", "--generate", "--preset", "tiny", "--strategies", "baseline,dnp", "--new-tokens", "4",
+            "--steps", "1", "--json"]
+    assert main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["mode"] == "generate" and r["threads"] == 1 and list(r["strategies"]) == ["baseline", "dnp"]
+    assert r["strategies"]["baseline"]["format"] == "LlamaForCausalLM"
+    assert r["strategies"]["dnp"]["format"] == "ScalevecForCausalLM"
+    for row in r["strategies"].values():
+        assert all(row[w]["tokens_per_s"] > 0 and len(row[w]["times_s"]) == 1 for w in GENERATE_WAYS)
+        assert row["vs_hf"] == pytest.approx(row["hf"]["times_s"][0] / row["scalevec"]["times_s"][0])
+    assert main(["bench", "--generate", "--preset", "tiny", "--new-tokens", "500"]) == 2
+    assert "exceed preset tiny's context of 256" in capsys.readouterr().err

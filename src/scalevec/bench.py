@@ -16,6 +16,11 @@ For one preset and batch shape it builds every candidate side by side in one pro
 - **inference**: forward-only tokens/s of each foldable strategy's model before and after
   ``fold_scales`` (DESIGN.md §4, §10), against the first candidate's unfolded forward, and the
   folded parameter count against a plain Llama's.
+- **generation** (``--generate``, instead of the above; issue 26): greedy tokens/s of ``scalevec
+  generate`` (``hf.generate.hf_sample`` on the loaded export) against transformers' own ``generate()``
+  called directly on the same loaded export, and against the reference loop over our ``Transformer``
+  with its KV cache (``hf.generate.sample``, what ``scalevec generate`` ran before issue 26), per
+  strategy (``bench_generate``).
 
 Candidates: strategy names (DESIGN.md §3), ``NAME:activation`` / ``NAME:weight`` to force the way a
 strategy applies its scales, and ``hf-llama``: ``transformers.LlamaForCausalLM`` from the same shape
@@ -537,6 +542,125 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------- generation
+
+GENERATE_STRATEGIES = "baseline,unified,dnp"  # a foldable export (plain Llama) and two custom-code ones
+GENERATE_WAYS = ("scalevec", "hf", "loop")  # scalevec generate, transformers generate() directly, the reference loop
+
+
+def bench_generate(preset: str = "small", strategies: str | None = None, new_tokens: int = 200, prompt_len: int = 7,
+                   rounds: int = 3, threads: int | None = 1, seed: int = 0,
+                   log: Callable[[str], None] | None = None) -> dict:
+    """Greedy generation speed on CPU of each strategy's random-init model of ``preset``, exported as
+    ``scalevec export`` does (custom code where it cannot fold), then loaded the way ``scalevec generate``
+    loads an export: ``new_tokens`` greedy tokens after a ``prompt_len``-token prompt, ``rounds`` times
+    each way (``GENERATE_WAYS``, the order rotated every round), after one untimed warm-up each. Times are
+    this process's CPU seconds (``time.process_time``): with one thread the compute generation costs,
+    whatever else runs on a shared machine. Checks that the three ways give the same ids. Returns
+    ``{"strategies": {name: {way: {tokens_per_s, median_s, times_s}, "vs_hf": ratio, "vs_loop": ratio,
+    "format": ...}}, ...}``, the ratios being scalevec's speed over the other's, the median of the rounds'.
+    Raises ``ValueError`` for an unknown preset or strategy, a bad size or a
+    context too short for the prompt and the new tokens, and ``RuntimeError`` when the ways disagree.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from scalevec.data.tokenizer import load_tokenizer
+    from scalevec.hf.export import export_model
+    from scalevec.hf.generate import load_generator
+
+    say = log or (lambda _msg: None)
+    cfg = get_preset(preset)
+    names = [n.strip() for n in (strategies or GENERATE_STRATEGIES).split(",") if n.strip()]
+    if new_tokens < 1 or prompt_len < 1 or rounds < 1:
+        raise ValueError(f"--new-tokens {new_tokens} / --prompt-len {prompt_len} / --steps {rounds}: use 1 or more")
+    if prompt_len + new_tokens > cfg.max_seq_len:
+        # past the context every way reruns a cropped window: a different workload, not what this measures
+        raise ValueError(f"--prompt-len {prompt_len} + --new-tokens {new_tokens} exceed preset {preset}'s context of "
+                         f"{cfg.max_seq_len}; ask for fewer tokens")
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads {threads}: use 1 or more CPU threads")
+        torch.set_num_threads(threads)
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="scalevec-bench-generate-") as tmp:
+        tok_dir = Path(tmp) / "tokenizer"
+        load_tokenizer("bytes").save(tok_dir)  # the presets' byte vocabulary: no EOS, so all 200 tokens come
+        for name in names:
+            model = build_model(cfg, strategy_config(name), seed=seed).eval()
+            out = export_model(model, Path(tmp) / name, tok_dir)
+            row = _generate_row(name, model, load_generator(out), prompt, new_tokens, rounds)
+            results[name] = row
+            say(f"{name} ({row['format']}): " + "  ".join(f"{w} {row[w]['tokens_per_s']:.0f}" for w in GENERATE_WAYS)
+                + " tokens/s")
+    return {"mode": "generate", "preset": preset, "new_tokens": new_tokens, "prompt_len": prompt_len,
+            "rounds": rounds, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": _transformers_version(), "cpu": cpu_name(), "scalevec": __version__, "strategies": results}
+
+
+def _generate_row(name: str, model: Transformer, g, prompt: list[int], new_tokens: int, rounds: int) -> dict:
+    """One strategy's row of ``bench_generate``: ``model`` and ``g`` (its export, loaded as ``scalevec
+    generate`` loads it) timed each way. Raises ``RuntimeError`` when their greedy ids differ."""
+    from scalevec.hf.generate import hf_sample, sample
+    from scalevec.model.transformer import KVCache
+
+    def loop(n: int) -> list[int]:
+        def cached(x, cache):
+            cache = cache if cache is not None else KVCache(model.cfg.n_layers)
+            return model.decode(x, cache), cache
+        return sample(model, prompt, n, temperature=0.0, context=model.cfg.max_seq_len, cached=cached)
+
+    def hf(n: int) -> list[int]:
+        x = torch.tensor([prompt])
+        with torch.no_grad():
+            y = g.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                                 pad_token_id=g.pad_id)
+        return y[0, len(prompt):].tolist()
+
+    ways = {"scalevec": lambda n: hf_sample(g, prompt, n, temperature=0.0), "hf": hf, "loop": loop}
+    ids = {w: fn(new_tokens) for w, fn in ways.items()}  # the warm-up, and the equality check
+    if len({tuple(v) for v in ids.values()}) != 1 or len(ids["hf"]) != new_tokens:
+        raise RuntimeError(f"{name}: greedy ids differ between {', '.join(ways)}: "
+                           f"{ {w: v[:8] for w, v in ids.items()} }")
+    times: dict[str, list[float]] = {w: [] for w in ways}
+    order = list(ways)
+    for r in range(rounds):
+        for w in order[r % len(order):] + order[:r % len(order)]:  # rotated: no way always runs first
+            t0 = time.process_time()
+            ways[w](new_tokens)
+            times[w].append(time.process_time() - t0)
+    row = {w: {"median_s": statistics.median(ts), "tokens_per_s": new_tokens / statistics.median(ts), "times_s": ts}
+           for w, ts in times.items()}
+    # speed ratios taken round by round, then the median: load from other processes falls on both alike
+    for other in ("hf", "loop"):
+        row[f"vs_{other}"] = statistics.median(t / ts for t, ts in zip(times[other], times["scalevec"]))
+    row["format"] = type(g.model).__name__
+    return row
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def format_generate_report(r: dict) -> str:
+    """The ``bench_generate`` results as a markdown table: tokens/s each way and scalevec's ratios."""
+    lines = [f"greedy generation, preset {r['preset']}: {r['new_tokens']} new tokens after {r['prompt_len']}, "
+             f"{r['threads']} thread(s), median of {r['rounds']} rounds of CPU time; {r['cpu']}, torch {r['torch']}, "
+             f"transformers {r['transformers']}",
+             "",
+             "| strategy | export | scalevec generate tok/s | HF generate() tok/s | reference loop tok/s "
+             "| scalevec / HF | scalevec / loop |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for name, row in r["strategies"].items():
+        lines.append(f"| {name} | {row['format']} | {row['scalevec']['tokens_per_s']:.0f} | "
+                     f"{row['hf']['tokens_per_s']:.0f} | {row['loop']['tokens_per_s']:.0f} | {row['vs_hf']:.2f}x | "
+                     f"{row['vs_loop']:.2f}x |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------- CLI
 
 
@@ -548,13 +672,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_STRATEGIES}; on CUDA {GPU_STRATEGIES})")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 16)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default 128 on CPU, the preset's context on CUDA)")
-    p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds (default 20)")
+    p.add_argument("--steps", type=int, help="timed interleaved rounds (default 20; 3 with --generate)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per candidate first (default 3)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block, as the trainer does")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="float32, or bfloat16 autocast as the trainer uses on CUDA (default float32)")
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda")
     p.add_argument("--no-inference", action="store_true", help="skip the forward-only / folded-model timing")
+    p.add_argument("--generate", action="store_true",
+                   help=f"instead: greedy generation tokens/s of scalevec generate vs transformers generate() on the "
+                        f"same export, on CPU (strategies default {GENERATE_STRATEGIES}, --steps rounds, default 3; "
+                        f"--threads default 1)")
+    p.add_argument("--new-tokens", type=int, default=200, help="with --generate: greedy tokens per run (default 200)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--peak-tflops", type=float,
                    help="the peak TFLOP/s for MFU (default: measured in this process, best square matmul)")
@@ -567,11 +696,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr, flush=True))
-    r = bench(args.preset, args.strategies, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile,
-              args.dtype, args.device, inference=not args.no_inference, memory=not args.no_memory, seed=args.seed,
-              peak=args.peak_tflops, threads=args.threads, log=log)
+    if args.generate:
+        r = bench_generate(args.preset, args.strategies, args.new_tokens, rounds=args.steps or 3,
+                           threads=args.threads or 1, seed=args.seed, log=log)
+    else:
+        r = bench(args.preset, args.strategies, args.batch_size, args.seq_len, args.steps or 20, args.warmup,
+                  args.compile, args.dtype, args.device, inference=not args.no_inference, memory=not args.no_memory,
+                  seed=args.seed, peak=args.peak_tflops, threads=args.threads, log=log)
     if args.save:
         with open(args.save, "w") as f:
             json.dump(r, f, indent=1)
-    print(json.dumps(r, indent=1) if args.json else format_report(r))
+    print(json.dumps(r, indent=1) if args.json else (format_generate_report if args.generate else format_report)(r))
     return 0

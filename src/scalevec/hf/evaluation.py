@@ -20,6 +20,13 @@ next line of a Shakespeare passage among 4 lines), written in lm-eval's YAML tas
 test of the pipeline, not a benchmark.
 
 Needs the optional dependency ``lm-eval`` (``pip install 'scalevec[eval]'``).
+
+``--text FILE`` (issue 26) needs no lm-eval and no hub: held-out perplexity, nats/token and bits-per-byte of a
+local UTF-8 text file, or of the validation split of a ``scalevec prepare-data`` folder, computed by scalevec
+(``training.perplexity``: the trainer's validation windows and definitions) with the model's own tokenizer
+(``tokenizer/`` of a run, the tokenizer files of an export; both are ``data.tokenizer.Tokenizer``, so a run
+and its export see the same ids). The logits come from ``generate.load_text_model`` (our ``Transformer`` for
+a run, transformers for an export, after ``check_hf_dir``). Printed only, nothing written.
 """
 
 from __future__ import annotations
@@ -168,16 +175,100 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     return results
 
 
+def read_text(path: str | Path) -> str:
+    """The text of a held-out file: ``FileNotFoundError`` when missing, ``ValueError`` when empty, not UTF-8
+    (binary data) or holding NUL bytes; a UTF-8 byte-order mark is dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--text {path}: no such file (pass a UTF-8 text file or a prepare-data folder)")
+    data = path.read_bytes()
+    if not data:
+        raise ValueError(f"--text {path} is empty (0 bytes); pass a file with text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--text {path} is not UTF-8 text (bad byte at offset {e.start}); pass a text file, or "
+                         f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > fixed.txt") from None
+    if "\0" in text:
+        raise ValueError(f"--text {path} holds NUL bytes (binary data, not text); pass a text file")
+    if not text:
+        raise ValueError(f"--text {path} holds no text (only a byte-order mark); pass a file with text")
+    return text
+
+
+def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = None, batch_size: int = 8,
+                    device: str = "cpu", trust_remote_code: bool = False) -> dict:
+    """Held-out perplexity of the model at ``path`` (run or exported HF directory) on ``text``: a UTF-8 file
+    (one document, ``perplexity.text_stream``) or a prepare-data folder (its validation split, as tokenized).
+    Windows of ``seq_len`` (default: the model's context, max_seq_len / max_position_embeddings).
+    Returns ``training.perplexity.perplexity``'s dict plus ``source``. Raises ``FileNotFoundError`` /
+    ``ValueError`` for a path that holds no model, bad text (``read_text``), a prepare-data folder tokenized
+    with another tokenizer, a ``seq_len`` outside ``[1, context]``, and as ``check_hf_dir``."""
+    import torch.nn.functional as F
+
+    from scalevec.data.prepared import is_prepared, load_prepared
+    from scalevec.data.tokenizer import load_tokenizer_dir
+    from scalevec.hf.generate import load_text_model
+    from scalevec.training.perplexity import perplexity, text_stream
+    from scalevec.training.rundir import load_tokenizer
+
+    path, text = Path(path), Path(text)
+    prepared = text.is_dir() and is_prepared(text)
+    if text.is_dir() and not prepared:
+        raise ValueError(f"--text {text} is a folder but not a `scalevec prepare-data` output (no manifest.json); "
+                         f"pass a text file or a prepared folder")
+    content = None if prepared else read_text(text)  # bad input is refused before a model is loaded
+    model = load_text_model(path, device, trust_remote_code)  # check_hf_dir first for an export
+    if (path / "config.yaml").is_file():
+        tok = load_tokenizer(path)
+    elif (path / "tokenizer.json").is_file():
+        tok = load_tokenizer_dir(path)
+    else:
+        raise FileNotFoundError(f"{path} has no tokenizer.json; export with the run's tokenizer (scalevec export "
+                                f"RUN_DIR)")
+    if prepared:
+        data = load_prepared(text)  # with the manifest's tokenizer, compared next
+        if data.tokenizer.identity() != tok.identity():
+            raise ValueError(f"--text {text} was tokenized with {data.meta['tokenizer']!r}, not the model's tokenizer "
+                             f"({tok.spec}); prepare the data with the model's tokenizer")
+        stream = data.val
+    else:
+        stream = text_stream(content, tok)
+    seq_len = model.context if seq_len is None else seq_len
+    if not 1 <= seq_len <= model.context:
+        raise ValueError(f"--seq-len {seq_len} must be in [1, {model.context}] (the model's context)")
+
+    def nll(x, y):
+        logits = model.logits(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.to(logits.device).flatten(), reduction="sum")
+
+    n_bytes = None if prepared else len(content.encode("utf-8"))  # a text's own bytes, as issue 26 defines
+    out = perplexity(nll, stream, seq_len, tok.token_bytes(), batch_size, n_bytes)
+    out["source"] = f"{text} (validation split)" if prepared else str(text)
+    return out
+
+
+def print_perplexity(r: dict) -> None:
+    print(f"text {r['source']}: {r['tokens']:,} tokens, {r['bytes']:,} bytes, windows of {r['seq_len']}")
+    print(f"perplexity {r['perplexity']:.4f}  nats/token {r['nats_per_token']:.4f}  bits/byte {r['bits_per_byte']:.4f}")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from scalevec.hf.generate import add_trust_argument
 
     p.add_argument("path", metavar="RUN_DIR_OR_HF_DIR", help="a scalevec run directory or a `scalevec export` output")
-    p.add_argument("--tasks", required=True,
+    p.add_argument("--tasks", default=None,
                    help=f"comma-separated lm-eval tasks, e.g. {STANDARD_TASKS} (need a network once), or "
                         f"{SHAKESPEARE_TASK} (bundled, offline)")
+    p.add_argument("--text", default=None, metavar="FILE_OR_DIR",
+                   help="held-out perplexity and bits/byte on a UTF-8 text file, or on the validation split of a "
+                        "`scalevec prepare-data` folder (no lm-eval needed; printed, not written)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="--text window length (default: the model's context, max_seq_len)")
     p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
     p.add_argument("--limit", type=float, default=None, help="evaluate only the first N documents of each task")
-    p.add_argument("--batch-size", type=int, default=8, help="lm-eval batch size (default 8)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="lm-eval batch size, also windows per forward for --text (default 8)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAML files")
     p.add_argument("--no-write", action="store_true", help=f"print the scores only (no {EVAL})")
@@ -188,6 +279,13 @@ def run(args: argparse.Namespace) -> int:
     from scalevec.hf.generate import check_device
 
     check_device(args.device)
+    if args.tasks is None and args.text is None:
+        raise ValueError("pass --tasks (lm-eval tasks) or --text FILE (held-out perplexity), or both")
+    if args.text is not None:
+        print_perplexity(text_perplexity(args.path, args.text, args.seq_len, args.batch_size, args.device,
+                                         args.trust_remote_code))
+        if args.tasks is None:
+            return 0
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks is empty; pass e.g. --tasks hellaswag,arc_easy")

@@ -535,7 +535,7 @@ def verify(out_dir: str | Path, model: Transformer, tokens: Tensor, atol: float 
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from scalevec.hf.generate import sample
+    from scalevec.hf.sampling import sample
 
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
