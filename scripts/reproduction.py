@@ -415,12 +415,27 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
             lines.append(f"| {rung} | {corpus} | {got['baseline'].n:,} | {get_preset(rung).d_model} | {tokens:,} | "
                          f"{seeds} | {lrs} | {delta('none')} | {delta('unified')} | {got['baseline'].loss_std:.4f} | "
                          f"{max(need) if need else '—'} | {hours:.2f} |")
+    variants = [r for r in rows if r.strategy not in ("baseline", "none", "unified") and r.delta is not None]
+    if variants:
+        lines += ["", "**The suspects** (`sweeps/study-ladder-suspects-*.yaml`, in the rung's folder: its baseline "
+                  "runs are the rung's): `unified-no-qk-out` is `unified` without DP's output scales on q and k "
+                  "(`scale.dual_sites: [v, gate, up]`), `unified-scale-lr0.25` `unified` with the scale vectors' lr "
+                  "at 1/4 (`scale.lr_mult: 0.25`); each against the baseline at its own tuned lr. Several variants "
+                  "are tried here, so one interval that barely excludes 0 is a lead for the next rung and the "
+                  "held-out corpus, not a finding.", "",
+                  "| rung | corpus | variant | lr | seeds | Δ vs baseline [95 % CI] | Δ unified (same rung) |",
+                  "|---|---|---|---:|---:|---:|---:|"]
+        for v in variants:
+            u = next((r for r in rows if r.rung == v.rung and r.corpus == v.corpus and r.strategy == "unified"), None)
+            ud = f"{u.delta:+.4f}" if u is not None and u.delta is not None else "—"
+            lines.append(f"| {v.rung} | {v.corpus} | {v.strategy} | {v.lr:.3g}{'*' if v.at_edge else ''} | "
+                         f"{v.seeds} | {v.delta:+.4f} [{v.lo:+.4f}, {v.hi:+.4f}] | {ud} |")
     target_n = ladder.non_embedding_params(ladder.TARGET)
     trends = [t for s in ("none", "unified") for c in ladder.CORPORA
               if (t := ladder.trend(rows, s, c, target_n)) is not None]
     lines += ["", f"**Trend of Δ with N** (a weighted line in log10 N, the rungs' standard errors as weights, scaled "
-              f"by the reduced χ² when the rungs scatter more; 95 % t intervals, or normal ones through exactly two rungs, which "
-              f"the line passes through). Δ at the 0.12B model's "
+              f"by the reduced χ² when the rungs scatter more; 95 % t intervals, or normal ones through exactly two "
+              f"rungs, which the line passes through). Δ at the 0.12B model's "
               f"{target_n:,} non-embedding parameters is an **extrapolation** far past the last rung.", ""]
     if not trends:
         lines += ["Fewer than two rungs with an interval on every corpus: no trend yet.", ""]
