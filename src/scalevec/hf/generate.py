@@ -174,7 +174,9 @@ def _run_text_model(run_dir: Path, device: str) -> TextModel:
                      bos_id=start_token(tok), eos_id=tok.eos_id, context=cfg.model.max_seq_len, cached=cached)
 
 
-def _hf_text_model(hf_dir: Path, device: str, trust_remote_code: bool = False) -> TextModel:
+def _load_hf_dir(hf_dir: Path, trust_remote_code: bool):
+    """An exported directory's model (float32, safetensors only) and tokenizer, after the trust rule
+    (``check_hf_dir``). ``FileNotFoundError`` without a ``tokenizer.json``."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
@@ -185,8 +187,13 @@ def _hf_text_model(hf_dir: Path, device: str, trust_remote_code: bool = False) -
     hf_logging.disable_progress_bar()
     # use_safetensors: transformers must never fall back to unpickling a pytorch_model.bin
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, trust_remote_code=trust,
-                                                 use_safetensors=True).to(device).eval()
-    tok = PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+                                                 use_safetensors=True)
+    return model, PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+
+
+def _hf_text_model(hf_dir: Path, device: str, trust_remote_code: bool = False) -> TextModel:
+    model, tok = _load_hf_dir(hf_dir, trust_remote_code)
+    model = model.to(device).eval()
     # transformers 5 names the cache `cache`, 4.x `past_key_values` (input and output alike)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -269,18 +276,7 @@ def _run_generator(run_dir: Path, device: str) -> Generator:
 
 
 def _hf_generator(hf_dir: Path, device: str, trust_remote_code: bool = False) -> Generator:
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
-    trust = check_hf_dir(hf_dir, trust_remote_code)
-    if not (hf_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{hf_dir} has no tokenizer.json; export with the run's tokenizer (scalevec export "
-                                "RUN_DIR)")
-    hf_logging.disable_progress_bar()
-    # use_safetensors: transformers must never fall back to unpickling a pytorch_model.bin
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, trust_remote_code=trust,
-                                                 use_safetensors=True)
-    return _generator(model, PreTrainedTokenizerFast.from_pretrained(str(hf_dir)), device)
+    return _generator(*_load_hf_dir(hf_dir, trust_remote_code), device)
 
 
 def hf_sample(g: Generator, prompt: list[int], max_new_tokens: int, temperature: float = 1.0,
