@@ -61,6 +61,16 @@ def cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scalevec", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def resume_argv(cfg_file: Path, out: Path) -> list[str]:
+    """What a user runs after a kill: ``--resume``, or, when the kill came before the run's config was written
+    (start-up under load can take longer than the delay), the first command again (``--overwrite`` clears the
+    set-up's own files; a run that holds no config.yaml has nothing to resume and resume says so)."""
+    if (out / rundir.CONFIG).is_file():
+        return ["train", "--resume", "--out", str(out), "--quiet"]
+    first = ["train", "--config", str(cfg_file), "--out", str(out), "--quiet"]
+    return first + (["--overwrite"] if out.exists() else [])
+
+
 def kill_case(i: int, rng: random.Random, cfg_file: Path, work: Path, ref, steps: int) -> tuple[bool, str]:
     out = work / f"kill{i}"
     kills = 0
@@ -74,8 +84,8 @@ def kill_case(i: int, rng: random.Random, cfg_file: Path, work: Path, ref, steps
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
-        argv = ["train", "--resume", "--out", str(out), "--quiet"]
-    r = cli(["train", "--resume", "--out", str(out), "--quiet"]) if not rundir.is_done(out) else None
+        argv = resume_argv(cfg_file, out)
+    r = cli(resume_argv(cfg_file, out)) if not rundir.is_done(out) else None
     if r is not None and r.returncode != 0:
         return False, f"kill {i}: resume exit {r.returncode}: {r.stderr.strip()[-300:]}"
     ok = same(fingerprint(out, steps), ref)

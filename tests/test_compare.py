@@ -184,3 +184,17 @@ def test_report_hides_implausible_step_times_and_names_mixed_machines(tmp_path):
     assert unified.step_time_ratio != unified.step_time_ratio  # nan: not shown
     assert any("not plausible" in w for w in a.warnings)
     assert any("2 machine kinds or thread counts" in w and "AVX512" in w for w in a.warnings)
+
+
+def test_an_explicit_lr_keeps_the_tuned_cells_protocol_and_short_runs_warn(tmp_path, capsys):
+    """--lr changes the lr alone: the runs keep the study cell's init and warmup (the main job's), and a --steps
+    budget at or below the warmup is said on the console, not only in the trainers' logs."""
+    key = ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0)
+    for argv in ((), ("--lr", "1e-2"), ("--lr", "5e-3,1e-2")):
+        for r in expand(spec_from_dict(compare.build_spec(parse(*argv)))):
+            assert r.cfg.model.init_width is None and r.cfg.schedule.warmup == 50, argv
+    assert compare.TUNED[key].protocol == {"model.init_width": None, "schedule.warmup": 50}
+    args = parse("--strategies", "baseline", "--seeds", "1", "--steps", "30", "--lr", "1e-2", "--out",
+                 str(tmp_path / "c"), "--dry-run")
+    compare.run(args)
+    assert "schedule.warmup=50 is not below the run's 30 steps" in capsys.readouterr().out

@@ -189,7 +189,6 @@ def build_spec(args: argparse.Namespace) -> dict:
     grid: dict = {}
     if str(args.lr).strip() == "tuned":
         lrs = tuned_lrs(args, strategies, tpp if args.steps is None else None)
-        base.update(_tuned_cell(args, tpp).protocol)  # the setting the lrs were tuned in
         grid["strategy"] = [{"name": s, "strategy": s, "optim.lr": lr} for s, lr in lrs.items()]
         tune = ["optim.lr"]  # one value per strategy: the report shows it in the "best lr" column
     else:
@@ -205,12 +204,24 @@ def build_spec(args: argparse.Namespace) -> dict:
         else:
             base["optim.lr"] = values[0]
         tune = ["optim.lr"] if len(values) > 1 else []
+    cell = _tuned_cell(args, tpp if tpp is not None else DEFAULTS["tokens_per_param"])
+    if cell is not None:  # the study's protocol (init, warmup) whatever the lr: `--lr` changes the lr alone
+        for key, value in cell.protocol.items():
+            base.setdefault(key, value)
     grid["seed"] = list(range(args.seeds))
     return {"name": "compare", "base": base, "grid": grid, "baseline": strategies[0], "tune": tune}
 
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_dict(build_spec(args), where="compare")
+    from scalevec.experiments.sweep import expand
+    from scalevec.training.autocompile import planned_steps
+    from scalevec.training.schedule import warmup_warning
+
+    t = expand(spec)[0].cfg.train
+    warning = warmup_warning(planned_steps(t.steps, t.tokens, t.batch_size, t.seq_len), expand(spec)[0].cfg.schedule)
+    if warning:  # the trainers' own warning goes to their logs only
+        print(f"warning: {warning}")
     rc = run_sweep(spec, args.out, jobs=args.jobs, dry_run=args.dry_run, report=False)
     if args.dry_run:
         if str(args.lr).strip() == "tuned":

@@ -119,9 +119,11 @@ def overhead_rows(a: Analysis) -> tuple[list[str], list[list[str]]]:
             for r in c.results:
                 ratios[r.strategy].append(r.step_time_ratio)
         for r in cells[0].results:
-            geo = float(np.exp(np.mean(np.log(ratios[r.strategy]))))
+            measured = [x for x in ratios[r.strategy] if math.isfinite(x)]  # implausible ones are nan (analysis)
+            geo = float(np.exp(np.mean(np.log(measured)))) if measured else math.nan
             rows.append([size, r.strategy, f"{r.params:,}", f"{r.scale_params:,}", f"{r.extra_params:+,}",
-                         f"{r.extra_params / cells[0].results[0].params:+.3%}", f"{geo:.3f}×"])
+                         f"{r.extra_params / cells[0].results[0].params:+.3%}",
+                         f"{geo:.3f}×" if math.isfinite(geo) else "—"])
     return header, rows
 
 
