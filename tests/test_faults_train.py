@@ -35,19 +35,11 @@ from scalevec.training import command, rundir
 from scalevec.training import trainer as train_mod
 from scalevec.training.schedule import lr_multiplier
 from scalevec.training.trainer import BLOWUP_RATIO, Preempted, TrainingDiverged, train
+from test_rundir_faults import STEPS, tiny_cfg  # the fault suite's tiny run
 
-STEPS = 8
-ITEMS = {"train.steps": STEPS, "train.batch_size": 2, "train.seq_len": 16, "train.eval_every": 4, "train.log_every": 1,
-         "train.eval_batch_size": 4, "data.val_tokens": 512, "schedule.warmup": 2, "train.ckpt_every": 2,
-         "optim.lr": 1e-2}
 UNIFORM = math.log(256)  # tiny's byte vocabulary
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def tiny_cfg(cache: Path, **over):
-    items = {**ITEMS, "data.cache_dir": str(cache), **over}
-    return resolve_config("tiny", "baseline", [f"{k}={v}" for k, v in items.items()])
 
 
 @pytest.fixture(scope="module")

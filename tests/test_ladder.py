@@ -165,6 +165,20 @@ def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
     assert ladder.trend(rows, "unified", "shakespeare", 10**8) is None
 
 
+def fake_rungs(results, corpus: str, k: dict[str, float], exponent: float, seeds: int) -> None:
+    """cpu-10k and cpu-25k results.csv files whose tuned lr is ``k[strategy] · N^exponent`` (no Δ columns)."""
+    from scalevec.experiments import ladder
+
+    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
+            "non_embedding_params\n")
+    for rung in ("cpu-10k", "cpu-25k"):
+        f = ladder.folder(results, rung, corpus)
+        f.mkdir(parents=True)
+        n = ladder.non_embedding_params(rung)
+        f.joinpath("results.csv").write_text(head + "".join(
+            f"c,{s},optim.lr,{c * n ** exponent:.9g},False,{seeds},2.0,0.01,,,,{n}\n" for s, c in k.items()))
+
+
 def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     """scripts/ladder_plan.py: per strategy, 3 lrs ×√2 around the smaller rungs' power law, a valid study file;
     --predicted-only gives one lr each and no tuning; a rung with no smaller results is refused (exit 2)."""
@@ -176,15 +190,7 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     from scalevec.experiments import ladder
     from scalevec.experiments.study import parse
 
-    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
-            "non_embedding_params\n")
-    for rung in ("cpu-10k", "cpu-25k"):
-        f = ladder.folder(tmp_path, rung, "kjv")
-        f.mkdir(parents=True)
-        n = ladder.non_embedding_params(rung)
-        f.joinpath("results.csv").write_text(head + "".join(
-            f"c,{s},optim.lr,{k * n ** -0.5:.9g},False,10,2.0,0.01,,,,{n}\n"
-            for s, k in (("baseline", 3.0), ("none", 2.0), ("unified", 6.0))))
+    fake_rungs(tmp_path, "kjv", {"baseline": 3.0, "none": 2.0, "unified": 6.0}, -0.5, seeds=10)
     script = Path(__file__).resolve().parents[1] / "scripts" / "ladder_plan.py"
     out = tmp_path / "study.yaml"
     run = lambda *a: subprocess.run([sys.executable, str(script), *a, "--results", str(tmp_path), "--out", str(out)],
@@ -214,15 +220,7 @@ def test_gpu_ladder_smallest_rung_runs_on_cpu(tmp_path):
     from scalevec.experiments import ladder
 
     root = Path(__file__).resolve().parents[1]
-    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
-            "non_embedding_params\n")
-    for rung in ("cpu-10k", "cpu-25k"):
-        f = ladder.folder(tmp_path, rung, "shakespeare")
-        f.mkdir(parents=True)
-        n = ladder.non_embedding_params(rung)
-        f.joinpath("results.csv").write_text(head + "".join(
-            f"c,{s},optim.lr,{k * n ** -0.3:.9g},False,2,2.0,0.01,,,,{n}\n"
-            for s, k in (("baseline", 0.6), ("none", 0.5), ("unified", 1.2))))
+    fake_rungs(tmp_path, "shakespeare", {"baseline": 0.6, "none": 0.5, "unified": 1.2}, -0.3, seeds=2)
     env = {**__import__("os").environ, "DEVICE": "cpu", "TPP": "0.02", "SEEDS": "1", "JOBS": "2", "PREDICTED_ONLY": "1",
            "VAL_TOKENS": "4096",
            "RESULTS": str(tmp_path), "PYTHON": sys.executable}
