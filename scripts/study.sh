@@ -9,9 +9,22 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 SV=${SCALEVEC:-.venv/bin/scalevec}
 JOBS=${STUDY_JOBS:-1}
+# A study that finished is marked by results/OUT/.study-NAME.done, holding its study file's sha256: run folders
+# (results/*/runs/) are not committed, so a later session would retrain it from scratch; a marked study whose
+# file is unchanged is skipped (REDO=1 retrains it anyway; MARKS=0 writes no marker).
 study() {  # study NAME OUT: sweeps/study-NAME.yaml into results/OUT
+    local mark="results/$2/.study-$1.done" sum
+    sum=$(sha256sum "sweeps/study-$1.yaml" | cut -d' ' -f1)
+    if [ -z "${REDO:-}" ] && [ -f "$mark" ] && [ "$(cat "$mark")" = "$sum" ]; then
+      echo "== $1: finished before ($mark); REDO=1 retrains it"
+      return
+    fi
     echo "== $(date -u +%H:%M:%S) $1 -> results/$2"
-    "$SV" study "sweeps/study-$1.yaml" --out "results/$2" --jobs "$JOBS" || echo "!! $1 exited $?"
+    if "$SV" study "sweeps/study-$1.yaml" --out "results/$2" --jobs "$JOBS"; then
+      [ "${MARKS:-1}" = 0 ] || echo "$sum" > "$mark"
+    else
+      echo "!! $1 exited $?"
+    fi
 }
 PART=${1:-all}
 case "$PART" in all|ladder|first) ;; *) echo "usage: scripts/study.sh [all|ladder|first]" >&2; exit 2;; esac

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model, fold_scales
+from scalevec.config import PRESET_NAMES
 from scalevec.model.params import SCALE_ROLES
 
-FOLDABLE = ("none", "baseline", "iwd", "hg", "dp", "or", "er", "unified_foldable")
+FOLDABLE = tuple(n for n in PRESET_NAMES if ScaleConfig.preset(n).foldable)  # every foldable strategy of the table
 
 
 def _with_apply(strategy: str, apply: str) -> ScaleConfig:

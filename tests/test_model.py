@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model
+from scalevec.config import PRESET_NAMES
 from scalevec.model.params import ROLES, SCALE_ROLES
 from scalevec.model.scales import ScaleVector, scale_vectors
 
-STRATEGIES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
-FOLDABLE = ("none", "baseline", "iwd", "hg", "dp", "or", "er", "unified_foldable")
+STRATEGIES = PRESET_NAMES  # every strategy of the table: a new one is built here without editing this file
+FOLDABLE = tuple(n for n in PRESET_NAMES if ScaleConfig.preset(n).foldable)
 # (layout, qk_norm, tie_embeddings): the model variants every structural test runs on.
 VARIANTS = [("pre", False, False), ("pre", True, True), ("peri", True, False)]
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scales, get_preset
-from scalevec.config import OptimConfig
+from scalevec.config import PRESET_NAMES, OptimConfig
 from scalevec.model.kernels import FAST
 from scalevec.model.moe import MoE, load_balancing_loss, route, router_z_loss
 from scalevec.model.params import SCALE_ROLES
@@ -20,9 +20,10 @@ from scalevec.model.scales import init_params, param_roles, scale_plan
 from scalevec.training import optim
 
 EPS = 1e-6
-STRATEGIES = ["none", "baseline", "iwd", "hg", "hg+per_expert", "dp", "dnp", "or", "er", "unified",
-              "unified+per_expert", "unified_foldable", "unified_foldable+per_expert"]
-FOLDABLE = [s for s in STRATEGIES if "dnp" not in s and not s.startswith("unified+") and s != "unified"]
+# every strategy of the table, and each HG one (scale='branch') also with per-expert gate/up scales
+STRATEGIES = [v for n in PRESET_NAMES
+              for v in ((n, f"{n}+per_expert") if ScaleConfig.preset(n).scale == "branch" else (n,))]
+FOLDABLE = [s for s in STRATEGIES if ScaleConfig.preset(s.partition("+")[0]).foldable]
 
 
 def _scfg(name: str) -> ScaleConfig:

@@ -122,7 +122,7 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     stub = tmp_path / "sv"
     stub.write_text(f'#!/usr/bin/env bash\necho "$2 $4" >> {log}\n')  # study FILE --out DIR ...
     stub.chmod(0o755)
-    subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env={"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub)},
+    subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env={"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "REDO": "1", "MARKS": "0"},
                    check=True, capture_output=True)
     calls = {tuple(line.split()) for line in log.read_text().splitlines()}
     ran = {f for f, _ in calls}
@@ -131,3 +131,31 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     for f, out in calls:
         header = re.search(r"--out (\S+)", (ROOT / f).read_text())
         assert header is not None and header.group(1) == out, (f, out)
+
+
+def test_study_script_skips_a_finished_study_until_its_file_changes(tmp_path):
+    """A study marked done with its file's sha256 is not run again (run folders are not committed, so a new
+    session would retrain it); REDO=1 runs it."""
+    import shutil
+    import subprocess
+
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "study.sh", root / "scripts" / "study.sh")
+    shutil.copytree(ROOT / "sweeps", root / "sweeps")
+    log, stub = tmp_path / "calls.txt", tmp_path / "sv"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$2" >> {log}\n')
+    stub.chmod(0o755)
+    base_env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub)}
+    run = lambda **env: subprocess.run(["bash", str(root / "scripts" / "study.sh"), "ladder"], check=True,
+                                       capture_output=True, env={**base_env, **env})
+    (root / "results" / "ladder-cpu-10k-kjv").mkdir(parents=True)
+    run()
+    first = log.read_text().splitlines()
+    assert "sweeps/study-ladder-cpu-10k-kjv.yaml" in first
+    assert (root / "results" / "ladder-cpu-10k-kjv" / ".study-ladder-cpu-10k-kjv.done").is_file()
+    log.unlink()
+    run()
+    assert not log.exists() or "sweeps/study-ladder-cpu-10k-kjv.yaml" not in log.read_text()
+    run(REDO="1")
+    assert "sweeps/study-ladder-cpu-10k-kjv.yaml" in log.read_text()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from scalevec import ScaleConfig, build_model
-from scalevec.config import MoEConfig, OptimConfig
+from scalevec.config import PRESET_NAMES, MoEConfig, OptimConfig
 from scalevec.model import moe as moe_module
 from scalevec.model import scales as scales_module
 from scalevec.model import transformer as model_module
@@ -32,7 +32,7 @@ from scalevec.model.scales import (
 from scalevec.training.optim import role_weight_decay
 
 EPS = 1e-6
-STRATEGIES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
+STRATEGIES = PRESET_NAMES  # every strategy of the table (TABLE below must then have its row)
 
 # DESIGN.md §3, written out for a dense pre model: which sites carry which vector. "norm": the Input-Norm's own
 # γ; "input": a branch's γ_b (HG); "output": a branch's s (DP/DNP). The final norm feeds one branch only, so
