@@ -122,8 +122,8 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     stub = tmp_path / "sv"
     stub.write_text(f'#!/usr/bin/env bash\necho "$2 $4" >> {log}\n')  # study FILE --out DIR ...
     stub.chmod(0o755)
-    subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env={"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "REDO": "1", "MARKS": "0"},
-                   check=True, capture_output=True)
+    env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "REDO": "1", "MARKS": "0"}  # run all, mark nothing
+    subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env=env, check=True, capture_output=True)
     calls = {tuple(line.split()) for line in log.read_text().splitlines()}
     ran = {f for f, _ in calls}
     committed = {f"sweeps/{p.name}" for p in (ROOT / "sweeps").glob("study-*.yaml")}
