@@ -12,9 +12,14 @@ import dataclasses
 
 import torch
 
-from scalevec.config import ScaleConfig
+from scalevec.config import PRESET_NAMES, ScaleConfig
 from scalevec.model.scales import DNP_CANNOT_FOLD
 from scalevec.model.transformer import Transformer, build_model
+
+
+def foldable_strategies() -> list[str]:
+    """The named strategies whose every scale folds in a ``pre`` model: the table's rule, ``ScaleConfig.foldable``."""
+    return [n for n in PRESET_NAMES if ScaleConfig.preset(n).foldable]
 
 
 def _dnp_projections(model: Transformer) -> list[str]:
@@ -50,8 +55,9 @@ def fold_scales(model: Transformer) -> Transformer:
         if _dnp_projections(model):
             why.append(DNP_CANNOT_FOLD)
         shown = ", ".join(bad[:6]) + (f", ... ({len(bad)} in all)" if len(bad) > 6 else "")
-        raise ValueError(f"cannot fold {shown}: {'; '.join(why)}. Foldable strategies: none, baseline, iwd, hg, "
-                         f"dp, or, er, unified_foldable (the exportable form of unified), in the pre layout")
+        names = ", ".join(f"{n} (the exportable form of unified)" if n == "unified_foldable" else n
+                          for n in foldable_strategies())
+        raise ValueError(f"cannot fold {shown}: {'; '.join(why)}. Foldable strategies: {names}, in the pre layout")
     cfg = dataclasses.replace(model.cfg, tie_embeddings=False)
     ref = next(model.parameters())
     # a seeded build (fork of the RNG): folding must not advance the caller's global RNG stream
