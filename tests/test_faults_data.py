@@ -17,6 +17,7 @@ from scalevec.cli import main
 from scalevec.config import DataConfig
 from scalevec.data import prepared as P
 from scalevec.data.corpus import prepare_data
+from test_cli_errors import fails  # the one "exit 2, one line, no traceback" check
 
 DOCS = [f"Document {i}: the quick brown fox {'jumps ' * (i % 5)}over the lazy dog." for i in range(24)]
 
@@ -52,16 +53,6 @@ def snapshot(*paths: Path) -> dict:
         for p in [top, *top.rglob("*")] if top.is_dir() and not top.is_symlink() else [top]:
             out[p] = ("link", os.readlink(p)) if p.is_symlink() else p.read_bytes() if p.is_file() else "dir"
     return out
-
-
-def fails(capsys, argv: list[str], *words: str) -> str:
-    """Run the CLI; assert exit 2, one stderr line holding ``words``, no traceback. Returns the line."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
-    return err
 
 
 def one_line_error(root: Path, *words: str) -> str:
