@@ -328,14 +328,19 @@ def test_trainers_die_with_a_killed_sweep(tmp_path):
     try:
         child = second_run_sleeping(proc, out, runs)
         assert running(child)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        deadline = time.monotonic() + 10
-        while running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not running(child), "the trainer outlived its sweep"
+        kill_sweep_and_wait(proc, child, 10)
     finally:
         kill_group(proc)
+
+
+def kill_sweep_and_wait(proc, child: int, seconds: float) -> None:
+    """SIGKILL the sweep ``proc``; assert its trainer ``child`` is gone within ``seconds``."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + seconds
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child), "the trainer outlived its sweep"
 
 
 @pytest.mark.slow  # a sweep subprocess with the real trainer, then a rerun: ~25 s
@@ -352,12 +357,7 @@ def test_a_killed_sweeps_real_trainer_checkpoints_and_the_rerun_resumes(tmp_path
         wait_for(lambda: (run_dir / rundir.METRICS).exists() and rundir.read_metrics(run_dir, "train"), proc,
                  "the trainer never logged a step")
         (child,) = children(proc.pid)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        deadline = time.monotonic() + 120
-        while running(child) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not running(child), "the trainer outlived its sweep"
+        kill_sweep_and_wait(proc, child, 120)  # the real trainer first checkpoints
     finally:
         kill_group(proc)
     log = (out / "runs" / f"{runs[0].name}.log").read_text()
