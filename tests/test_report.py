@@ -154,6 +154,34 @@ def test_smoke_sweep_end_to_end_and_report(tmp_path, capsys):
     rows = read_csv(out / "runs.csv")
     assert len(rows) == 8 and all(r["status"] == "done" and math.isfinite(float(r["final_val_loss"])) for r in rows)
 
+    # kept as git keeps a study's runs (only rundir.KEPT): the sweep has nothing to train, the report is the same
+    import shutil
+
+    from scalevec.training import rundir
+    kept = tmp_path / "kept"
+    for d in (out / "runs").iterdir():
+        if d.is_dir():
+            for f in d.iterdir():
+                if f.name in rundir.KEPT:
+                    (kept / "runs" / d.name).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(f, kept / "runs" / d.name / f.name)
+    shutil.copy(out / "sweep.yaml", kept / "sweep.yaml")
+    assert run_sweep(load_spec(ROOT / "sweeps" / "smoke.yaml"), kept, jobs=1, report=False, quiet=True) == 0
+    assert not any((kept / "runs" / r).joinpath(rundir.METRICS).exists() for r in (x["run"] for x in rows))
+    assert main(["report", str(kept)]) == 0
+    assert (kept / "results.csv").read_text() == (out / "results.csv").read_text()
+    assert read_csv(kept / "runs.csv") == rows
+
+
+def test_gitignore_keeps_exactly_the_kept_run_files():
+    """.gitignore re-includes, under results/*/runs/*/, exactly the files rundir.KEPT names."""
+    from scalevec.training import rundir
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    kept = {ln.removeprefix("!results/*/runs/*/") for ln in lines if ln.startswith("!results/*/runs/*/") and
+            ln != "!results/*/runs/*/"}
+    assert kept == set(rundir.KEPT)
+    assert "results/*/runs/*/*" in lines  # and everything else inside a run is ignored
+
 
 def test_runs_csv_names_a_setting_that_varies_within_a_strategy(tmp_path):
     """A weight-decay study (one strategy, scale.wd on a grid axis) gets a scale.wd column in runs.csv;

@@ -59,13 +59,16 @@ def flatten_config(cfg: RunConfig) -> dict[str, Any]:
 
 def read_run(path: Path) -> RunRecord:
     """Read one run directory through ``rundir`` (``config.yaml`` required; summary and metrics when
-    present; a cut-off last metrics line is skipped). ``RunDirError`` names a damaged file and the fix."""
+    present, the eval rows from the summary when metrics.jsonl is not; a cut-off last metrics line is
+    skipped). ``RunDirError`` names a damaged file and the fix."""
     cfg = rundir.load_config(path)
     summary = None
     if rundir.is_done(path) and (path / rundir.SUMMARY).is_file():
         summary = rundir.read_json(path / rundir.SUMMARY, fix="retrain the run, or delete its DONE to report it "
                                                               "unfinished")
     evals = rundir.read_metrics(path, kind="eval")
+    if not evals and summary and not (path / rundir.METRICS).exists():
+        evals = list(summary.get("evals") or [])  # a run kept in git without its metrics.jsonl
     status = "done" if summary else ("diverged" if rundir.is_diverged(path) else "unfinished")
     return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status, machine_of(path, cfg))
 

@@ -85,6 +85,9 @@ RUN_ENTRIES = (CONFIG, META, GROUPS, METRICS, SUMMARY, EVAL, TOKENIZER, DONE, DI
 # entries a resume writes into in place (appends, new checkpoints): a symbolic link there would send the
 # writes into what it points to, e.g. another run's checkpoints
 NO_LINKS = (CKPT_DIR, METRICS)
+# the small files of a run that git keeps for a study's committed runs (.gitignore lists the same): enough for
+# a sweep to count the run done and for its report (summary.json repeats the eval rows); the rest stays local
+KEPT = (CONFIG, META, GROUPS, SUMMARY, DONE, DIVERGED)
 _STEP_RE = re.compile(r"step_(\d{7,})")
 
 

@@ -650,7 +650,9 @@ class Trainer:
 
     def summary(self, wall: float) -> dict:
         """Final figures; read back from metrics.jsonl so that a resumed run reports the whole run.
-        ``step_time_s`` is the median time of the logged training steps after the first 5 (warm-up)."""
+        ``step_time_s`` is the median time of the logged training steps after the first 5 (warm-up).
+        ``evals`` repeats the eval rows, so that a run kept without its metrics.jsonl (a study's committed
+        runs, DESIGN.md §9) still reports its validation curve."""
         rows = rundir.read_metrics(self.out) if self.write else []
         evals = [r for r in rows if r["kind"] == "eval"]
         times = [r["step_time"] for r in rows if r["kind"] == "train" and r["step"] >= 5]
@@ -668,7 +670,7 @@ class Trainer:
             "compiled": self.compiled, "peak_flops": self.peak_flops,
             "params": counts["params"], "non_embedding_params": counts["non_embedding_params"],
             "active_params": counts["active_params"], "scale_params": counts["scale_params"],
-            "world_size": self.world,
+            "world_size": self.world, "evals": evals,
         }
 
 
