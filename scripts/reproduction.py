@@ -1,4 +1,5 @@
-"""Tables, figures and verdicts of docs/reproduction.md from the committed study results (issue 12).
+"""Tables, figures and verdicts of docs/reproduction.md from the committed study results (issue 12); the claims,
+their cells and the studies that fill them are declared in ``scalevec.experiments.claims``.
 
     python scripts/reproduction.py                 # print the generated section
     python scripts/reproduction.py --write docs/reproduction.md   # replace it between the markers,
@@ -20,16 +21,15 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import re
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from scalevec.experiments import ladder  # noqa: E402
+from scalevec.experiments.claims import CLAIMS, scaling_size  # noqa: E402
 from scalevec.experiments.stats import (  # noqa: E402
     fit_power_law,
     fit_shared_power_law,
@@ -44,47 +44,6 @@ BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GEN
 STANDARD = {"run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
             "final_val_bpb", "best_val_loss", "tokens", "steps", "params", "non_embedding_params",
             "scale_params", "step_time_s", "wall_time_s"}
-MAIN = r"(cpu|moe-cpu)-\d+k-(shakespeare|kjv)"  # the C6 cells: AdamW + cosine, 20 tokens per parameter
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One claim of the paper as a comparison: in every cell whose name matches ``cells``, each
-    ``(arm, direction)`` against the ``control`` arm; direction +1 = the paper says the arm is worse
-    (higher loss), -1 = better, 0 = the paper makes no claim (the difference is shown, no verdict).
-    ``arms=()``: every arm of the cell but ``baseline`` and ``unified`` (the variants of the why-variants
-    study; C6 compares those two), direction 0."""
-
-    id: str
-    statement: str
-    cells: str
-    control: str
-    arms: tuple[tuple[str, int], ...]
-
-
-CLAIMS = (
-    Claim("C1", "removing the scale vectors hurts", MAIN, "baseline", (("none", +1),)),
-    Claim("C4", "weight decay helps Input-Norm scales, hurts Output-Norm scales", r"c4-.*", "none",
-          (("input", -1), ("output", +1), ("all", 0))),
-    Claim("C5", "each improvement helps on its own", r"cpu-25k-shakespeare", "baseline",
-          tuple((s, -1) for s in ("hg", "dp", "dnp", "or", "er", "iwd"))),
-    Claim("C6", "the unified strategy beats the tuned baseline", MAIN, "baseline",
-          (("unified", -1), ("unified_foldable", -1))),
-    Claim("C7", "... for AdamW and Muon, cosine and WSD", r"c7-.*", "baseline", (("unified", -1),)),
-    Claim("C6", "... with each lr picked on the mean of 3 seeds", r"why-lrpick-.*", "baseline", (("unified", -1),)),
-    Claim("C1", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("none", +1),)),
-    Claim("C6", "... at 100 tokens per parameter", r".*-tpp100", "baseline", (("unified", -1),)),
-    Claim("C1", "... with the bpe:4096 tokenizer", r"cpu-.*-bpe4096", "baseline", (("none", +1),)),
-    Claim("C6", "... with the bpe:4096 tokenizer", r"cpu-.*-bpe4096", "baseline", (("unified", -1),)),
-    Claim("why", "unified with one part left out or one choice changed, vs the baseline", r"why-variants-.*",
-          "baseline", ()),
-    Claim("why", "... and vs unified itself", r"why-variants-.*", "unified", ()),
-    Claim("why", "held out: the two variants chosen on Shakespeare, on KJV", r"cpu-25k-kjv", "baseline",
-          (("unified-input-only", 0), ("unified-scale-wd0.01", 0))),
-    Claim("why", "... and vs unified itself", r"cpu-25k-kjv", "unified",
-          (("unified-input-only", 0), ("unified-scale-wd0.01", 0))),
-)
-C8_SIZES = re.compile(r"cpu-(\d+)k-(shakespeare|kjv)")  # dense, AdamW + cosine, 20 tokens per parameter
 
 
 def read_cell(folder: Path) -> list[dict]:
@@ -198,10 +157,12 @@ def comparisons(cells: dict[str, dict]) -> list[dict]:
     """Every (claim, cell, arm) comparison that the results allow, and the ones still missing."""
     out = []
     for c in CLAIMS:
-        for name, a in cells.items():
-            if not re.fullmatch(c.cells, name):
+        for name in c.cells:
+            if name not in cells:  # a declared cell whose study has not reported
+                out.append({"claim": c.id, "cell": name, "arm": (c.arms or (("variants", 0),))[0][0],
+                            "control": c.control, "direction": 0, "status": "not run yet"})
                 continue
-            st = a["arms"]
+            st = cells[name]["arms"]
             arms = c.arms or tuple((arm, 0) for arm in st if arm not in ("baseline", "unified"))
             for i, (arm, direction) in enumerate(arms):
                 row = {"claim": c.id, "cell": name, "arm": arm, "control": c.control, "direction": direction}
@@ -244,9 +205,9 @@ def scaling(cells: dict[str, dict]) -> list[dict]:
     the tuned lr is a point."""
     by_corpus: dict[str, dict[int, dict]] = defaultdict(dict)
     for name, a in cells.items():
-        m = C8_SIZES.fullmatch(name)
-        if m:
-            by_corpus[m.group(2)][int(m.group(1))] = a
+        size = scaling_size(name)
+        if size:
+            by_corpus[size[0]][size[1]] = a
     fits = []
     for corpus, sizes in sorted(by_corpus.items()):
         def points(arm: str, sizes: dict = sizes) -> tuple[list[float], list[float]]:

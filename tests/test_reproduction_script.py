@@ -67,7 +67,8 @@ def test_weight_decay_study_compares_setting_values_not_strategies(tmp_path):
     rep = _script()
     a = rep.analyse(rep.read_cell(tmp_path / "c4-cpu-25k-shakespeare"))
     assert a["axis"] == "scale.wd" and sorted(a["arms"]) == ["all", "input", "none", "output"]
-    rows = {r["arm"]: r for r in rep.comparisons({"c4-cpu-25k-shakespeare": a})}
+    cell = "c4-cpu-25k-shakespeare"
+    rows = {r["arm"]: r for r in rep.comparisons({cell: a}) if r["cell"] == cell}
     assert sorted(rows) == ["all", "input", "output"]
     assert all(r["control"] == "none" and r["status"] == "ok" for r in rows.values())
     assert rows["all"]["verdict"].startswith("no claim")
@@ -86,10 +87,11 @@ def test_variants_are_arms_compared_with_baseline_and_unified(tmp_path):
     a = rep.analyse(rep.read_cell(tmp_path / "why-variants-cpu-25k-shakespeare"))
     assert a["axis"] == "strategy" and sorted(a["arms"]) == ["baseline", "unified", "unified-no-or"]
     rows = {(r["control"], r["arm"]): r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a})
-            if r["claim"] == "why"}
+            if r["claim"] == "why" and r["status"] != "not run yet"}
     assert sorted(rows) == [("baseline", "unified-no-or"), ("unified", "unified-no-or")]  # C6 has unified's
     assert rows[("unified", "unified-no-or")]["verdict"] == "no claim: higher"
-    c6 = [r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a}) if r["claim"] == "C6"]
+    c6 = [r for r in rep.comparisons({"why-variants-cpu-25k-shakespeare": a})
+          if r["claim"] == "C6" and r["cell"] == "why-variants-cpu-25k-shakespeare"]
     assert not c6  # the variants cell is no C6 cell
 
 
@@ -122,12 +124,14 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     stub = tmp_path / "sv"
     stub.write_text(f'#!/usr/bin/env bash\necho "$2 $4" >> {log}\n')  # study FILE --out DIR ...
     stub.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "REDO": "1", "MARKS": "0"}  # run all, mark nothing
+    env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "PYTHON": sys.executable, "REDO": "1",
+           "MARKS": "0"}  # run all, mark nothing
     subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env=env, check=True, capture_output=True)
     calls = {tuple(line.split()) for line in log.read_text().splitlines()}
     ran = {f for f, _ in calls}
     committed = {f"sweeps/{p.name}" for p in (ROOT / "sweeps").glob("study-*.yaml")}
-    assert committed - ran == set(), "not in scripts/study.sh"
+    assert committed - ran == set(), "not declared in scalevec.experiments.claims"
+    assert ran - committed == set(), "declared, not optional, but its file is missing"
     for f, out in calls:
         header = re.search(r"--out (\S+)", (ROOT / f).read_text())
         assert header is not None and header.group(1) == out, (f, out)
@@ -146,7 +150,7 @@ def test_study_script_skips_a_finished_study_until_its_file_changes(tmp_path):
     log, stub = tmp_path / "calls.txt", tmp_path / "sv"
     stub.write_text(f'#!/usr/bin/env bash\necho "$2" >> {log}\n')
     stub.chmod(0o755)
-    base_env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub)}
+    base_env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "PYTHON": sys.executable}
     run = lambda **env: subprocess.run(["bash", str(root / "scripts" / "study.sh"), "ladder"], check=True,
                                        capture_output=True, env={**base_env, **env})
     (root / "results" / "ladder-cpu-10k-kjv").mkdir(parents=True)
