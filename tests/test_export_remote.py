@@ -3,7 +3,8 @@
 ``unified``, ``dnp``, the ``peri`` layout (with and without QK-norm) and MoE forms leave scalevec as
 ``ScalevecForCausalLM``: config.json's ``auto_map`` names the shipped ``modeling_scalevec.py``, which
 plain transformers loads with ``trust_remote_code=True``; its logits match ours (fp32, 1e-5) and so do
-greedy ids from its ``generate()``.
+greedy ids from its ``generate()``. Its tensor names come from the one name map (``names.REMOTE_NAMES``),
+checked against the modeling file's parameters for every strategy of the preset table.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -19,7 +21,11 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from scalevec import MoEConfig, ScaleConfig, build_model  # noqa: E402
 from scalevec.cli import main  # noqa: E402
-from scalevec.hf.export import REMOTE_FILES, export_model, verify  # noqa: E402
+from scalevec.config import PRESET_NAMES  # noqa: E402
+from scalevec.hf.export import REMOTE_FILES, export_model, remote_config, remote_state_dict, remote_tensors
+from scalevec.hf.remote.modeling_scalevec import ScalevecForCausalLM  # noqa: E402
+from scalevec.hf.verify import verify  # noqa: E402
+from scalevec.hf_format.names import REMOTE_NAMES, template_of  # noqa: E402
 
 MOE = MoEConfig(n_experts=4, top_k=2, d_expert=16)
 CASES = {  # name: (strategy, model overrides)
@@ -69,6 +75,44 @@ def test_only_the_unfoldable_scales_are_kept(tmp_path, make_cfg, perturb_scales,
     assert vectors == {"mlp.gate_norm", "attn_out_norm.weight", "mlp_out_norm.weight",
                        "self_attn.q_norm.weight", "self_attn.k_norm.weight"}
     assert not any("layernorm" in k or k == "model.norm.weight" for k in keys)
+
+
+# every block kind the custom architecture holds: dense pre; peri with QK-norm; MoE with a shared expert, a dense
+# first layer and QK-norm
+NAME_MAP_SHAPES = {
+    "dense": {},
+    "peri_qk_norm": {"layout": "peri", "qk_norm": True},
+    "moe_shared_dense_qk_norm": {"moe": dataclasses.replace(MOE, n_shared_experts=1, first_dense=1), "qk_norm": True},
+}
+
+
+@pytest.mark.parametrize("shape", NAME_MAP_SHAPES)
+@pytest.mark.parametrize("strategy", PRESET_NAMES)
+def test_remote_name_map_holds_every_parameter_both_ways(make_cfg, strategy, shape):
+    """Every parameter of ours reaches an exported tensor (folded or kept); each has a name in names.REMOTE_NAMES;
+    those names are exactly ScalevecForCausalLM's parameters with their shapes; and each of its names maps back
+    through the table to the one tensor of ours it holds. For every strategy of the preset table."""
+    model = build_model(make_cfg(**NAME_MAP_SHAPES[shape]), ScaleConfig.preset(strategy), seed=0)
+    ours = remote_tensors(model)
+    missing = [k for k in ours if template_of(k)[0] not in REMOTE_NAMES]
+    assert not missing, f"exported tensors with no entry in names.REMOTE_NAMES: {missing}"
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(sum(t.sum() for t in ours.values()), params, allow_unused=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    dropped = [names[id(p)] for p, g in zip(params, grads) if g is None]
+    assert not dropped, f"parameters that reach no exported tensor: {dropped}"
+    # ours -> theirs: the modeling file's parameters, no more, no fewer, with the same shapes
+    state = remote_state_dict(model)
+    hf = ScalevecForCausalLM(remote_config(model.cfg, model.scfg))
+    assert {k: tuple(t.shape) for k, t in state.items()} == {k: tuple(t.shape) for k, t in hf.state_dict().items()}
+    # theirs -> ours: the table read backwards (one-to-one) finds the tensor each name holds
+    back = {theirs: mine for mine, theirs in REMOTE_NAMES.items()}
+    assert len(back) == len(REMOTE_NAMES), "two of our names map to one name of the custom architecture"
+    for name, t in state.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", name)
+        template, i = (f"model.layers.{{i}}.{m.group(2)}", int(m.group(1))) if m else (name, None)
+        assert template in back, f"{name} is not in names.REMOTE_NAMES"
+        assert torch.equal(t, ours[back[template].format(i=i)].detach()), name
 
 
 def test_modeling_file_needs_only_torch_and_transformers():

@@ -28,7 +28,7 @@ from scalevec.hf import evaluation
 from scalevec.hf.evaluation import SHAKESPEARE_TASK
 from scalevec.hf.export import export_model
 from scalevec.hf.generate import check_hf_dir, custom_code_trusted
-from scalevec.hf.hf_import import check_size, model_config_from_hf, param_count, read_hf
+from scalevec.hf_format.hf_import import check_size, model_config_from_hf, param_count, read_hf
 
 GENERATE = ["--prompt", "Thou", "--max-new-tokens", "3", "--temperature", "0"]
 
@@ -304,7 +304,7 @@ def test_shards_inside_the_directory_load(tmp_path, hf_llama):
 def test_a_hub_cache_snapshot_with_symlinked_blobs_is_read(tmp_path):
     """The Hugging Face cache layout (snapshots/REV/model.safetensors -> ../../blobs/HASH) is the snapshot's own
     file: followed; a symlink from a snapshot to anywhere else is still refused."""
-    from scalevec.hf.hf_import import weight_files
+    from scalevec.hf_format.hf_import import weight_files
 
     repo = tmp_path / "models--org--m"
     (repo / "blobs").mkdir(parents=True)

@@ -17,9 +17,17 @@ import torch
 import transformers  # a dev dependency: missing it fails these tests, never skips
 
 from scalevec import ScaleConfig, build_model
-from scalevec.config import ModelConfig, RopeScalingConfig, RunConfig, apply_overrides, to_dict
+from scalevec.config import ModelConfig, RopeScalingConfig, RunConfig
+from scalevec.config_codec import apply_overrides, to_dict
 from scalevec.hf.export import export_model
-from scalevec.hf.hf_import import import_hf, load_plain, model_config_from_hf, plain_from_model, read_hf, set_scale
+from scalevec.hf_format.hf_import import (
+    import_hf,
+    load_plain,
+    model_config_from_hf,
+    plain_from_model,
+    read_hf,
+    set_scale,
+)
 from scalevec.model.scales import SCALE_KINDS
 from scalevec.model.transformer import rope_cos_sin
 

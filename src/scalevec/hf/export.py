@@ -1,4 +1,4 @@
-"""Export a trained model as a Hugging Face checkpoint: fold, rename, write, verify (DESIGN.md §10).
+"""``scalevec export``: a run as a Hugging Face checkpoint: choose the format, fold, rename, write (DESIGN.md §10).
 
 A model trained with a foldable strategy is, after ``fold_scales`` (§1, §4), an ordinary Llama: no scale
 vector is left except QK-norm's, which Qwen3 holds as ``q_norm``/``k_norm``. Export is therefore a fold
@@ -19,13 +19,12 @@ and ``modeling_scalevec.py`` (``scalevec/hf/remote``, torch + transformers only)
 named in config.json's ``auto_map``, so ``AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)``
 loads it. Everything that folds is folded (``diag(s) W diag(γ)``, DNP's s on W_up into W_down); only
 DNP's normalization and its gate scale, the peri output norms and QK-norm keep a scale
-(``remote_state_dict``).
+(``remote_tensors``).
 
-The tokenizer is written so that tools that know nothing of scalevec (lm-evaluation-harness) find a BOS,
-a pad and a loglikelihood prefix token: a tokenizer with no special tokens at all (``bytes``) gets the
-newline byte as BOS and pad (``BYTES_PREFIX``; in training every document follows a newline), added
-by its post-processor as a BOS would be; a missing pad is the EOS. ``verify`` loads the result with
-plain transformers and compares logits, loss and greedy ids with ours. Sampling text lives in ``generate.py``.
+Every format's names come from the one name map, ``hf_format/names.py`` (``rename``). Two jobs live
+elsewhere: the tokenizer files with their declared special tokens (``tokenizer_files.py``) and
+``--verify``, which loads the result with plain transformers and compares logits, loss and greedy ids
+with ours (``verify.py``). Sampling text lives in ``generate.py``.
 
 This module needs the optional dependency ``transformers`` (``pip install 'scalevec[hf]'``).
 """
@@ -33,10 +32,8 @@ This module needs the optional dependency ``transformers`` (``pip install 'scale
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -47,25 +44,17 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig
-from scalevec.data.tokenizer import BYTES_PREFIX
-from scalevec.hf.names import FORMATS, ONES_NAMES, name_map
+from scalevec.hf.tokenizer_files import Specials, tokenizer_specials, write_tokenizer
+from scalevec.hf.verify import VerifyError, verify, verify_tokens
+from scalevec.hf_format.names import FORMATS, ONES_NAMES, REMOTE_FORMAT, name_map, template_of
 from scalevec.model.fold import fold_scales, unfoldable_scales
-from scalevec.model.scales import scale_plan
+from scalevec.model.scales import gamma_of, scale_plan
 from scalevec.model.transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-VERIFY_ATOL = 1e-4  # fp32 logits: ours vs transformers (issue 7)
-# the custom architecture: fp32 logits within 1e-5 (issue 15; measured ~1e-7 on the tiny test models, ~1e-6 at small)
-VERIFY_ATOL_REMOTE = 1e-5
-REMOTE_FORMAT = "scalevec"  # the custom architecture (auto_map + trust_remote_code)
 REMOTE_FILES = ("configuration_scalevec.py", "modeling_scalevec.py")
 REMOTE_AUTO_MAP = {"AutoConfig": "configuration_scalevec.ScalevecConfig",
                    "AutoModelForCausalLM": "modeling_scalevec.ScalevecForCausalLM"}
-
-class VerifyError(RuntimeError):
-    """The exported checkpoint does not reproduce our model (a bug, not a user error)."""
-
 
 # --------------------------------------------------------------------------------------------- format
 
@@ -145,6 +134,26 @@ def hf_config(cfg: ModelConfig, fmt: str, dtype: str = "float32", bos_id: int | 
 # --------------------------------------------------------------------------------------------- weights
 
 
+def rename(tensors: dict[str, Tensor], fmt: str) -> dict[str, Tensor]:
+    """``tensors`` (under our names) under the names of format ``fmt`` (``names.name_map``, the one name map); an
+    expert bank ``(E, d_out, d_in)`` is split into E tensors where the family holds one per expert (``"{j}"``).
+    Raises ``ValueError`` naming a tensor that has no name in ``fmt`` (a model this format cannot hold)."""
+    names = name_map(fmt)
+    arch = FORMATS.get(fmt, "ScalevecForCausalLM")
+    out: dict[str, Tensor] = {}
+    for key, t in tensors.items():
+        template, i = template_of(key)
+        if template not in names:
+            raise ValueError(f"parameter {key} has no {arch} counterpart; this model cannot export as {fmt}")
+        target = names[template]
+        if "{j}" in target:
+            for j in range(t.shape[0]):
+                out[target.format(i=i, j=j)] = t[j].clone()  # its own storage: safetensors refuses shared memory
+        else:
+            out[target.format(i=i)] = t
+    return out
+
+
 def hf_state_dict(folded: Transformer, fmt: str, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
     """The checkpoint tensors of a folded model under Hugging Face names, cast to ``dtype``.
 
@@ -152,20 +161,8 @@ def hf_state_dict(folded: Transformer, fmt: str, dtype: torch.dtype = torch.floa
     are split per expert. Input-norm weights are written as exactly 1.0 (their γ lives in the weights).
     Raises ``ValueError`` if a parameter has no Hugging Face name (an unsupported model).
     """
-    names = name_map(fmt)
-    out: dict[str, Tensor] = {}
-    for key, t in folded.state_dict().items():
-        m = re.match(r"layers\.(\d+)\.(.*)", key)
-        i, template = (int(m.group(1)), f"layers.{{i}}.{m.group(2)}") if m else (None, key)
-        if template not in names:
-            raise ValueError(f"parameter {key} has no {FORMATS[fmt]} counterpart; this model cannot export as {fmt}")
-        target = names[template]
-        t = t.detach().to(device="cpu", dtype=dtype)
-        if "{j}" in target:
-            for j in range(t.shape[0]):
-                out[target.format(i=i, j=j)] = t[j].clone()
-        else:
-            out[target.format(i=i)] = t.contiguous()
+    ours = {key: t.detach().to(device="cpu", dtype=dtype) for key, t in folded.state_dict().items()}
+    out = {key: t.contiguous() for key, t in rename(ours, fmt).items()}
     d = folded.cfg.d_model
     for i in range(folded.cfg.n_layers):
         for template in ONES_NAMES:
@@ -178,12 +175,12 @@ def write_safetensors(state: dict[str, Tensor], out_dir: Path, max_shard_size: i
     """Write ``state`` as ``model.safetensors``, or as shards plus ``model.safetensors.index.json`` when it
     exceeds ``max_shard_size`` (the Hugging Face layout, split by huggingface_hub). Returns the file names.
     A failed write (a full disk) is an ``OSError`` naming the file, also when safetensors reports it (its
-    ``SafetensorError`` is no ``OSError``: ``checkpoint.write_error``), so ``scalevec export`` says it in one line."""
+    ``SafetensorError`` is no ``OSError``: ``save_load.write_error``), so ``scalevec export`` says it in one line."""
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    from scalevec.training.checkpoint import write_error
+    from scalevec.training.checkpoint.save_load import write_error
 
     split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
     for filename, keys in split.filename_to_tensors.items():
@@ -239,57 +236,63 @@ def _output_gamma(norm, d: int) -> Tensor:
     return norm.scale() if norm.scale is not None else torch.ones(d)
 
 
-def _swiglu_weights(gate, up, down: Tensor, shared: Tensor | None) -> dict[str, Tensor]:
-    """Folded ``gate_proj, up_proj, down_proj`` (and DNP's ``gate_norm``) of one SwiGLU, dense or an expert
-    bank: ``diag(s) W diag(γ_shared γ)`` where s folds; DNP's s on ``up`` (it multiplies the SiLU product,
-    which W_down reads) folds into W_down's columns; DNP's s on ``gate`` feeds SiLU and is kept."""
-    out = {"gate_proj": gate.folded_weight(shared), "up_proj": up.folded_weight(shared), "down_proj": down}
+def _swiglu_tensors(name: dict, gate, up, down, shared: Tensor | None) -> dict[str, Tensor]:
+    """Folded gate, up and down weights (and DNP's gate scale) of one SwiGLU, dense or an expert bank, under our
+    names (``name``: module -> its name in the model): ``diag(s) W diag(γ_shared γ)`` where s folds; DNP's s on
+    ``up`` (it multiplies the SiLU product, which W_down reads) folds into W_down's columns; DNP's s on ``gate``
+    feeds SiLU and is kept, as ``<gate>.out_scale.weight``."""
+    out = {f"{name[gate]}.weight": gate.folded_weight(shared), f"{name[up]}.weight": up.folded_weight(shared),
+           f"{name[down]}.weight": down.weight}
     if up.out_norm:
         s = up.out_scale()  # (d_ff,) or (E, d_expert)
-        out["down_proj"] = down * s.unsqueeze(-2).to(down.dtype)
+        out[f"{name[down]}.weight"] = down.weight * s.unsqueeze(-2).to(down.weight.dtype)
     if gate.out_norm:
-        out["gate_norm"] = gate.out_scale()
+        out[f"{name[gate]}.out_scale.weight"] = gate.out_scale()
+    return out
+
+
+def remote_tensors(model: Transformer) -> dict[str, Tensor]:
+    """The tensors of ``modeling_scalevec.ScalevecForCausalLM`` for ``model`` under our names (the keys of
+    ``names.REMOTE_NAMES``), every foldable scale folded (DESIGN.md §1, §4): the shared and branch γ of every
+    Input-Norm and the foldable output scales s go into the linear weights; kept are DNP's output normalization
+    (no tensor, a config switch) with its gate scale, the peri output norms' γ and QK-norm's γ, each as
+    ``<its module>.weight``. Our names come from ``model.named_modules()``, so a module renamed in the model
+    shows here as a name ``REMOTE_NAMES`` lacks. Not detached: autograd reaches every parameter from them."""
+    cfg = model.cfg
+    name = {m: n for n, m in model.named_modules()}
+    out: dict[str, Tensor] = {f"{name[model.embed]}.weight": model.embed.weight}
+    for layer in model.layers:
+        attn = layer.attn
+        # q, k, v: no DNP on attention, so the Input-Norm folds whole (the fold protocol of fold.py)
+        out.update({f"{name[attn.proj]}.{k}": w for k, w in attn.proj.folded_state().items()})
+        out[f"{name[attn.o]}.weight"] = attn.o.weight
+        if cfg.qk_norm:
+            for norm in (attn.q_norm, attn.k_norm):
+                out[f"{name[norm]}.scale.weight"] = _output_gamma(norm, cfg.head_dim)
+        if cfg.layout == "peri":
+            for norm in (layer.attn_out, layer.mlp_out):
+                out[f"{name[norm]}.scale.weight"] = _output_gamma(norm, cfg.d_model)
+        mlp = layer.mlp
+        if hasattr(mlp, "experts"):  # moe.MoE: its own Input-Norm γ
+            shared = gamma_of(mlp.scale)
+            out[f"{name[mlp.router]}.weight"] = mlp.router.folded_weight(shared)
+            for ex in (mlp.experts, mlp.shared_experts):
+                if ex is not None:
+                    out.update(_swiglu_tensors(name, ex.gate, ex.up, ex.down, shared))
+        else:
+            br = mlp.proj.branches
+            out.update(_swiglu_tensors(name, br["gate"], br["up"], mlp.down, gamma_of(mlp.proj.scale)))
+    out.update({f"{name[model.head]}.{k}": w for k, w in model.head.folded_state().items()})
     return out
 
 
 def remote_state_dict(model: Transformer, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-    """The tensors of ``modeling_scalevec.ScalevecForCausalLM`` for ``model``, every foldable scale folded
-    (DESIGN.md §1, §4): the shared and branch γ of every Input-Norm and the foldable output scales s go
-    into the linear weights; kept are DNP's output normalization (no tensor, a config switch) with its
-    gate scale, the peri output norms' γ and QK-norm's γ. Tied embeddings are untied. Cast to ``dtype``."""
-    cfg = model.cfg
-    out: dict[str, Tensor] = {"model.embed_tokens.weight": model.embed.weight}
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        attn = layer.attn
-        for name, w in attn.proj.folded_state().items():  # branches.{q,k,v}.weight: no DNP on attention
-            out[p + f"self_attn.{name.split('.')[1]}_proj.weight"] = w
-        out[p + "self_attn.o_proj.weight"] = attn.o.weight
-        if cfg.qk_norm:
-            out[p + "self_attn.q_norm.weight"] = _output_gamma(attn.q_norm, cfg.head_dim)
-            out[p + "self_attn.k_norm.weight"] = _output_gamma(attn.k_norm, cfg.head_dim)
-        if cfg.layout == "peri":
-            out[p + "attn_out_norm.weight"] = _output_gamma(layer.attn_out, cfg.d_model)
-            out[p + "mlp_out_norm.weight"] = _output_gamma(layer.mlp_out, cfg.d_model)
-        mlp = layer.mlp
-        if hasattr(mlp, "experts"):  # moe.MoE: its own Input-Norm γ
-            shared = mlp.scale() if mlp.scale is not None else None
-            out[p + "mlp.router.weight"] = mlp.router.folded_weight(shared)
-            e = mlp.experts
-            for k, w in _swiglu_weights(e.gate, e.up, e.down.weight, shared).items():
-                out[p + f"mlp.experts.{k}"] = w
-            if mlp.shared_experts is not None:
-                se = mlp.shared_experts
-                for k, w in _swiglu_weights(se.gate, se.up, se.down.weight, shared).items():
-                    out[p + f"mlp.shared_experts.{k}" + ("" if k == "gate_norm" else ".weight")] = w
-        else:
-            br = mlp.proj.branches
-            shared = mlp.proj.scale() if mlp.proj.scale is not None else None
-            for k, w in _swiglu_weights(br["gate"], br["up"], mlp.down.weight, shared).items():
-                out[p + f"mlp.{k}" + ("" if k == "gate_norm" else ".weight")] = w
-    out["lm_head.weight"] = model.head.folded_state()["branches.lm_head.weight"]
+    """The checkpoint tensors of ``modeling_scalevec.ScalevecForCausalLM`` for ``model``: ``remote_tensors``
+    renamed with ``names.REMOTE_NAMES`` (the one name map), detached, on the CPU, cast to ``dtype``. Tied
+    embeddings are untied. Raises ``ValueError`` naming a tensor the name map lacks (a bug)."""
     # clone: an untouched weight may share memory with another (tied embeddings), which safetensors refuses
-    return {k: t.detach().to(device="cpu", dtype=dtype).clone() for k, t in out.items()}
+    return {k: t.detach().to(device="cpu", dtype=dtype).clone()
+            for k, t in rename(remote_tensors(model), REMOTE_FORMAT).items()}
 
 
 def copy_remote_code(out_dir: Path) -> None:
@@ -304,78 +307,6 @@ def copy_remote_code(out_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- export
-
-
-@dataclass
-class Specials:
-    """The special tokens an export declares (DESIGN.md §8, §10): ``bos``/``eos``/``pad`` as
-    ``(token, id)`` or None; ``add_bos``: the exported tokenizer's post-processor must prepend BOS
-    (the source tokenizer had none: a ``bytes`` tokenizer, whose BOS is ``BYTES_PREFIX``)."""
-
-    bos: tuple[str, int] | None
-    eos: tuple[str, int] | None
-    pad: tuple[str, int] | None
-    add_bos: bool
-    n_tokens: int
-
-
-def tokenizer_specials(tokenizer_dir: str | Path) -> Specials:
-    """The ``Specials`` of a tokenizer directory, read with ``PreTrainedTokenizerFast``: its own BOS/EOS;
-    with neither, the token of ``BYTES_PREFIX`` as BOS (prepended on encoding); pad: its own, else EOS,
-    else BOS. lm-evaluation-harness needs a BOS or EOS as loglikelihood prefix and a pad token.
-    Raises ``FileNotFoundError`` when ``tokenizer.json`` is missing."""
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer_dir = Path(tokenizer_dir)
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"{tokenizer_dir / 'tokenizer.json'} does not exist; pass the run's tokenizer/ "
-                                f"directory (it holds tokenizer.json and tokenizer_config.json)")
-    tok = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
-
-    def pair(token):
-        return (str(token), tok.convert_tokens_to_ids(str(token))) if token is not None else None
-
-    bos, eos, pad, add_bos = pair(tok.bos_token), pair(tok.eos_token), pair(tok.pad_token), False
-    if bos is None and eos is None:
-        ids = tok.encode(BYTES_PREFIX, add_special_tokens=False)
-        if len(ids) == 1:
-            bos, add_bos = (tok.convert_ids_to_tokens(ids[0]), ids[0]), True
-    return Specials(bos, eos, pad or eos or bos, add_bos, len(tok))
-
-
-def tokenizer_ids(tokenizer_dir: str | Path) -> tuple[int | None, int | None, int]:
-    """``(bos_id, eos_id, vocab size)`` of an exported tokenizer (``tokenizer_specials``).
-    Raises ``FileNotFoundError`` when ``tokenizer.json`` is missing."""
-    sp = tokenizer_specials(tokenizer_dir)
-    return (sp.bos[1] if sp.bos else None), (sp.eos[1] if sp.eos else None), sp.n_tokens
-
-
-def write_tokenizer(tokenizer_dir: Path, out: Path, sp: Specials, max_len: int) -> None:
-    """Write the tokenizer of ``tokenizer_dir`` into ``out`` with ``sp`` declared: tokenizer.json (a BOS
-    post-processor added when ``sp.add_bos``) and tokenizer_config.json (bos/eos/pad tokens, class
-    ``PreTrainedTokenizerFast`` that every transformers version has, ``model_max_length = max_len``)."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import processors
-
-    hf = HFTokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    if sp.add_bos:
-        hf.post_processor = processors.TemplateProcessing(single=f"{sp.bos[0]} $A", pair=f"{sp.bos[0]} $A $B:1",
-                                                          special_tokens=[sp.bos])
-    hf.save(str(out / "tokenizer.json"))
-    src = tokenizer_dir / "tokenizer_config.json"
-    config = json.loads(src.read_text(encoding="utf-8")) if src.is_file() else {}
-    config.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len)
-    for key, value in (("bos_token", sp.bos), ("eos_token", sp.eos), ("pad_token", sp.pad)):
-        if value is not None:
-            config[key] = value[0]
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
-                                               encoding="utf-8")
-    special_map = tokenizer_dir / "special_tokens_map.json"
-    if special_map.is_file():
-        smap = json.loads(special_map.read_text(encoding="utf-8"))
-        smap.update({k: config[k] for k in ("bos_token", "eos_token", "pad_token") if k in config})
-        (out / "special_tokens_map.json").write_text(json.dumps(smap, indent=2, ensure_ascii=False) + "\n",
-                                                     encoding="utf-8")
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
@@ -507,132 +438,24 @@ def _make_ordinary(out: Path) -> None:
         os.chmod(f, 0o666 & ~umask)
 
 
-# --------------------------------------------------------------------------------------------- verify
-
-
-def shifted_targets(tokens: Tensor) -> Tensor:
-    """Next-token targets ``(B, T)`` for ``tokens (B, T)``: ``tokens[:, 1:]``, and -100 at the last position."""
-    targets = torch.full_like(tokens, -100)
-    targets[:, :-1] = tokens[:, 1:]
-    return targets
-
-
-def verify(out_dir: str | Path, model: Transformer, tokens: Tensor, atol: float | None = None) -> dict:
-    """Load ``out_dir`` with ``transformers.AutoModelForCausalLM`` (fp32) and compare it with ``model``.
-
-    ``tokens``: ``(B, T)`` token ids, ``T <= max_seq_len``. Checks that loading reports no missing,
-    unexpected or mismatched keys, that the logits ``(B, T, V)`` agree within ``atol`` (max abs diff;
-    default ``VERIFY_ATOL``, ``VERIFY_ATOL_REMOTE`` for the custom architecture, which is loaded with
-    ``trust_remote_code=True``), that the mean next-token loss agrees within ``atol`` nats (transformers
-    with ``labels=tokens``, which it shifts; ours from ``forward(tokens, targets)``), and that greedy
-    decoding from the first tokens of ``tokens[0]`` gives the same ids (transformers' ``generate`` with
-    its KV cache vs our uncached argmax). A bfloat16 export of a plain family is compared with our
-    folded model rounded to bfloat16 (the weights it holds), computed in fp32; a bfloat16 custom export
-    (whose folded weights have no scalevec counterpart) only with a loss tolerance of 0.05 nats. Prints
-    the figures and returns ``{"max_abs_logit_diff", "loss_ours", "loss_hf", "greedy_equal",
-    "loading_info"}``. Raises ``VerifyError`` on a mismatch.
-    """
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    from scalevec.hf.sampling import sample
-
-    hf_logging.disable_progress_bar()
-    out_dir = Path(out_dir)
-    config = json.loads((out_dir / "config.json").read_text())
-    remote = "auto_map" in config
-    atol = atol if atol is not None else (VERIFY_ATOL_REMOTE if remote else VERIFY_ATOL)
-    hf, info = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32, output_loading_info=True,
-                                                    trust_remote_code=remote)
-    hf.eval()
-    p0 = next(model.parameters())
-    ref = model if (p0.dtype, p0.device.type) == (torch.float32, "cpu") else copy.deepcopy(model).float().cpu()
-    exported_dtype = config.get("dtype", "float32")
-    logit_atol = atol
-    if exported_dtype != "float32" and remote:
-        atol, logit_atol = 0.05, float("inf")
-    elif exported_dtype != "float32":
-        ref = fold_scales(ref)
-        with torch.no_grad():
-            for p in ref.parameters():
-                p.copy_(p.to(DTYPES[exported_dtype]).float())
-    ref.eval()
-    tokens = tokens.long().cpu()
-    with torch.no_grad():
-        ours = ref(tokens)
-        ce, n, _ = ref(tokens, shifted_targets(tokens))
-        result = hf(input_ids=tokens, labels=tokens)
-        prompt = tokens[:1, :min(4, tokens.shape[1])]
-        n_new = min(16, model.cfg.max_seq_len - prompt.shape[1])
-        eos = config.get("eos_token_id")
-        greedy_ours = sample(ref, prompt[0].tolist(), n_new, temperature=0.0, eos_id=eos)
-        greedy_hf = hf.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n_new,
-                                do_sample=False, eos_token_id=eos, pad_token_id=config.get("pad_token_id", eos))
-        greedy_hf = greedy_hf[0, prompt.shape[1]:].tolist()
-    diff = (ours - result.logits).abs().max().item()
-    loss_ours, loss_hf = (ce / n).item(), result.loss.item()
-    greedy_equal = greedy_ours == greedy_hf
-    bad_keys = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
-    how = " (custom code, trust_remote_code=True)" if remote else ""
-    print(f"verify: {type(hf).__name__} loaded by transformers{how}, {tokens.shape[0]}x{tokens.shape[1]} tokens")
-    print(f"  loading: missing/unexpected/mismatched keys: {bad_keys or 'none'}")
-    print(f"  logits: max |ours - transformers| = {diff:.3e} (tolerance {logit_atol:g})")
-    print(f"  loss:   ours {loss_ours:.6f}  transformers {loss_hf:.6f} nats/token (|diff| "
-          f"{abs(loss_ours - loss_hf):.3e})")
-    print(f"  greedy: {len(greedy_ours)} ids from a {prompt.shape[1]}-token prompt "
-          f"{'equal' if greedy_equal else 'DIFFER'} (transformers generate() with its KV cache)")
-    problems = []
-    if bad_keys:
-        problems.append(f"loading reported {bad_keys}")
-    if not diff <= logit_atol:
-        problems.append(f"logits differ by {diff:.3e} > {logit_atol:g}")
-    if not abs(loss_ours - loss_hf) <= atol:
-        problems.append(f"losses differ: ours {loss_ours:.6f}, transformers {loss_hf:.6f}")
-    if not greedy_equal and exported_dtype == "float32":
-        problems.append(f"greedy ids differ: ours {greedy_ours}, transformers {greedy_hf}")
-    if problems:
-        raise VerifyError("verify failed: " + "; ".join(problems))
-    print("  verify: OK")
-    return {"max_abs_logit_diff": diff, "loss_ours": loss_ours, "loss_hf": loss_hf, "greedy_equal": greedy_equal,
-            "loading_info": info}
-
-
 # --------------------------------------------------------------------------------------------- command
-
-
-def verify_tokens(cfg, n_seq: int = 4) -> tuple[Tensor, str]:
-    """``(tokens (n_seq, T), where they come from)`` for ``verify``: the first held-out sequences of the
-    run's validation split (DESIGN.md §8), or, when its data cannot be prepared here, seeded random ids."""
-    seq_len = min(cfg.train.seq_len, cfg.model.max_seq_len)
-    try:
-        from scalevec.data.corpus import prepare_data
-        from scalevec.data.sampler import val_batches
-
-        batches, _ = val_batches(prepare_data(cfg.data), seq_len, cfg.data.val_tokens, n_seq)
-        x = batches[0][0].long()
-        if int(x.max()) >= cfg.model.vocab_size:
-            raise ValueError(f"its token ids exceed the model's vocabulary of {cfg.model.vocab_size}")
-        return x, f"{x.shape[0]}x{x.shape[1]} validation tokens of {cfg.data.source}"
-    except (ImportError, OSError, ValueError) as e:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randint(0, cfg.model.vocab_size, (n_seq, seq_len), generator=g)
-        return x, f"{n_seq}x{seq_len} random tokens (the run's validation data is not available here: {e})"
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", dtype: str = "float32",
                check: bool = False, max_shard_size: int | str = "5GB") -> Path:
-    """Export the final checkpoint of run ``run_dir`` (``rundir.load_model``: verified against its
+    """Export the final checkpoint of run ``run_dir`` (``run_model.load_model``: verified against its
     manifest, dead models refused) with its tokenizer; with ``check``, verify on held-out tokens before the
     result appears at ``out_dir``. Raises as ``export_model``, and ``rundir.RunDirError`` (one line, exit 2)
     when ``run_dir`` is not a run or has no intact, healthy checkpoint."""
-    from scalevec.training.rundir import load_model
+    from scalevec.training import rundir
+    from scalevec.training.checkpoint.run_model import load_model
 
     check_out_dir(out_dir)
     cfg, model, _ = load_model(run_dir)
     run_dir = Path(run_dir)
-    tok_dir = run_dir / "tokenizer"
+    tok_dir = rundir.tokenizer_dir(run_dir)
     plan = plan_export(model, out_dir, tok_dir if tok_dir.is_dir() else None, format, dtype)
-    if not (run_dir / "DONE").exists():
+    if not rundir.is_done(run_dir):
         print(f"note: {run_dir} has no DONE marker; exporting its latest checkpoint")
     if plan.tokenizer_dir is None:
         print(f"note: {run_dir} has no tokenizer/ directory; the export holds no tokenizer")

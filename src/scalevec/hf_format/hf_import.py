@@ -16,7 +16,7 @@ trainer says so and logs the loss at step 0 before and after. The ``peri`` layou
 that no plain model has: it is refused. Under strategy ``none`` the site's γ is folded into the
 weights (exact up to rounding), except the QK-norm γ, which has no slot there.
 
-Name maps: the matrices use ``names.name_map`` read backwards (one home per map: ``hf/names.py``); the
+Name maps: the matrices use ``names.name_map`` read backwards (one home per map: ``hf_format/names.py``); the
 norm sites are ``names.NORM_SITES`` (export writes them as ones). Reading Hugging Face files needs only
 ``safetensors`` (no transformers).
 """
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
-from scalevec.hf.names import FORMATS, NORM_SITES, name_map
+from scalevec.hf_format.names import FORMATS, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer
 

@@ -1,13 +1,15 @@
 """Our parameter names <-> Hugging Face names, per checkpoint family: the one name map (DESIGN.md §10).
 
-``export.py`` writes checkpoints with it, ``hf_import.py`` reads them with it backwards, and
-``scalevec bench`` builds its Hugging Face Llama through export. Templates: ``"{i}"`` is the layer
-index, ``"{j}"`` an expert index. Only names live here: no tensors, no files, no transformers.
+``hf/export.py`` writes checkpoints with it (the plain families and the custom architecture ``scalevec``),
+``hf_import.py`` reads them with it backwards, and ``scalevec bench`` builds its Hugging Face Llama through
+export. Templates: ``"{i}"`` is the layer index, ``"{j}"`` an expert index. Only names live here: no
+tensors, no files, no transformers.
 """
 
 from __future__ import annotations
 
-# Hugging Face model_type -> the architecture class an export declares in config.json
+REMOTE_FORMAT = "scalevec"  # the custom architecture (config.json auto_map + trust_remote_code)
+# Hugging Face model_type -> the architecture class an export declares in config.json (the plain families)
 FORMATS = {
     "llama": "LlamaForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -61,6 +63,44 @@ NORM_SITES = {
 }
 
 
+# The custom architecture (format "scalevec": hf/remote/modeling_scalevec.py, ScalevecForCausalLM), for what
+# cannot fold. Its tensors are ours with every foldable scale folded in, so the keys are the names of our
+# exported tensors: a matrix (folded), or a scale vector that is kept, named "<its module>.weight" (the name a
+# direct γ has; OR/ER's γ is materialized) as fold_scales names the QK-norm γ it keeps. The dense names are
+# the plain families'; expert banks stay whole (E, d_out, d_in). Kept beyond QK-norm: the peri Output-Norms'
+# γ and DNP's gate scale s (DNP's s on up folds into down). tests/test_export_remote.py checks this table
+# against the modeling file's parameters for every strategy, both ways.
+REMOTE_NAMES = {
+    **DENSE_NAMES,
+    "layers.{i}.attn_out.scale.weight": "model.layers.{i}.attn_out_norm.weight",
+    "layers.{i}.mlp_out.scale.weight": "model.layers.{i}.mlp_out_norm.weight",
+    "layers.{i}.mlp.proj.branches.gate.out_scale.weight": "model.layers.{i}.mlp.gate_norm",
+    "layers.{i}.mlp.router.weight": "model.layers.{i}.mlp.router.weight",
+    "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.mlp.experts.gate_proj",
+    "layers.{i}.mlp.experts.up.weight": "model.layers.{i}.mlp.experts.up_proj",
+    "layers.{i}.mlp.experts.down.weight": "model.layers.{i}.mlp.experts.down_proj",
+    "layers.{i}.mlp.experts.gate.out_scale.weight": "model.layers.{i}.mlp.experts.gate_norm",
+    "layers.{i}.mlp.shared_experts.gate.weight": "model.layers.{i}.mlp.shared_experts.gate_proj.weight",
+    "layers.{i}.mlp.shared_experts.up.weight": "model.layers.{i}.mlp.shared_experts.up_proj.weight",
+    "layers.{i}.mlp.shared_experts.down.weight": "model.layers.{i}.mlp.shared_experts.down_proj.weight",
+    "layers.{i}.mlp.shared_experts.gate.out_scale.weight": "model.layers.{i}.mlp.shared_experts.gate_norm",
+}
+
+
 def name_map(fmt: str) -> dict[str, str]:
-    """Our parameter-name templates -> Hugging Face name templates for family ``fmt`` (litgpt-style)."""
+    """Our parameter-name templates -> Hugging Face name templates for family ``fmt`` (litgpt-style);
+    ``fmt="scalevec"``: the custom architecture's (``REMOTE_NAMES``)."""
+    if fmt == REMOTE_FORMAT:
+        return dict(REMOTE_NAMES)
     return {**DENSE_NAMES, **MOE_NAMES.get(fmt, {})}
+
+
+def template_of(key: str) -> tuple[str, int | None]:
+    """``(name template, layer index)`` of one of our parameter names: ``"layers.3.attn.o.weight"`` ->
+    ``("layers.{i}.attn.o.weight", 3)``; a name outside the layers is its own template, index None."""
+    head, _, rest = key.partition(".")
+    if head == "layers":
+        i, _, tail = rest.partition(".")
+        if i.isdigit():
+            return f"layers.{{i}}.{tail}", int(i)
+    return key, None
