@@ -33,9 +33,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from scalevec.config import to_dict
+from scalevec.config_codec import to_dict
 from scalevec.resolve import resolve_config
 from scalevec.training import rundir
+from scalevec.training.checkpoint import layout
 from scalevec.training.trainer import train
 
 
@@ -95,7 +96,7 @@ def kill_case(i: int, rng: random.Random, cfg_file: Path, work: Path, ref, steps
 def damage_case(i: int, rng: random.Random, partial: Path, work: Path, ref, steps: int) -> tuple[bool, str]:
     out = work / f"damage{i}"
     shutil.copytree(partial, out)
-    ckpts = rundir.checkpoint_dirs(out)
+    ckpts = layout.checkpoint_dirs(out)
     ckpt = rng.choice(ckpts)
     files = [p for p in ckpt.rglob("*") if p.is_file()]
     target = rng.choice(files)

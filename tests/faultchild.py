@@ -13,8 +13,9 @@ from pathlib import Path
 
 
 def arm(where: str, at: int) -> None:
-    from scalevec.training import checkpoint, rundir
+    from scalevec.training import rundir
     from scalevec.training import trainer as train_mod
+    from scalevec.training.checkpoint import integrity, layout, save_load
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -29,7 +30,7 @@ def arm(where: str, at: int) -> None:
 
         train_mod.Trainer.train_step = step
     elif where == "consolidated":
-        real_cons = checkpoint.save_consolidated
+        real_cons = save_load.save_consolidated
 
         def consolidated(model, state, path):
             if path.parent.name.startswith(f".tmp_step_{at:07d}."):
@@ -37,11 +38,11 @@ def arm(where: str, at: int) -> None:
                 die()
             return real_cons(model, state, path)
 
-        checkpoint.save_consolidated = consolidated
+        save_load.save_consolidated = consolidated
     elif where in ("train_state", "manifest"):
-        name, file = ("write_train_state", rundir.TRAIN_STATE) if where == "train_state" else \
-            ("write_manifest", rundir.MANIFEST)
-        real = getattr(rundir, name)
+        name, file = ("write_train_state", layout.TRAIN_STATE) if where == "train_state" else \
+            ("write_manifest", layout.MANIFEST)
+        real = getattr(integrity, name)
 
         def cut(path, step, *rest):
             if step == at:
@@ -50,12 +51,12 @@ def arm(where: str, at: int) -> None:
                 die()
             return real(path, step, *rest)
 
-        setattr(rundir, name, cut)
+        setattr(integrity, name, cut)
     elif where == "latest":
         real_atomic = rundir.write_atomic
 
         def atomic(path, text):
-            if Path(path).name == rundir.LATEST and text == f"step_{at:07d}":
+            if Path(path).name == layout.LATEST and text == f"step_{at:07d}":
                 die()
             return real_atomic(path, text)
 

@@ -27,12 +27,13 @@ import yaml
 from safetensors.torch import load_file
 
 from scalevec.cli import main
-from scalevec.config import to_dict
+from scalevec.config_codec import to_dict
 from scalevec.experiments import sweepdir
 from scalevec.experiments.sweep import expand, run_status, run_sweep, spec_from_dict
 from scalevec.resolve import resolve_config
 from scalevec.training import command, rundir
 from scalevec.training import trainer as train_mod
+from scalevec.training.checkpoint import integrity, layout
 from scalevec.training.schedule import lr_multiplier
 from scalevec.training.trainer import BLOWUP_RATIO, Preempted, TrainingDiverged, train
 from test_rundir_faults import STEPS, tiny_cfg  # the fault suite's tiny run
@@ -242,13 +243,13 @@ def test_a_checkpoint_whose_step_does_not_fit_is_skipped_not_fed_to_the_schedule
     out = env["root"] / "badstep"
     assert train(env["cfg"], out, stop_at=6, quiet=True) == {"stopped_at": 6}
     ckpt = out / "checkpoints" / "step_0000006"
-    state = json.loads((ckpt / rundir.TRAIN_STATE).read_text())
-    (ckpt / rundir.TRAIN_STATE).write_text(json.dumps({**state, "step": -5}))
-    (ckpt / rundir.MANIFEST).unlink()
-    rundir.write_manifest(ckpt, 6)
+    state = json.loads((ckpt / layout.TRAIN_STATE).read_text())
+    (ckpt / layout.TRAIN_STATE).write_text(json.dumps({**state, "step": -5}))
+    (ckpt / layout.MANIFEST).unlink()
+    integrity.write_manifest(ckpt, 6)
     assert main(["train", "--resume", "--out", str(out), "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert f"skipped checkpoint step_0000006: {ckpt / rundir.TRAIN_STATE}" in err and "outside" not in err, err
+    assert f"skipped checkpoint step_0000006: {ckpt / layout.TRAIN_STATE}" in err and "outside" not in err, err
     assert_same_as_reference(env, out)
 
 

@@ -28,11 +28,12 @@ import yaml
 from safetensors.torch import load_file
 
 from scalevec.cli import main
-from scalevec.config import to_dict
+from scalevec.config_codec import to_dict
 from scalevec.experiments.sweep import expand, run_status, spec_from_dict
 from scalevec.resolve import resolve_config
 from scalevec.training import command, rundir
 from scalevec.training import trainer as train_mod
+from scalevec.training.checkpoint import integrity, layout
 from scalevec.training.trainer import TrainingDiverged, train
 
 STEPS = 8
@@ -148,7 +149,7 @@ def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(env, ca
         monkeypatch.setattr(train_mod.Trainer, "train_step", step_then_term)
         assert main(train_argv(env, out)) == command.PREEMPTED_EXIT
         assert "SIGTERM" in capsys.readouterr().err
-        assert rundir.checkpoint_dirs(out)[0].name == f"step_{at + 1:07d}"
+        assert layout.checkpoint_dirs(out)[0].name == f"step_{at + 1:07d}"
         monkeypatch.setattr(train_mod.Trainer, "train_step", real_step)
         assert main(resume_argv(out)) == 0
         assert_same_as_reference(env, out)
@@ -173,7 +174,7 @@ def partial(env):
     """A run stopped after 6 of 8 steps, with checkpoints at steps 2, 4 and 6."""
     out = env["root"] / "partial"
     assert train(env["cfg"], out, stop_at=6, quiet=True) == {"stopped_at": 6}
-    assert [c.name for c in rundir.checkpoint_dirs(out)] == ["step_0000006", "step_0000004", "step_0000002"]
+    assert [c.name for c in layout.checkpoint_dirs(out)] == ["step_0000006", "step_0000004", "step_0000002"]
     return out
 
 
@@ -192,7 +193,7 @@ def test_damaged_checkpoint_file_falls_back_or_fails_in_one_line(env, partial, c
         ckpt = out / "checkpoints" / "step_0000006"
         target = next((ckpt / "dcp").glob("*.safetensors")) if name == "dcp" else ckpt / name
         damage(target, how)
-        found, skipped = rundir.resumable_checkpoint(out)
+        found, skipped = integrity.resumable_checkpoint(out)
         assert found.name == "step_0000004" and skipped[0].startswith("step_0000006"), (how, name)
         if name == "model.safetensors":
             hf = env["root"] / f"hf-{how}"
@@ -257,7 +258,7 @@ def rewrite_manifest(ckpt: Path) -> None:
     """A new MANIFEST.json over the checkpoint's files as they are now: the damage passes the manifest."""
     step = json.loads((ckpt / "MANIFEST.json").read_text())["step"]
     (ckpt / "MANIFEST.json").unlink()
-    rundir.write_manifest(ckpt, step)
+    integrity.write_manifest(ckpt, step)
 
 
 def edit_train_state(ckpt: Path, edit) -> None:
@@ -283,12 +284,12 @@ def test_checkpoint_that_contradicts_itself_falls_back(env, partial, capsys, how
         edit_train_state(ckpt, lambda st: st.update(step=10 ** 15))
         manifest = json.loads((ckpt / "MANIFEST.json").read_text())
         (ckpt / "MANIFEST.json").unlink()
-        rundir.write_manifest(ckpt, 10 ** 15)
+        integrity.write_manifest(ckpt, 10 ** 15)
         assert manifest["step"] == 6
     else:
         edit_train_state(ckpt, lambda st: st.update(step=10 ** 15 if how == "step-huge" else 4))
         rewrite_manifest(ckpt)
-    found, skipped = rundir.resumable_checkpoint(out)
+    found, skipped = integrity.resumable_checkpoint(out)
     assert found.name == "step_0000004" and skipped[0].startswith(ckpt.name), skipped
     assert main(resume_argv(out)) == 0
     err = capsys.readouterr().err
@@ -327,7 +328,7 @@ def malform(ckpt: Path, how: str) -> None:
     rewrite_manifest(ckpt)
 
 
-# how -> found without a model (rundir checks the files), else only by loading them (checkpoint.py)
+# how -> found without a model (checkpoint/integrity.py checks the files), else only by loading them (save_load.py)
 MALFORMED = {"not-safetensors": True, "rng-length": True, "extra-list": True, "wrong-shape": False, "betas": False}
 
 
@@ -335,16 +336,16 @@ MALFORMED = {"not-safetensors": True, "rng-length": True, "extra-list": True, "w
 @pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_malformed_checkpoint_that_passes_its_manifest_falls_back(env, partial, capsys, how):
     """A newest checkpoint that matches a rewritten manifest but is malformed: a DCP shard that is not
-    safetensors, a tensor of another shape, rng_cpu of another length, extra a list, one beta. rundir finds
+    safetensors, a tensor of another shape, rng_cpu of another length, extra a list, one beta. integrity finds
     the first kind without a model; the others only a load finds. Either way --resume (which resumes through
-    checkpoint.resume_checkpoint) skips it with a note naming it, resumes from step 4 and continues bit for
+    save_load.resume_checkpoint) skips it with a note naming it, resumes from step 4 and continues bit for
     bit; and resume_checkpoint loads step 4 exactly as a direct load does."""
     out = env["root"] / f"malformed-{how}"
     shutil.copytree(partial, out)
     malform(out / "checkpoints" / "step_0000006", how)
     api = env["root"] / f"malformed-{how}-api"  # a copy for resume_checkpoint, which only reads
     shutil.copytree(out, api)
-    found, skipped = rundir.resumable_checkpoint(out)
+    found, skipped = integrity.resumable_checkpoint(out)
     assert (found.name == "step_0000004") == MALFORMED[how], (how, skipped)
 
     assert main(resume_argv(out)) == 0, how
@@ -354,7 +355,7 @@ def test_malformed_checkpoint_that_passes_its_manifest_falls_back(env, partial, 
     assert "no intact checkpoint" not in err, err
     assert_same_as_reference(env, out)
 
-    from scalevec.training.checkpoint import load_checkpoint, resume_checkpoint
+    from scalevec.training.checkpoint.save_load import load_checkpoint, resume_checkpoint
 
     notes: list[str] = []
     trainer = train_mod.Trainer(env["cfg"], api, resume=True, quiet=True)
@@ -624,13 +625,54 @@ def test_overwrite_deletes_only_what_scalevec_wrote(env, partial, capsys):
     assert "analysis, notes.txt" in notes[0]
 
 
+def test_dead_writers_temporaries_are_cleaned_in_the_run_and_its_checkpoints(tmp_path):
+    """What the trainer removes under its lock before it writes: rundir.clean_temporaries, the run's own
+    temporaries (write_atomic's ``.NAME.PID.tmp``); layout.clean_temporaries, a half-written checkpoint
+    (``.tmp_step_*``) and checkpoints/'s temporaries. Nothing else goes, and a symbolic link in place of
+    checkpoints/ is never cleaned through (another run's files)."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / ".tmp_step_0000004.123" / "dcp").mkdir(parents=True)
+    (run / "checkpoints" / "step_0000002").mkdir()
+    (run / "checkpoints" / ".latest.123.tmp").write_text("step_0000004")
+    (run / ".summary.json.123.tmp").write_text("{")
+    (run / "summary.json").write_text("{}")
+    assert rundir.clean_temporaries(run) == [".summary.json.123.tmp"]
+    assert sorted(layout.clean_temporaries(run)) == [".latest.123.tmp", ".tmp_step_0000004.123"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "summary.json"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_0000002"]
+    other = tmp_path / "other"
+    (other / "checkpoints" / ".tmp_step_0000006.9").mkdir(parents=True)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "checkpoints").symlink_to(other / "checkpoints")
+    assert layout.clean_temporaries(linked) == [] and (other / "checkpoints" / ".tmp_step_0000006.9").is_dir()
+
+
+def test_meta_is_read_leniently_and_a_summary_strictly(tmp_path):
+    """read_meta (what a report shows: the CPU, a branch's parent) gives {} for a missing, damaged or non-object
+    meta.json; read_summary (a finished run's numbers) refuses those in one line naming the file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert rundir.read_meta(run) == {}
+    for text in ('{"cpu": "x"', "[1, 2]", "\xff"):
+        (run / "meta.json").write_text(text, encoding="latin-1")
+        assert rundir.read_meta(run) == {}
+    (run / "meta.json").write_text('{"cpu": "x"}')
+    assert rundir.read_meta(run) == {"cpu": "x"}
+    with pytest.raises(rundir.RunDirError, match=r"summary\.json does not exist; retrain"):
+        rundir.read_summary(run, fix="retrain")
+    (run / "summary.json").write_text("[1]")
+    with pytest.raises(rundir.RunDirError, match=r"summary\.json is not a summary"):
+        rundir.read_summary(run)
+
+
 # ----------------------------------------------------------------------------------------- several processes
 
 
 def _save_without_tag(rank: int, root: str) -> dict:
     """Each of the ranks saves a tiny model and AdamW state with ``tag=None``, then loads it back."""
     from scalevec.model.transformer import build_model
-    from scalevec.training.checkpoint import load_checkpoint, save_checkpoint
+    from scalevec.training.checkpoint.save_load import load_checkpoint, save_checkpoint
 
     cfg = resolve_config("tiny", "baseline", ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
                                               "model.n_kv_heads=1", "model.d_ff=48"])
@@ -657,7 +699,7 @@ def test_save_checkpoint_without_a_tag_from_every_rank_loads(tmp_path):
 
     results = run_distributed(_save_without_tag, str(tmp_path), world_size=2)
     assert results == [{"step": 1, "same": True, "temporaries": []}] * 2, results
-    from scalevec.training.checkpoint import writer_tag
+    from scalevec.training.checkpoint.save_load import writer_tag
 
     assert writer_tag(7) == 7 and writer_tag() == os.getpid()  # one process: its own PID
 
@@ -682,26 +724,26 @@ def test_full_disk_during_training_is_one_line_exit_3_and_resumable(env, capsys,
     from safetensors import SafetensorError
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    from scalevec.training import checkpoint as ckpt_mod
+    from scalevec.training.checkpoint import save_load
 
-    real_manifest, real_append = rundir.write_manifest, rundir.append_metrics
-    real_save_file, real_write_data = ckpt_mod.save_file, HuggingFaceStorageWriter.write_data
+    real_manifest, real_append = integrity.write_manifest, rundir.append_metrics
+    real_save_file, real_write_data = save_load.save_file, HuggingFaceStorageWriter.write_data
     for case in ("checkpoint", "consolidated", "dcp", "metrics"):
         out = env["root"] / f"enospc-{case}"
         if case == "checkpoint":
             def manifest(ckpt, step):
                 if step == 4:
-                    raise enospc(ckpt / rundir.MANIFEST)
+                    raise enospc(ckpt / layout.MANIFEST)
                 return real_manifest(ckpt, step)
 
-            monkeypatch.setattr(rundir, "write_manifest", manifest)
+            monkeypatch.setattr(integrity, "write_manifest", manifest)
         elif case == "consolidated":
             def save_file(tensors, filename, metadata=None):
                 if "step_0000004" in filename:
                     raise SafetensorError(SAFETENSORS_ENOSPC)
                 return real_save_file(tensors, filename, metadata=metadata)
 
-            monkeypatch.setattr(ckpt_mod, "save_file", save_file)
+            monkeypatch.setattr(save_load, "save_file", save_file)
         elif case == "dcp":
             def write_data(self, plan, planner):
                 if "step_0000004" in str(self.path):
@@ -877,7 +919,7 @@ def test_dead_model_and_spike_write_diverged_with_the_checkpoint_from_before(env
     assert div["first_bad_step"] == first_bad and div["checkpoint"] == kept
     assert ("dead model" if how == "dead" else "loss spike") in div["reason"]
     assert (out / "checkpoints" / "latest").read_text() == kept
-    assert rundir.model_checkpoint(out)[0].name == kept
+    assert integrity.model_checkpoint(out)[0].name == kept
     assert main(["export", str(out), "--out", str(env["root"] / f"hf-{how}")]) == 0
     capsys.readouterr()
     assert main(resume_argv(out)) == 2
@@ -912,7 +954,7 @@ def test_dead_checkpoint_without_diverged_is_refused_by_export(env, partial, cap
               metadata={"format": "pt"})
     manifest = json.loads((ckpt / "MANIFEST.json").read_text())
     (ckpt / "MANIFEST.json").unlink()
-    rundir.write_manifest(ckpt, manifest["step"])
+    integrity.write_manifest(ckpt, manifest["step"])
     assert main(["export", str(out), "--out", str(env["root"] / "hf-deadckpt")]) == 2
     one_line_error(capsys, "dead model")
     assert main(["generate", str(out), "--prompt", "Hi"]) == 2

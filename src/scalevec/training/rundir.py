@@ -1,7 +1,9 @@
-"""The run directory: its layout, markers, metrics, lock, checkpoints and their integrity (DESIGN.md §8).
+"""The run directory's own files: create and recognize a run, its config, meta, metrics, markers, lock (DESIGN.md §8).
 
-This module is the only one that knows where things live in a run directory; ``train``, ``sweep``,
-``compare``, ``report``, ``export`` and ``generate`` go through it. Layout::
+This module is the one that knows the run's files; ``train``, ``sweep``, ``compare``, ``report``,
+``export``, ``generate`` and ``eval`` read and write them through it. The checkpoints (``checkpoints/``)
+belong to the ``checkpoint`` package, the scores of ``scalevec eval`` to ``eval_results``, the trackers'
+mirrors to ``tracking``; their names are listed here because ``--overwrite`` deletes them. Layout::
 
     RUN/config.yaml            the resolved RunConfig (YAML, read with safe_load)
     RUN/meta.json              the run format marker (``RUN_FORMAT``), versions, code version, host, start time
@@ -9,30 +11,20 @@ This module is the only one that knows where things live in a run directory; ``t
     RUN/metrics.jsonl          one JSON object per line (train / eval / probe rows)
     RUN/metrics.jsonl.damaged  a damaged metrics.jsonl that resume set aside (never deleted by it)
     RUN/summary.json           final figures (finished runs)
-    RUN/eval.json              downstream scores of ``scalevec eval`` per task (also in an export directory)
+    RUN/eval.json              downstream scores of ``scalevec eval`` per task (``eval_results``)
     RUN/tokenizer/             tokenizer.json (+ tokenizer_config.json)
     RUN/DONE                   the run finished
     RUN/DIVERGED               the run stopped on its health guard: {"step", "first_bad_step", "reason", "checkpoint"}
     RUN/.lock                  the writer's OS lock (``fcntl.flock``); holds the writer's PID
-    RUN/tensorboard/, RUN/wandb/, RUN/wandb_id   the trackers' mirrors (tracking.py)
-    RUN/checkpoints/step_XXXXXXX/
-        dcp/*.safetensors      model + optimizer tensors, one file per writing rank, in torch's
-                               safetensors-backed DCP format (reshardable to any number of processes)
-        model.safetensors      the consolidated model (export, generate)
-        train_state.json       step, RNG states, trainer extras, the non-tensor optimizer state
-        MANIFEST.json          size and SHA-256 of every file above; written last, before the rename
-    RUN/checkpoints/latest     the name of the newest checkpoint (informative; discovery lists step_*)
+    RUN/tensorboard/, RUN/wandb/, RUN/wandb_id   the trackers' mirrors (``tracking``)
+    RUN/checkpoints/           the checkpoints (``checkpoint`` package: layout, integrity, save_load, run_model)
 
 What this module guarantees (our choices, documented in README "Run directories"):
 
 - *Nothing read from a run directory runs code.* Every file is JSON, YAML (``yaml.safe_load``) or
-  safetensors; no pickle is ever loaded, and the DCP reader used is torch's ``HuggingFaceStorageReader``,
-  which builds its metadata from safetensors headers (the default DCP reader unpickles ``.metadata``).
-- *Integrity.* A checkpoint is used only when its manifest matches its files, its safetensors files
-  parse, and what it says about itself agrees (folder, manifest and train state name one step, within
-  the run's steps); otherwise the next older one is tried, and the caller is told which was skipped and
-  why. A run writes only into its own files: a symbolic link in place of ``checkpoints/``,
-  ``metrics.jsonl`` or a ``step_*`` folder is never written through.
+  safetensors; no pickle is ever loaded (the checkpoints: ``checkpoint/save_load.py``).
+- *A run writes only into its own files*: a symbolic link in place of ``checkpoints/`` or
+  ``metrics.jsonl`` is never written through (``check_no_links``).
 - *Only scalevec's files are deleted.* A run is recognized by its ``meta.json`` (``is_run``), never by a
   file name alone; ``--overwrite`` deletes the entries scalevec writes (``RUN_ENTRIES``) and leaves, and
   names, anything else.
@@ -43,20 +35,18 @@ What this module guarantees (our choices, documented in README "Run directories"
 
 from __future__ import annotations
 
-import base64
-import datetime
 import errno
 import fcntl
-import hashlib
 import json
-import math
 import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from scalevec.training.checkpoint.layout import CKPT_DIR, checkpoint_dirs
 
 CONFIG = "config.yaml"
 META = "meta.json"
@@ -68,18 +58,15 @@ TOKENIZER = "tokenizer"
 DONE = "DONE"
 DIVERGED = "DIVERGED"
 LOCK = ".lock"
-CKPT_DIR = "checkpoints"
-LATEST = "latest"
-MANIFEST = "MANIFEST.json"
-TRAIN_STATE = "train_state.json"
-MODEL_FILE = "model.safetensors"
-DCP_DIR = "dcp"
-CKPT_FORMAT = "scalevec-checkpoint/2"
+TENSORBOARD = "tensorboard"  # the TensorBoard event files (tracking.py)
+WANDB = "wandb"  # the Weights & Biases run folder (tracking.py)
+WANDB_ID = "wandb_id"  # the W&B run id, kept for --resume (tracking.py)
 RUN_FORMAT = "scalevec-run/1"  # meta.json's "format": the marker that scalevec train wrote the directory
 # what meta.json has always held (runs written before RUN_FORMAT existed are recognized by these keys)
 LEGACY_META_KEYS = ("scalevec", "torch", "python", "start_time")
 DAMAGED = ".damaged"  # the suffix of a damaged file set aside (metrics.jsonl.damaged)
-TRACKER_ENTRIES = ("tensorboard", "wandb", "wandb_id")  # written by tracking.py
+TRACKER_ENTRIES = (TENSORBOARD, WANDB, WANDB_ID)  # written by tracking.py
+TAIL_BYTES = 1 << 18  # last_row: the last rows of metrics.jsonl are in its last 256 kB (a row of a big model is ~20 kB)
 # every entry scalevec writes in a run directory: what --overwrite deletes (LOCK is kept: its holder is the caller)
 RUN_ENTRIES = (CONFIG, META, GROUPS, METRICS, SUMMARY, EVAL, TOKENIZER, DONE, DIVERGED, CKPT_DIR, *TRACKER_ENTRIES)
 # entries a resume writes into in place (appends, new checkpoints): a symbolic link there would send the
@@ -88,7 +75,6 @@ NO_LINKS = (CKPT_DIR, METRICS)
 # the small files of a run that git keeps for a study's committed runs (.gitignore lists the same): enough for
 # a sweep to count the run done and for its report (summary.json repeats the eval rows); the rest stays local
 KEPT = (CONFIG, META, GROUPS, SUMMARY, DONE, DIVERGED)
-_STEP_RE = re.compile(r"step_(\d{7,})")
 
 
 class RunDirError(ValueError):
@@ -97,10 +83,6 @@ class RunDirError(ValueError):
 
 class RunLocked(RunDirError):
     """Another process holds the run directory's lock."""
-
-
-class CorruptCheckpoint(RunDirError):
-    """A checkpoint's files do not match its manifest (or cannot be read)."""
 
 
 def one_line(e: BaseException) -> str:
@@ -131,6 +113,7 @@ def write_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON through ``write_atomic`` (values JSON cannot hold written as ``str``)."""
     write_atomic(path, json.dumps(obj, indent=2, default=str))
 
 
@@ -143,6 +126,8 @@ def read_json(path: str | Path, fix: str = "restore it from a copy of the run or
         raise RunDirError(f"{path} does not exist; {fix}") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise RunDirError(f"{path} cannot be read ({one_line(e)}); {fix}") from None
+
+
 
 
 def write_meta(run_dir: str | Path, meta: dict) -> None:
@@ -187,7 +172,8 @@ def load_config(run_dir: str | Path):
 
     Raises ``RunDirError`` when it is missing, not YAML, or not a valid config.
     """
-    from scalevec.config import RunConfig, from_dict, load_yaml
+    from scalevec.config import RunConfig
+    from scalevec.config_codec import from_dict, load_yaml
 
     path = Path(run_dir) / CONFIG
     if not path.is_file():
@@ -207,6 +193,57 @@ def load_tokenizer(run_dir: str | Path):
         return load_tokenizer_dir(path)
     except Exception as e:  # the tokenizers library raises a bare Exception for a malformed tokenizer.json
         raise RunDirError(f"{path} cannot be read ({one_line(e)}); restore the run's tokenizer/ folder") from None
+
+
+def has_config(path: str | Path) -> bool:
+    """Whether ``path`` holds a ``config.yaml``: what export, generate, eval and report take for a run to read
+    (as against an exported Hugging Face directory, with ``config.json``). Deleting asks more: ``is_run``."""
+    return (Path(path) / CONFIG).is_file()
+
+
+def tokenizer_dir(run_dir: str | Path) -> Path:
+    """Where the run's tokenizer lives (``RUN/tokenizer/``, ``tokenizer.json`` inside; it may be missing)."""
+    return Path(run_dir) / TOKENIZER
+
+
+def write_run_files(run_dir: str | Path, meta: dict, cfg, groups: str, tokenizer) -> None:
+    """Write a new run's files: ``meta.json`` first (``write_meta``: its format marker makes a set-up
+    interrupted after it a recognized run, which ``--overwrite`` may empty), then ``config.yaml`` (``cfg``,
+    the resolved ``RunConfig``), ``optim_groups.txt`` (``groups``: the optimizer group table, a newline
+    added) and ``tokenizer/`` (``tokenizer.save``). An ``OSError`` (read-only, full disk) is raised as it is."""
+    from scalevec.config_codec import save_yaml
+
+    run_dir = Path(run_dir)
+    write_meta(run_dir, meta)
+    save_yaml(cfg, run_dir / CONFIG)
+    write_atomic(run_dir / GROUPS, groups + "\n")
+    tokenizer.save(tokenizer_dir(run_dir))
+
+
+def read_meta(run_dir: str | Path) -> dict:
+    """The run's ``meta.json`` as a mapping; ``{}`` when it is missing, unreadable or no mapping (what a
+    report reads from it, the CPU or a branch's parent, is informative: a damaged file costs that only)."""
+    path = Path(run_dir) / META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def write_summary(run_dir: str | Path, summary: dict) -> None:
+    """Write ``summary.json`` (the final figures of a finished run), atomically."""
+    write_json(Path(run_dir) / SUMMARY, summary)
+
+
+def read_summary(run_dir: str | Path, fix: str = "restore it from a copy of the run or retrain the run") -> dict:
+    """The run's ``summary.json``; ``RunDirError`` naming the file and ``fix`` when it is missing,
+    unreadable or not a mapping."""
+    path = Path(run_dir) / SUMMARY
+    data = read_json(path, fix)
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is not a summary (a JSON object); {fix}")
+    return data
 
 
 # ----------------------------------------------------------------------------------------- metrics
@@ -295,14 +332,39 @@ def rewrite_metrics(run_dir: str | Path, keep: Callable[[dict], bool],
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows if keep(r)))
 
 
+def last_row(run_dir: str | Path, kind: str, tail_bytes: int = TAIL_BYTES) -> dict | None:
+    """The last complete row of ``kind`` in ``metrics.jsonl``, read from its last ``tail_bytes`` only, or
+    ``None`` (no such row there, or no readable file). For a live view of a run being written, without its
+    lock (a sweep's progress line): a line that is no row is skipped, not an error, since the window cuts
+    the first one and the writer may be appending the last."""
+    try:
+        with open(Path(run_dir) / METRICS, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - tail_bytes))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.split("\n")):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # empty, cut off by the tail window, or being written
+        if isinstance(row, dict) and row.get("kind") == kind:
+            return row
+    return None
+
+
 # ----------------------------------------------------------------------------------------- markers
 
 
 def mark_done(run_dir: str | Path) -> None:
+    """Write ``DONE`` (the time the run finished): the marker that the run is complete."""
     write_atomic(Path(run_dir) / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
 
 
 def is_done(run_dir: str | Path) -> bool:
+    """True when the run finished (``DONE`` is a file in it)."""
     return (Path(run_dir) / DONE).is_file()
 
 
@@ -460,9 +522,21 @@ def locked_by(run_dir: str | Path) -> str | None:
     return None
 
 
+def clean_temporaries(run_dir: str | Path) -> list[str]:
+    """Remove the temporary files that dead writers left in the run directory (``write_atomic``'s
+    ``.NAME.PID.tmp``; call with the lock held) and return their names. The checkpoints' own:
+    ``checkpoint.layout.clean_temporaries``."""
+    removed = []
+    for p in Path(run_dir).iterdir() if Path(run_dir).is_dir() else ():
+        if p.name.startswith(".") and p.name.endswith(".tmp"):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+            removed.append(p.name)
+    return removed
+
+
 def _written_by_scalevec(name: str) -> bool:
     """An entry of a run directory that scalevec writes: ``RUN_ENTRIES``, a damaged file set aside
-    (``NAME.damaged*``) and the temporaries of ``write_atomic`` (``.NAME.PID.tmp``) and ``write_eval``."""
+    (``NAME.damaged*``) and the temporaries of ``write_atomic`` (``.NAME.PID.tmp``)."""
     if name in RUN_ENTRIES or name.startswith(METRICS + DAMAGED):
         return True
     m = re.fullmatch(r"\.(.+?)(\.\d+)?\.tmp", name)
@@ -507,395 +581,11 @@ def check_no_links(run_dir: str | Path) -> None:
                               f"files: replace the link by a copy of what it points to, or start a new --out")
 
 
-# ----------------------------------------------------------------------------------------- checkpoints
-
-
-def step_of(ckpt: Path) -> int:
-    m = _STEP_RE.fullmatch(Path(ckpt).name)
-    if not m:
-        raise ValueError(f"{ckpt} is not a checkpoint directory name (step_XXXXXXX)")
-    return int(m.group(1))
-
-
-def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
-    """Every ``checkpoints/step_*`` directory, newest first (temporary ``.tmp_*`` ones excluded; symbolic
-    links to directories included, for the readers to refuse them by name)."""
-    root = Path(run_dir) / CKPT_DIR
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if _STEP_RE.fullmatch(p.name) and p.is_dir()]
-    return sorted(found, key=step_of, reverse=True)
-
-
-def clean_temporaries(run_dir: str | Path) -> list[str]:
-    """Remove the temporary checkpoints and files left by dead writers (call with the lock held)."""
-    removed = []
-    root = Path(run_dir) / CKPT_DIR
-    for base in (Path(run_dir), root):
-        if not base.is_dir() or (base is root and root.is_symlink()):  # never another run's temporaries
-            continue
-        for p in base.iterdir():
-            if p.name.startswith(".tmp_") or (p.name.startswith(".") and p.name.endswith(".tmp")) \
-                    or p.name == "latest.tmp":
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
-                removed.append(p.name)
-    return removed
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_manifest(ckpt: Path, step: int) -> None:
-    """Write ``MANIFEST.json`` (size and SHA-256 of every other file of ``ckpt``), fsynced. Call it last,
-    before the rename that publishes the checkpoint."""
-    files = {}
-    for p in sorted(ckpt.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
-            rel = p.relative_to(ckpt).as_posix()
-            files[rel] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-    path = ckpt / MANIFEST
-    with open(path, "w") as f:
-        json.dump({"format": CKPT_FORMAT, "step": step, "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def is_legacy(ckpt: Path) -> bool:
-    """A checkpoint from an older scalevec (pickle-based DCP metadata, ``train_state.pt``), or one made by
-    hand with only ``model.safetensors``: it has no manifest and no ``train_state.json``."""
-    return not (ckpt / MANIFEST).exists() and not (ckpt / TRAIN_STATE).exists()
-
-
-def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> dict:
-    """Check ``ckpt`` against its manifest (all files, or those named in ``only``) and return the manifest.
-
-    Raises ``CorruptCheckpoint`` naming the first problem: no or unreadable manifest, a missing, resized
-    or changed file, or (for a full check) a file in ``dcp/`` the manifest does not list or a
-    ``.safetensors`` file whose header does not parse (a manifest rewritten over a damaged file).
-    """
-    ckpt = Path(ckpt)
-    path = ckpt / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        if manifest.get("format") != CKPT_FORMAT or not isinstance(files, dict):
-            raise ValueError(f"unknown format {manifest.get('format')!r}")
-        if _STEP_RE.fullmatch(ckpt.name) and manifest.get("step") != step_of(ckpt):
-            raise ValueError(f"it describes step {manifest.get('step')!r}, not {step_of(ckpt)}")
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{ckpt} has no {MANIFEST} (incomplete or damaged)") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorruptCheckpoint(f"{path} cannot be read ({one_line(e)})") from None
-    names = list(files) if only is None else list(only)
-    for name in names:
-        if name not in files:
-            raise CorruptCheckpoint(f"{ckpt}/{name} is not listed in its {MANIFEST}")
-        p, want = ckpt / name, files[name]
-        try:
-            size = p.stat().st_size
-        except OSError as e:
-            raise CorruptCheckpoint(f"{p} cannot be read ({one_line(e)})") from None
-        if size != want.get("bytes"):
-            raise CorruptCheckpoint(f"{p} has {size} bytes, its manifest says {want.get('bytes')} (truncated or "
-                                    "damaged)")
-        if _sha256(p) != want.get("sha256"):
-            raise CorruptCheckpoint(f"{p} does not match the SHA-256 of its manifest (damaged)")
-    if only is None and (ckpt / DCP_DIR).is_dir():
-        extra = [p.relative_to(ckpt).as_posix() for p in (ckpt / DCP_DIR).iterdir()
-                 if p.relative_to(ckpt).as_posix() not in files]
-        if extra:
-            raise CorruptCheckpoint(f"{ckpt} holds {extra[0]}, which its manifest does not list (not written by this "
-                                    "checkpoint)")
-    if only is None:
-        for name in names:
-            if name.endswith(".safetensors"):
-                _check_safetensors(ckpt / name)
-    return manifest
-
-
-def _check_safetensors(path: Path) -> None:
-    """``CorruptCheckpoint`` unless ``path`` is a safetensors file whose header parses (safetensors checks
-    the dtypes, shapes and offsets of every tensor against the file; nothing is loaded)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            f.keys()
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CorruptCheckpoint(f"{path} is not a safetensors file ({one_line(e)})") from None
-
-
-def checkpoint_candidates(run_dir: str | Path, before: int | None = None,
-                          steps: int | None = None) -> Iterator[tuple[Path, str | None]]:
-    """Every checkpoint of ``run_dir`` (step < ``before`` when given), newest first, with ``None`` when it
-    is intact or the reason it must not be used: a symbolic link (another run's checkpoint), an older
-    pickle-based format, a step past the run's ``steps`` (default: ``config.yaml``'s), a manifest that does
-    not match its files (``verify_checkpoint``) or a malformed train state (``read_train_state``, which
-    also requires the step of the folder). Raises ``RunDirError`` when ``steps`` is needed and the run's
-    config cannot be read."""
-    if steps is None:
-        from scalevec.config import total_steps
-
-        steps = total_steps(load_config(run_dir))
-    for ckpt in checkpoint_dirs(run_dir):
-        if before is not None and step_of(ckpt) >= before:
-            continue
-        yield ckpt, _unusable(ckpt, steps)
-
-
-def _unusable(ckpt: Path, steps: int) -> str | None:
-    """Why ``ckpt`` must not be resumed from (``checkpoint_candidates``), or ``None``."""
-    if ckpt.is_symlink():
-        return f"it is a symbolic link (to {os.readlink(ckpt)}), not a checkpoint of this run; it is never read or " \
-               "written through"
-    if is_legacy(ckpt):
-        return "written by an older scalevec in a pickle-based format, which is never loaded (it could run code); " \
-               "export it with that version"
-    if step_of(ckpt) > steps:
-        return f"its step is past the {steps} steps of the run's {CONFIG} (renamed or written by something else)"
-    try:
-        verify_checkpoint(ckpt)
-        read_train_state(ckpt)
-    except RunDirError as e:
-        return str(e)
-    return None
-
-
-def resumable_checkpoint(run_dir: str | Path, before: int | None = None,
-                         steps: int | None = None) -> tuple[Path | None, list[str]]:
-    """The newest intact checkpoint to resume from (step < ``before`` when given; ``checkpoint_candidates``)
-    and one line per newer checkpoint skipped, with the reason. ``(None, skipped)`` when there is none."""
-    skipped = []
-    for ckpt, problem in checkpoint_candidates(run_dir, before, steps):
-        if problem is None:
-            return ckpt, skipped
-        skipped.append(f"{ckpt.name}: {problem}")
-    return None, skipped
-
-
-def model_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
-    """The checkpoint whose ``model.safetensors`` export and generate read: the newest one (for a diverged
-    run, the newest from before the trouble), its model verified against the manifest. It never falls
-    back to an older model (that would give other weights than the user asked for): a damaged newest
-    model is an error. Returns ``(checkpoint, [])``.
-
-    Raises ``RunDirError`` when there is none or its model is damaged.
-    """
-    run_dir = Path(run_dir)
-    div = read_diverged(run_dir)
-    before = div["first_bad_step"] if div else None
-    ckpts = [c for c in checkpoint_dirs(run_dir) if before is None or step_of(c) < before]
-    if not ckpts:
-        if div:
-            raise RunDirError(f"{run_dir} diverged at step {div['step']} ({div['reason']}) and has no checkpoint "
-                              f"from before step {before}; there is no healthy model to use, retrain with a lower lr")
-        raise RunDirError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/step_*); train it first (or --resume it)")
-    ckpt = ckpts[0]
-    if ckpt.is_symlink():
-        raise RunDirError(f"{ckpt} is a symbolic link (to {os.readlink(ckpt)}), not a checkpoint of this run; "
-                          f"refusing to use it: replace it by a copy, or remove it")
-    if not (ckpt / MODEL_FILE).is_file():
-        raise RunDirError(f"{ckpt} has no {MODEL_FILE} (incomplete or damaged); restore the checkpoint or retrain the "
-                          "run")
-    if not is_legacy(ckpt):
-        try:
-            verify_checkpoint(ckpt, only=(MODEL_FILE,))
-        except CorruptCheckpoint as e:
-            raise RunDirError(f"{e}; refusing to use it: restore the checkpoint, or retrain the run") from None
-    return ckpt, []
-
-
-# ----------------------------------------------------------------------------------------- train state
-
-
-def _b64(t) -> str | None:
-    return None if t is None else base64.b64encode(t.numpy().tobytes()).decode()
-
-
-def _unb64(s: str | None):
-    import torch
-
-    return None if s is None else torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
-
-
-def write_train_state(path: Path, step: int, rng_cpu, rng_cuda, extra: dict, plain: list) -> None:
-    """``train_state.json``: step, RNG states (base64 bytes), trainer extras and the non-tensor leaves of
-    the model and optimizer state (``plain``: ``[path, value]`` pairs)."""
-    with open(path, "w") as f:
-        json.dump({"format": CKPT_FORMAT, "step": step, "rng_cpu": _b64(rng_cpu), "rng_cuda": _b64(rng_cuda),
-                   "extra": extra, "plain": plain}, f, allow_nan=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_train_state(ckpt: Path) -> dict:
-    """The train state of a checkpoint, with RNG states as uint8 tensors. ``CorruptCheckpoint`` when it
-    is missing or malformed: not a JSON object; a step that is not a count, or (in a ``step_N`` folder)
-    not N; ``plain`` not a list of ``[path, value]`` pairs; ``extra`` not a mapping; ``rng_cpu`` not the
-    size of torch's CPU generator state."""
-    import torch
-
-    path = Path(ckpt) / TRAIN_STATE
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(state, dict):
-            raise ValueError("not a JSON object")
-        step = state.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step {step!r} is not a step count")
-        if _STEP_RE.fullmatch(Path(ckpt).name) and step != step_of(ckpt):
-            raise ValueError(f"it describes step {step}, not {step_of(ckpt)}")
-        plain = state.get("plain")
-        if not isinstance(plain, list) or not all(isinstance(x, list) and len(x) == 2 and isinstance(x[0], list)
-                                                  for x in plain):
-            raise ValueError("its plain state is not a list of [path, value] pairs")
-        state.setdefault("extra", {})
-        if not isinstance(state["extra"], dict):
-            raise ValueError(f"extra is a {type(state['extra']).__name__}, not a mapping")
-        state["rng_cpu"], state["rng_cuda"] = _unb64(state["rng_cpu"]), _unb64(state.get("rng_cuda"))
-        size = torch.get_rng_state().numel()
-        if state["rng_cpu"] is None or state["rng_cpu"].numel() != size:
-            raise ValueError(f"rng_cpu is not a CPU generator state ({size} bytes)")
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{path} does not exist") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CorruptCheckpoint(f"{path} cannot be read ({one_line(e)})") from None
-    return state
-
-
-# ----------------------------------------------------------------------------------------- eval.json
-# Written by `scalevec eval` (hf/evaluation.py), read by `scalevec report` (experiments/report.py).
-
-
-def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: int | float | None) -> Path:
-    """Merge ``results`` into ``directory/eval.json`` (``{"tasks": {task: {...}}}``; other tasks kept),
-    written atomically. Each task records its metrics, ``num_fewshot``, ``limit``, lm-eval's version, date."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        lm_eval_version = version("lm_eval")
-    except PackageNotFoundError:  # scores handed in by a caller, not computed here
-        lm_eval_version = None
-    file = directory / EVAL
-    data = json.loads(file.read_text()) if file.is_file() else {}
-    tasks = data.setdefault("tasks", {})
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    for task, metrics in results.items():
-        tasks[task] = {"metrics": metrics, "num_fewshot": num_fewshot, "limit": limit,
-                       "lm_eval_version": lm_eval_version, "date": stamp}
-    tmp = file.with_name(f".{EVAL}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(file)
-    return file
-
-
-def eval_columns(directory: str | Path) -> dict[str, float]:
-    """``{"eval.<task>.<metric>": value}`` from ``directory/eval.json`` (``write_eval``), standard errors left
-    out; ``{}`` when the file is absent or unreadable. ``scalevec report`` puts them in runs.csv."""
-    file = Path(directory) / EVAL
-    try:
-        tasks = json.loads(file.read_text())["tasks"]
-        return {f"eval.{task}.{name}": value for task, entry in sorted(tasks.items())
-                for name, value, _ in main_metrics(entry["metrics"])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def main_metrics(metrics: dict) -> list[tuple[str, float, float | None]]:
-    """``[(metric, value, stderr or None)]`` of one task's lm-eval metrics (``"acc,none"`` -> ``"acc"``)."""
-    rows = []
-    for key, value in metrics.items():
-        name, _, flt = key.partition(",")
-        if name.endswith("_stderr") or not isinstance(value, (int, float)):
-            continue
-        stderr = metrics.get(f"{name}_stderr,{flt}")
-        rows.append((name if flt in ("none", "") else f"{name},{flt}", float(value),
-                     float(stderr) if isinstance(stderr, (int, float)) else None))
-    return rows
-
-
-# ----------------------------------------------------------------------------------------- models
-
-
-def load_model(run_dir: str | Path, device: str = "cpu", check_alive: bool = True, quiet: bool = False):
-    """``(config, model, checkpoint)`` of a run: weights from ``model_checkpoint`` (verified against its
-    manifest), and, with ``check_alive``, refused when the model is dead (``assert_alive``).
-
-    Raises ``RunDirError`` for every problem with the run directory: no config, no intact checkpoint,
-    a damaged or mismatched ``model.safetensors``, a dead model.
-    """
-    import sys
-
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model as st_load_model
-
-    from scalevec.model.transformer import build_model
-
-    run_dir = Path(run_dir)
-    cfg = load_config(run_dir)
-    ckpt, skipped = model_checkpoint(run_dir)
-    if not quiet:
-        for line in skipped:
-            print(f"note: skipped checkpoint {line}", file=sys.stderr)
-        if is_legacy(ckpt):
-            print(f"note: {ckpt} has no {MANIFEST} (older scalevec or made by hand); its integrity is not checked",
-                  file=sys.stderr)
-    model = build_model(cfg.model, cfg.scale, device=device)
-    path = ckpt / MODEL_FILE
-    try:
-        st_load_model(model, str(path), device=str(device))
-    except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
-        raise RunDirError(f"{path} does not hold this run's model ({one_line(e).split('. ')[0][:200]}); "
-                          f"restore the checkpoint or retrain the run") from None
-    if check_alive:
-        assert_alive(model, cfg, path)
-    return cfg, model, ckpt
-
-
-def assert_alive(model, cfg, path: Path | str = "the model") -> None:
-    """Refuse a dead model: non-finite weights, or logits that do not depend on the token (every
-    position gives the same distribution over the vocabulary: the uniform-loss state of a run whose lr
-    blew it up). One forward of 2 × 16 fixed tokens. Raises ``RunDirError``."""
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not torch.isfinite(p).all():
-                raise RunDirError(f"{path} holds non-finite weights ({name}); it is not a usable model, "
-                                  f"use an earlier checkpoint or retrain with a lower lr")
-        g = torch.Generator().manual_seed(0)
-        n = min(16, cfg.model.max_seq_len)
-        x = torch.randint(0, cfg.model.vocab_size, (2, n), generator=g).to(next(model.parameters()).device)
-        was_training = model.training
-        model.eval()
-        logits = model(x).float()
-        model.train(was_training)
-    if not torch.isfinite(logits).all():
-        raise RunDirError(f"{path} gives non-finite logits; it is not a usable model, retrain with a lower lr")
-    spread = (logits - logits[..., :1]).abs().amax().item()
-    if spread <= 1e-6 * max(1.0, logits.abs().amax().item()):
-        raise RunDirError(f"{path} is a dead model (its logits are equal over the whole vocabulary: loss ln(vocab)); "
-                          f"use an earlier checkpoint or retrain with a lower lr")
-
-
-def uniform_loss(vocab_size: int) -> float:
-    """The cross-entropy of a uniform prediction over ``vocab_size`` tokens, ``ln(vocab_size)`` nats."""
-    return math.log(vocab_size)
-
-
 __all__ = [
-    "CKPT_DIR", "CONFIG", "DIVERGED", "DONE", "EVAL", "LOCK", "MANIFEST", "METRICS", "SUMMARY", "TOKENIZER",
-    "CorruptCheckpoint", "RUN_ENTRIES", "RUN_FORMAT", "RunDirError", "RunLock", "RunLocked", "append_metrics",
-    "assert_alive", "check_no_links", "checkpoint_candidates", "checkpoint_dirs", "clean_temporaries",
-    "eval_columns", "is_diverged", "is_done", "is_run", "load_config",
-    "load_model", "load_tokenizer", "locked_by", "main_metrics", "mark_diverged", "mark_done", "model_checkpoint",
-    "one_line",
-    "read_diverged", "read_json", "read_metrics", "read_train_state", "remove_run", "resumable_checkpoint",
-    "rewrite_metrics", "state", "verify_checkpoint", "write_atomic", "write_eval", "write_json", "write_manifest",
-    "write_meta", "write_train_state",
+    "CONFIG", "DIVERGED", "DONE", "EVAL", "GROUPS", "KEPT", "LOCK", "META", "METRICS", "RUN_ENTRIES", "RUN_FORMAT",
+    "SUMMARY", "TOKENIZER", "TRACKER_ENTRIES", "WANDB_ID", "RunDirError", "RunLock", "RunLocked", "append_metrics",
+    "check_no_links", "check_out_dir", "clean_temporaries", "has_config", "is_diverged", "is_done", "is_run",
+    "last_row", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done", "one_line", "read_diverged",
+    "read_json", "read_meta", "read_metrics", "read_summary", "remove_run", "rewrite_metrics", "state",
+    "tokenizer_dir", "write_atomic", "write_json", "write_meta", "write_run_files", "write_summary",
 ]

@@ -1,6 +1,6 @@
-"""Checkpoints: atomic, verified, exact resume, resumable with any number of processes (DESIGN.md §8).
+"""Writing and loading checkpoints: atomic, verified, exact resume, with any number of processes (DESIGN.md §8).
 
-A checkpoint is a directory ``RUN/checkpoints/step_XXXXXXX`` (layout in ``rundir``) holding
+A checkpoint is a directory ``RUN/checkpoints/step_XXXXXXX`` (names in ``layout``) holding
 
 - ``dcp/``: the model and optimizer tensors from ``get_state_dict``, written by
   ``torch.distributed.checkpoint`` (DCP) through torch's safetensors storage
@@ -11,17 +11,17 @@ A checkpoint is a directory ``RUN/checkpoints/step_XXXXXXX`` (layout in ``rundir
   default ``FileSystemReader`` unpickles ``.metadata`` and loads non-tensor items with
   ``weights_only=False``; our choice, DESIGN.md §8);
 - ``train_state.json``: the step, rank 0's RNG states, trainer extras and every non-tensor leaf of the
-  model and optimizer state (param groups: lr, betas, parameter names), as JSON;
+  model and optimizer state (param groups: lr, betas, parameter names), as JSON (``integrity``);
 - ``model.safetensors``: the consolidated model (full tensors, gathered to rank 0), what export and
-  generate read; tied weights are stored once, as ``safetensors.torch.save_model`` does;
-- ``MANIFEST.json``: size and SHA-256 of every file above, written last.
+  generate read (``run_model``); tied weights are stored once, as ``safetensors.torch.save_model`` does;
+- ``MANIFEST.json``: size and SHA-256 of every file above, written last (``integrity``).
 
 Everything is written into a temporary directory (unique per writer, the same on every rank) and
 renamed into place by rank 0, so a killed run never leaves a half-written checkpoint; a failure (a full
 disk) removes the temporary directory and is an ``OSError`` whatever library wrote the file. A symbolic
 link is never written through. Every rank calls ``save_checkpoint``, ``load_checkpoint`` and
 ``resume_checkpoint`` (they hold collectives). A checkpoint that passes its manifest but does not load
-(a rewritten manifest over malformed files) is ``rundir.CorruptCheckpoint``, and ``resume_checkpoint``
+(a rewritten manifest over malformed files) is ``integrity.CorruptCheckpoint``, and ``resume_checkpoint``
 falls back to the next older one. Under several nodes the run directory must be on a filesystem that
 every node sees.
 """
@@ -54,10 +54,22 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from scalevec.training import distributed, rundir
-from scalevec.training.rundir import CKPT_DIR, DCP_DIR, LATEST, MODEL_FILE, TRAIN_STATE, CorruptCheckpoint
+from scalevec.training.checkpoint import integrity
+from scalevec.training.checkpoint.integrity import CorruptCheckpoint
+from scalevec.training.checkpoint.layout import (
+    CKPT_DIR,
+    DCP_DIR,
+    LATEST,
+    MODEL_FILE,
+    TRAIN_STATE,
+    checkpoint_dirs,
+    step_name,
+    step_of,
+    tmp_checkpoint,
+)
 
-__all__ = ["CKPT_DIR", "latest_checkpoint", "load_checkpoint", "resume_checkpoint", "save_checkpoint",
-           "save_consolidated", "split_state", "merge_state", "write_error"]
+__all__ = ["load_checkpoint", "merge_state", "point_latest", "resume_checkpoint", "save_checkpoint",
+           "save_consolidated", "split_state", "write_error", "writer_tag"]
 
 
 def split_state(obj: Any, path: tuple = ()) -> tuple[dict[str, torch.Tensor], list]:
@@ -147,8 +159,8 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
     """
     rundir.check_no_links(out)
     root = Path(out) / CKPT_DIR
-    final = root / f"step_{step:07d}"
-    tmp = root / f".tmp_step_{step:07d}.{writer_tag(tag)}"
+    final = root / step_name(step)
+    tmp = tmp_checkpoint(out, step, writer_tag(tag))
     lead = distributed.rank() == 0
     try:
         if lead:
@@ -169,16 +181,16 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if lead:
             save_consolidated(model, full, tmp / MODEL_FILE)
-            rundir.write_train_state(tmp / TRAIN_STATE, step, torch.get_rng_state(),
+            integrity.write_train_state(tmp / TRAIN_STATE, step, torch.get_rng_state(),
                                      torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
                                      extra, plain)
-            rundir.write_manifest(tmp, step)
+            integrity.write_manifest(tmp, step)
             if final.is_symlink():
                 final.unlink()
             elif final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            rundir.write_atomic(root / LATEST, final.name)
+            point_latest(out, final.name)
             _prune(root, step, keep_window)
     except BaseException:
         if lead:
@@ -189,9 +201,9 @@ def save_checkpoint(out: Path, step: int, model: torch.nn.Module, optimizers: li
 
 
 def _prune(root: Path, step: int, keep_window: int) -> None:
-    ckpts = rundir.checkpoint_dirs(root.parent)  # newest first
-    keep = set(ckpts[:2]) | {c for c in ckpts if rundir.step_of(c) > step - keep_window}
-    older = [c for c in ckpts if rundir.step_of(c) <= step - keep_window]
+    ckpts = checkpoint_dirs(root.parent)  # newest first
+    keep = set(ckpts[:2]) | {c for c in ckpts if step_of(c) > step - keep_window}
+    older = [c for c in ckpts if step_of(c) <= step - keep_window]
     keep |= set(older[:1])
     for c in ckpts:
         if c in keep:
@@ -200,6 +212,12 @@ def _prune(root: Path, step: int, keep_window: int) -> None:
             c.unlink()  # the link, never what it points to
         else:
             shutil.rmtree(c, ignore_errors=True)
+
+
+def point_latest(run_dir: str | Path, name: str) -> None:
+    """Write ``checkpoints/latest``: the name of the newest checkpoint (the diverged run's: the one kept from
+    before the trouble). Informative only: discovery lists the ``step_*`` folders."""
+    rundir.write_atomic(Path(run_dir) / CKPT_DIR / LATEST, name)
 
 
 def _first_failure(e: CheckpointException) -> BaseException:
@@ -270,25 +288,19 @@ def _dcp_quiet():
         root.removeFilter(log_filter)
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    """The checkpoint whose model export and generate read (``rundir.model_checkpoint``); ``RunDirError``
-    (a ``ValueError``) when there is none."""
-    return rundir.model_checkpoint(run_dir)[0]
-
-
 def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizers: list, device: torch.device,
                     verified: bool = False) -> dict:
     """Load a checkpoint into ``model`` and ``optimizers`` in place (all ranks call; any number of
     processes, resharded by DCP), restore the RNG states, and return the train state (``step``,
     ``extra``). Only safetensors and JSON are read; the files are checked against the manifest first
-    unless ``verified`` (``rundir.resumable_checkpoint`` did it). Raises ``rundir.CorruptCheckpoint``
+    unless ``verified`` (``integrity.resumable_checkpoint`` did it). Raises ``CorruptCheckpoint``
     for every checkpoint that does not load, also one that passes its manifest (malformed shards, a
     tensor of another shape, a train state of another form); ``model`` and ``optimizers`` may then hold
     part of it (load another checkpoint, or rebuild them)."""
     ckpt = Path(ckpt)
     if not verified:
-        rundir.verify_checkpoint(ckpt)
-    state = rundir.read_train_state(ckpt)
+        integrity.verify_checkpoint(ckpt)
+    state = integrity.read_train_state(ckpt)
     model_sd, optim_sd = get_state_dict(model, optimizers)  # the layout to load into (sharded or not)
     aliases = tied_aliases(model)
     layout = {"model": {k: v for k, v in model_sd.items() if k not in aliases}, "optim": optim_sd}
@@ -318,7 +330,7 @@ def resume_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: list, d
                       notice: Callable[[str], None] | None = None) -> dict | None:
     """Load the newest checkpoint of ``run_dir`` that loads (all ranks call) and return its train state
     (``load_checkpoint``), or ``None`` when the run has no intact checkpoint (train it from step 0: nothing
-    was loaded). Each checkpoint skipped (``rundir.checkpoint_candidates``: damaged, or one that does not
+    was loaded). Each checkpoint skipped (``integrity.checkpoint_candidates``: damaged, or one that does not
     load) is one line to ``notice``, and so is the one resumed from after a skip. The ranks agree on each
     attempt, so that they move on together.
 
@@ -327,7 +339,7 @@ def resume_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: list, d
     message names the checkpoints and the way on (delete them, or ``--overwrite``).
     """
     skipped, tried = 0, []
-    for ckpt, problem in rundir.checkpoint_candidates(run_dir):
+    for ckpt, problem in integrity.checkpoint_candidates(run_dir):
         if problem is None:
             try:
                 state = load_checkpoint(ckpt, model, optimizers, device, verified=True)
