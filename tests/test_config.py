@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 
 from scalevec import ModelConfig, RunConfig, ScaleConfig, build_model
-from scalevec.config import PRESET_NAMES, MoEConfig, apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+from scalevec.config import PRESET_NAMES, MoEConfig
+from scalevec.config_codec import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+from scalevec.model.scales import scale_plan
 
 # DESIGN.md §3 table, written out independently of config.py: (scale, placement, param, wd).
 PRESET_SWITCHES = {
@@ -30,6 +32,15 @@ def test_strategy_preset_matches_design_table(name):
     cfg = ScaleConfig.preset(name)
     assert (cfg.scale, cfg.placement, cfg.param, cfg.wd) == PRESET_SWITCHES[name]
     assert cfg.foldable == (cfg.placement != "dual_norm")
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_foldable_agrees_with_the_plan(name):
+    """ScaleConfig.foldable, read from the switches, says what scale_plan builds: no branch output that DNP
+    normalizes, in the dense MLP or in an MoE's experts and shared experts (the plan is the switches' meaning)."""
+    scfg = ScaleConfig.preset(name)
+    plan = scale_plan(scfg, ModelConfig(moe=MoEConfig(n_shared_experts=1)))
+    assert scfg.foldable == (not any(norm.normalized for norm in (plan.attn, plan.mlp, plan.moe, plan.head)))
 
 
 def test_unknown_strategy_lists_the_choices():

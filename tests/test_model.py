@@ -9,7 +9,7 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.config import PRESET_NAMES
-from scalevec.model.params import ROLES, SCALE_ROLES
+from scalevec.model.params import ROLES, SCALE_ROLES, count_params
 from scalevec.model.scales import ScaleVector, scale_vectors
 
 STRATEGIES = PRESET_NAMES  # every strategy of the table: a new one is built here without editing this file
@@ -82,18 +82,20 @@ def test_tied_embeddings_share_one_tensor(make_cfg):
     """tie_embeddings: the LM head is the embedding tensor, counted once, getting gradient from both uses."""
     untied = build_model(make_cfg(), ScaleConfig.preset("baseline"), seed=0)
     tied = build_model(make_cfg(tie_embeddings=True), ScaleConfig.preset("baseline"), seed=0)
-    assert untied.num_params() - tied.num_params() == 64 * 32
+    assert count_params(untied)["params"] - count_params(tied)["params"] == 64 * 32
     assert "head.branches.lm_head.weight" not in tied.param_roles()
     tok = torch.tensor([[1, 2, 3]])
     tied(tok).sum().backward()
     assert tied.embed.weight.grad[10:].abs().sum() > 0  # rows of unseen tokens: reached only via the LM head
 
 
-def test_num_params_non_embedding(make_cfg):
-    """num_params(non_embedding=True) leaves out exactly the embedding and LM head."""
+def test_count_params_non_embedding(make_cfg):
+    """count_params: params is every parameter once; non_embedding_params leaves out exactly the embedding and
+    LM head; a dense model's active_params is its total."""
     model = build_model(make_cfg(), ScaleConfig.preset("baseline"))
-    assert model.num_params() == sum(p.numel() for p in model.parameters())
-    assert model.num_params() - model.num_params(non_embedding=True) == 2 * 64 * 32
+    n = count_params(model)
+    assert n["params"] == sum(p.numel() for p in model.parameters()) == n["active_params"]
+    assert n["params"] - n["non_embedding_params"] == n["embedding_params"] == 2 * 64 * 32
 
 
 def test_init_statistics(make_cfg):

@@ -15,8 +15,8 @@ from scalevec import ModelConfig, MoEConfig, ScaleConfig, build_model, fold_scal
 from scalevec.config import PRESET_NAMES, OptimConfig
 from scalevec.model.kernels import FAST
 from scalevec.model.moe import MoE, load_balancing_loss, route, router_z_loss
-from scalevec.model.params import SCALE_ROLES
-from scalevec.model.scales import init_params, param_roles, scale_plan
+from scalevec.model.params import SCALE_ROLES, count_params, init_params, param_roles
+from scalevec.model.scales import scale_plan
 from scalevec.training import optim
 
 EPS = 1e-6
@@ -303,19 +303,19 @@ def test_active_params_counts_k_of_e_experts():
     """active = total − (E − k)·(one expert's params); per-expert γ count per expert, shared γ always."""
     cfg = _cfg(first_dense=1)
     d, h = 32, 16
-    base = build_model(cfg, _scfg("baseline"), device="meta")
-    assert base.active_params() == base.num_params() - (4 - 2) * 3 * d * h  # one MoE layer
-    pe = build_model(cfg, _scfg("hg+per_expert"), device="meta")
-    assert pe.active_params() == pe.num_params() - (4 - 2) * (3 * d * h + 2 * d)
-    dense = build_model(dataclasses.replace(cfg, moe=None), _scfg("baseline"), device="meta")
-    assert dense.active_params() == dense.num_params()
+    base = count_params(build_model(cfg, _scfg("baseline"), device="meta"))
+    assert base["active_params"] == base["params"] - (4 - 2) * 3 * d * h  # one MoE layer
+    pe = count_params(build_model(cfg, _scfg("hg+per_expert"), device="meta"))
+    assert pe["active_params"] == pe["params"] - (4 - 2) * (3 * d * h + 2 * d)
+    dense = count_params(build_model(dataclasses.replace(cfg, moe=None), _scfg("baseline"), device="meta"))
+    assert dense["active_params"] == dense["params"]
 
 
 def test_moe_presets_sizes():
     """moe-0.5b and moe-2b are around 0.5B and 2B total parameters; active is well below total."""
     for name, lo, hi in (("moe-0.5b", 0.45e9, 0.55e9), ("moe-2b", 1.9e9, 2.1e9)):
-        m = build_model(get_preset(name), _scfg("baseline"), device="meta")
-        assert lo < m.num_params() < hi and m.active_params() < 0.35 * m.num_params()
+        n = count_params(build_model(get_preset(name), _scfg("baseline"), device="meta"))
+        assert lo < n["params"] < hi and n["active_params"] < 0.35 * n["params"]
 
 
 # ------------------------------------------------------------------------------------ Hugging Face parity

@@ -1,20 +1,30 @@
-"""Parameter roles and counts have one home, params.py (DESIGN.md §5, §11)."""
+"""Parameter roles, inits and counts have one home, params.py (DESIGN.md §5, §11)."""
 
 import pytest
 
-from scalevec import ScaleConfig, build_model, get_preset, info
+from scalevec import ScaleConfig, Transformer, build_model, get_preset, info
 from scalevec.config import PRESET_NAMES, OptimConfig
-from scalevec.model import scales
+from scalevec.model import moe, params, scales, transformer
 from scalevec.model.params import EMBEDDING_ROLES, ROLES, SCALE_ROLES, count_params
 from scalevec.training import optim
 
 
 def test_one_role_list():
-    """scales and optim use params.ROLES itself (not a copy); the scale and embedding roles are among them."""
-    assert scales.ROLES is ROLES and optim.ROLES is ROLES
+    """optim uses params.ROLES itself (not a copy); the scale and embedding roles are among them."""
+    assert optim.ROLES is ROLES
     assert set(SCALE_ROLES) <= set(ROLES) and set(EMBEDDING_ROLES) <= set(ROLES)
     assert len(set(ROLES)) == len(ROLES)
     assert info.count_params is count_params
+
+
+def test_one_home_for_parameter_bookkeeping():
+    """The model modules make, initialize and read parameters with params.py's functions, not copies, and the
+    Transformer has no counter of its own beside count_params."""
+    for module in (scales, transformer, moe):
+        for name in ("new_param", "normal_init", "const_init", "param_roles", "init_params"):
+            if hasattr(module, name):
+                assert getattr(module, name) is getattr(params, name), f"{module.__name__}.{name} is a copy"
+    assert not hasattr(Transformer, "num_params") and not hasattr(Transformer, "active_params")
 
 
 @pytest.mark.parametrize("strategy", PRESET_NAMES)

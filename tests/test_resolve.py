@@ -4,18 +4,11 @@ import argparse
 
 import pytest
 
-from scalevec.config import (
-    RunConfig,
-    apply_overrides,
-    budget_tokens,
-    config_diff,
-    format_diff,
-    run_tokens,
-    to_dict,
-    total_steps,
-)
+from scalevec.config import RunConfig
+from scalevec.config_codec import apply_overrides, config_diff, format_diff, to_dict
 from scalevec.experiments.sweep import assigned_config
 from scalevec.resolve import resolve_config
+from scalevec.run_budget import budget_tokens, run_tokens, total_steps
 from scalevec.training import command
 
 
@@ -120,3 +113,69 @@ def test_cross_section_rules_are_the_configs():
         resolve_config("tiny", None, ["train.dist=fsdp2", "train.probe_every=10"])
     with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
         resolve_config("tiny", None, ["train.seq_len=100000"])
+
+
+# ------------------------------------------------------------------ the default warmup (issue 26)
+
+
+@pytest.mark.parametrize("items, warmup", [
+    (["train.steps=40"], 4),  # a short run: its first tenth
+    (["train.steps=800"], 50),  # the default run keeps 50, as every run of 500 steps or more
+    (["train.steps=100000"], 50),
+    (["train.steps=7"], 0),  # below 10 steps: no warmup at all
+    (["train.steps=40", "schedule.warmup=50"], 50),  # set by the user: kept, even when it does not fit
+    (["train.steps=40", "schedule.warmup_frac=0.05"], 50),  # warmup_frac rules; warmup stays the stored 50
+    (["train.tokens=81920", "train.batch_size=16", "train.seq_len=128"], 4),  # 40 steps from a token budget
+])
+def test_default_warmup_is_a_tenth_of_the_run_at_most_50(items, warmup):
+    """Unless a layer sets schedule.warmup or warmup_frac, a run warms up over min(50, steps // 10) steps."""
+    assert resolve_config("tiny", None, items).schedule.warmup == warmup
+
+
+def test_default_warmup_follows_the_layers_and_the_budget():
+    """A config file's warmup counts as set; a stored config (--resume) keeps its own; a sweep's tokens_per_param
+    budget decides the steps the default is a share of; the default never warns (it stays below the run)."""
+    from scalevec.training.schedule import warmup_warning
+
+    assert resolve_config("tiny", None, ["train.steps=40"], {"schedule": {"warmup": 30}}).schedule.warmup == 30
+    stored = resolve_config("tiny", None, ["train.steps=40", "schedule.warmup=50"])
+    assert resolve_config(base=stored).schedule.warmup == 50
+    cfg = assigned_config({"preset": "tiny", "tokens_per_param": 0.01, "train.batch_size": 4, "train.seq_len": 32})
+    assert 0 < cfg.schedule.warmup == total_steps(cfg) // 10 < 50
+    assert all(warmup_warning(s, resolve_config("tiny", None, [f"train.steps={s}"]).schedule) is None
+               for s in (1, 2, 9, 10, 11, 499, 500))
+
+
+def test_the_warmup_warning_names_the_ramp_it_gets():
+    """A warmup past the run is cut to it: the warning names the setting and the real ramp, the run's steps."""
+    from scalevec.config import ScheduleConfig
+    from scalevec.training.schedule import lr_multiplier, warmup_warning
+
+    note = warmup_warning(10, ScheduleConfig(warmup=50))
+    assert note.startswith("schedule.warmup=50 is not below the run's 10 steps: the lr ramps over all 10 steps")
+    assert [lr_multiplier(s, 10, ScheduleConfig(warmup=50)) for s in (0, 9)] == [0.1, 1.0]  # what it says
+    assert "schedule.warmup_frac=0.95 (10 steps)" in warmup_warning(10, ScheduleConfig(warmup_frac=0.95))
+
+
+@pytest.mark.slow  # expands every stored study (about 10 s)
+def test_committed_studies_resolve_to_their_stored_runs():
+    """Every run kept under results/ whose study file lists it resolves to its stored config.yaml: a default
+    that moved under a committed study would make the sweep refuse to resume it (issue 26's warmup)."""
+    from pathlib import Path
+
+    from scalevec.config_codec import load_yaml
+    from scalevec.experiments.study import parse
+    from scalevec.experiments.sweep import expand, run_status, spec_from_dict
+    from scalevec.experiments.sweepdir import MORE_SPECS, SPEC_FILE
+
+    checked = 0
+    for out in sorted((Path(__file__).resolve().parents[1] / "results").iterdir()):
+        stored = [out / SPEC_FILE] if (out / SPEC_FILE).is_file() else []
+        for path in stored + sorted((out / MORE_SPECS).glob("*.yaml")):
+            data = load_yaml(path)
+            spec = parse(data, str(path))[0] if "study" in data else spec_from_dict(data, str(path))
+            for run in expand(spec):
+                if (out / "runs" / run.name / "config.yaml").is_file():
+                    run_status(run, out / "runs")  # ValueError naming the field that differs
+                    checked += 1
+    assert checked >= 200  # 272 when written: the check is not vacuous

@@ -1,40 +1,45 @@
-"""Typed configuration: dataclasses, YAML files and ``key=value`` overrides (DESIGN.md §2, §3, §12).
+"""The config schemas: one dataclass per section, each field with its description (DESIGN.md §2, §3, §12).
 
 Every knob of a run lives in one of these dataclasses. ``RunConfig`` groups them; it is what a run
 directory stores as ``config.yaml`` and what ``--config FILE.yaml`` and ``section.field=value``
-overrides edit. Validation raises ``ValueError`` naming the offending field and what to use instead.
-This module builds nothing: models, optimizers and data read these objects.
+overrides edit. Each field is followed by its description (an attribute docstring whose first line is
+what ``scalevec train --help`` shows; tests/test_help.py requires one for every field). Validation raises
+``ValueError`` naming the offending field and what to use instead. Also here: the strategy table
+(``STRATEGIES``, DESIGN.md §3), and which fields say how a run executes rather than what it computes
+(``EXECUTION_FIELDS``).
+
+This module builds nothing and reads no file: the codec (dicts, YAML, overrides, diffs, the field
+listing) is ``config_codec.py``, the run arithmetic (steps, tokens, budgets, CPUs) ``run_budget.py``, the
+resolution of a run's inputs ``resolve.py``; models, optimizers and data read these objects.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
-import os
-import re
-import types
-import typing
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 # --------------------------------------------------------------------------------------------- model
 
 
 @dataclass
 class MoEConfig:
-    """Mixture-of-experts MLP (DESIGN.md §6). ``d_expert`` is each expert's SwiGLU width."""
+    """Mixture-of-experts MLP (DESIGN.md §6): top-k routing over fine-grained SwiGLU experts, dropless."""
 
     n_experts: int = 8
+    """Routed experts per MoE block."""
     top_k: int = 2
+    """Experts each token is sent to: the top k of the router's softmax, their weights renormalized."""
     d_expert: int = 128
+    """Each expert's SwiGLU width (its d_ff)."""
     n_shared_experts: int = 0
-    lb_coef: float = 0.01  # switch-style load-balancing loss E * sum_i f_i P_i
-    z_loss_coef: float = 0.0  # router z-loss mean(logsumexp(logits)^2)
-    first_dense: int = 0  # the first `first_dense` blocks keep a dense MLP (0: every block is MoE)
+    """Always-on shared experts, run as one SwiGLU of width d_expert · n_shared_experts (0: none)."""
+    lb_coef: float = 0.01
+    """Coefficient of the switch-style load-balancing loss E · Σ_i f_i P_i added to the loss (0: off)."""
+    z_loss_coef: float = 0.0
+    """Coefficient of the router z-loss mean(logsumexp(router logits)²) added to the loss (0: off)."""
+    first_dense: int = 0
+    """The first first_dense blocks keep a dense MLP (0: every block is MoE)."""
 
     def validate(self) -> None:
         _positive(self, "n_experts", "d_expert", "top_k")
@@ -58,9 +63,13 @@ class RopeScalingConfig:
     """
 
     factor: float = 8.0
+    """Divisor of the low frequencies, those of wavelength above L / low_freq_factor (Llama 3.1: 8)."""
     low_freq_factor: float = 1.0
+    """Wavelengths above L / low_freq_factor are divided by factor; below, interpolated (Llama 3.1: 1)."""
     high_freq_factor: float = 4.0
+    """Wavelengths below L / high_freq_factor keep their frequency (Llama 3.1: 4)."""
     original_max_position_embeddings: int = 8192
+    """L: the context length of the unscaled model, in tokens (Llama 3.1: 8192)."""
 
     def validate(self) -> None:
         if not (0 < self.factor < math.inf and 0 < self.low_freq_factor < self.high_freq_factor < math.inf):
@@ -70,7 +79,12 @@ class RopeScalingConfig:
             raise ValueError("model.rope_scaling.original_max_position_embeddings must be > 0 (Llama 3.1: 8192)")
 
 
-class _DerivedHeadDim(int):
+class Derived:
+    """Marks a field value derived from other fields, not chosen: ``config_codec.to_dict`` writes it as None,
+    so that it is derived again when the fields it comes from change."""
+
+
+class _DerivedHeadDim(int, Derived):
     """A head_dim derived as ``d_model // n_heads`` (not set explicitly); ``to_dict`` writes it as None."""
 
 
@@ -93,30 +107,47 @@ class _HeadDimField:
 
 @dataclass
 class ModelConfig:
-    """Llama-style decoder shape (DESIGN.md §2). ``head_dim``: None means ``d_model // n_heads``; an explicit
-    value (Qwen3: 128 with d_model 1024 and 16 heads) makes the attention width ``n_heads · head_dim``.
-    ``rope_scaling``: Llama 3's frequency scaling, or None (plain RoPE). ``init_width``: None keeps
-    ``init_std`` at every width; a width W makes ``init_std`` the std at d_model = W and scales it as
-    ``1/√d_model`` (``weight_std``), so that ``std·√d_model`` is the same at every width (DESIGN.md §2,
-    "the init regime": the CPU ladder sets W = 640, the 0.12B model's d_model)."""
+    """Llama-style decoder shape (DESIGN.md §2); the presets (presets.py) fill it."""
 
     d_model: int = 128
+    """Width of the residual stream (hidden size)."""
     n_layers: int = 4
+    """Transformer blocks."""
     n_heads: int = 4
+    """Attention (query) heads."""
     n_kv_heads: int = 4
+    """Key/value heads (GQA: n_heads is a multiple of it; equal to n_heads: plain multi-head attention)."""
     head_dim: int | None = _HeadDimField()  # type: ignore[assignment]
+    """Width of one attention head (even, for RoPE); null: d_model // n_heads.
+
+    An explicit value (Qwen3: 128 with d_model 1024 and 16 heads) makes the attention width n_heads · head_dim."""
     d_ff: int = 344
+    """Hidden width of the dense SwiGLU MLP (W_gate, W_up: d_model -> d_ff; W_down back)."""
     vocab_size: int = 256
+    """Embedding rows and LM-head outputs; grown to the tokenizer's size when smaller (resolve.fit_vocab)."""
     max_seq_len: int = 256
+    """The longest sequence the model takes, in tokens (RoPE tables, KV cache; train.seq_len fits in it)."""
     rope_theta: float = 10000.0
+    """RoPE's base θ: pair i of a head rotates by position · θ^(-2i/head_dim) (DESIGN.md §2)."""
     rope_scaling: RopeScalingConfig | None = None
+    """Llama 3's RoPE frequency scaling (its fields below), or null: plain RoPE."""
     norm_eps: float = 1e-6
+    """ε of every RMSNorm, n(x) = x / sqrt(mean(x²) + ε) (DESIGN.md §1)."""
     tie_embeddings: bool = False
-    layout: str = "pre"  # pre | peri
+    """The LM head reuses the embedding matrix (default untied, DESIGN.md §2)."""
+    layout: str = "pre"
+    """Block layout (DESIGN.md §2): pre (Pre-Norm, Llama) | peri (also an Output-Norm on each sublayer's output)."""
     qk_norm: bool = False
+    """RMSNorm on each head's q and k before RoPE, one γ of size head_dim for all heads (Qwen3; an Output-Norm)."""
     init_std: float = 0.02
+    """Std of every matrix's normal init (at d_model = init_width, if set); W_o and W_down: / √(2·n_layers)."""
     init_width: int | None = None
+    """null: init_std at every width; W: init_std holds at d_model = W and scales as 1/√d_model (weight_std).
+
+    Then std·√d_model is the same at every width (DESIGN.md §2, "the init regime": the CPU ladder sets W = 640,
+    the 0.12B model's d_model)."""
     moe: MoEConfig | None = None
+    """The MoE MLP (DESIGN.md §6; its fields below), or null: every block has the dense SwiGLU MLP."""
 
     @property
     def weight_std(self) -> float:
@@ -162,71 +193,80 @@ SCALE_CHOICES = {
     "apply": ("weight", "activation", "fused"),
 }
 
-PRESET_NAMES = ("none", "baseline", "iwd", "hg", "dp", "dnp", "or", "er", "unified", "unified_foldable")
+# The named strategies of DESIGN.md §3, each the switches it changes from ScaleConfig's defaults (baseline). The one
+# table: PRESET_NAMES, ScaleConfig.preset and every test that builds all strategies read it. It lives here, below
+# the model, because the config layer resolves a run's `strategy` into its `scale` section (resolve.py) and config
+# may not import the model (tests/test_layout.py); what each switch means is the model's (scales.scale_plan).
+STRATEGIES: dict[str, dict[str, str]] = {
+    "none": dict(scale="none"),
+    "baseline": dict(),
+    "iwd": dict(wd="input"),
+    "hg": dict(scale="branch"),
+    "dp": dict(placement="dual"),
+    "dnp": dict(placement="dual_norm"),
+    "or": dict(param="magdir"),
+    "er": dict(param="magdir_exp"),
+    "unified": dict(scale="branch", placement="dual_norm", param="magdir", wd="input"),
+    "unified_foldable": dict(scale="branch", placement="dual", param="magdir", wd="input"),
+}
+PRESET_NAMES = tuple(STRATEGIES)  # the strategy names, in the table's order
 
 
 @dataclass
 class ScaleConfig:
-    """A scale-vector strategy: the four switches of DESIGN.md §3 plus where they act.
-
-    - ``scale``: ``none`` (γ ≡ 1, no parameter), ``shared`` (one γ per norm), ``branch`` (HG: one γ
-      per linear map that reads the norm).
-    - ``placement``: ``input``, ``dual`` (DP: also an output-side scale s, ``diag(s) W diag(γ)``),
-      ``dual_norm`` (DNP: as DP, and the outputs of ``norm_sites`` are RMS-normalized before s).
-    - ``param``: ``direct``, ``magdir`` (OR: ``γ = β α / rms(α)``), ``magdir_exp`` (ER: ``exp(b) α/rms(α)``).
-    - ``wd``: which scales get weight decay: ``none``, ``all``, ``input`` (IWD), ``output``; ``direction``: OR/ER's
-      direction α of every scale and no magnitude (our variant of "does decay hit β or α", DESIGN.md §3).
-    - ``weight_decay``: the decayed scales' coefficient (None: ``optim.weight_decay``, the matrices' one; our
-      choice, DESIGN.md §3, a switch so that the reproduction study can vary it).
-    - ``lr_mult``: every scale parameter's peak lr over ``optim.lr`` (AdamW groups of the scale roles; 1 by
-      default, our choice; a switch of issue 23, since a scale vector's Adam step of about lr per step is
-      a relative change of lr, unlike a matrix entry's of size 0.02-0.1).
-    - ``direction_init``: the constant OR/ER's direction α starts at (γ = 1 whatever it is, since γ does not
-      depend on α's norm; under Adam a smaller α turns faster: α moves by about lr per step, so its direction by
-      about lr / direction_init). 1 by default (our choice, DESIGN.md §3).
-    - ``per_expert``: under ``branch``, every MoE expert gets its own gate/up scale vectors.
-    - ``dual_sites`` / ``norm_sites``: the projections that get an output-side scale / normalization.
-    - ``apply``: ``weight`` applies the shared γ inside the norm's own pass and folds each branch's γ and
-      s into its weight on the fly (``W' = diag(s) W diag(γ)``); ``activation`` multiplies activations
-      (the reference form); same function and gradients (DESIGN.md §3 note). ``fused``: as ``weight``, and
-      each norm's branches run as one matmul and the MLP (gate, up, DNP's norms, SwiGLU, down) as one
-      autograd node (``model/fused.py``): faster on CPU, equal to ``weight`` only to rounding, so opt-in
-      (docs/performance.md).
-    - ``folded``: the result of ``fold_scales``: no Input-Norm scales, QK-norm scale vectors kept as
-      plain vectors (Qwen3's q_norm/k_norm). Not a research strategy; set by ``fold_scales``.
-    """
+    """A scale-vector strategy: the four switches of DESIGN.md §3 (``scale``, ``placement``, ``param``, ``wd``)
+    plus how they act. A named strategy is a row of ``STRATEGIES`` (``preset``); ``scales.scale_plan`` is the
+    one reader of these switches (what they build)."""
 
     scale: str = "shared"
+    """none (γ ≡ 1, no parameter) | shared (one γ per norm) | branch (HG: one γ per linear map reading the norm)."""
     placement: str = "input"
+    """input | dual (DP: also an output-side s, W' = diag(s) W diag(γ)) | dual_norm (DNP: DP, outputs normalized).
+
+    DNP normalizes the outputs of ``norm_sites`` before s: ``y = s ⊙ n(W (γ ⊙ u))``, n over d_ff (DESIGN.md §3)."""
     param: str = "direct"
+    """direct (γ is the parameter) | magdir (OR: γ = β·α/rms(α)) | magdir_exp (ER: γ = exp(b)·α/rms(α))."""
     wd: str = "none"
+    """Which scales get weight decay: none | all | input (IWD) | output | direction (OR/ER's α, no magnitude).
+
+    Under OR/ER a decayed scale's magnitude β (or b) is decayed, not its direction α (our choice);
+    ``direction`` is the other answer to "does decay hit β or α", a variant (DESIGN.md §3)."""
     weight_decay: float | None = None
+    """The decayed scales' weight-decay coefficient; null: optim.weight_decay, the matrices' (our choice, §3)."""
     lr_mult: float = 1.0
+    """Peak lr of every scale parameter over optim.lr (AdamW groups of the scale roles; our choice, issue 23).
+
+    A switch because a scale vector's Adam step of about lr per step is a relative change of lr, unlike a
+    matrix entry's of size 0.02-0.1."""
     direction_init: float = 1.0
+    """The constant OR/ER's direction α starts at; γ = 1 whatever it is (our choice, DESIGN.md §3).
+
+    γ does not depend on α's norm; under Adam a smaller α turns faster: α moves by about lr per step, so its
+    direction by about lr / direction_init."""
     per_expert: bool = False
+    """Under scale=branch, every MoE expert gets its own gate/up scale vectors (else the experts share one set)."""
     dual_sites: tuple[str, ...] = ("q", "k", "v", "gate", "up")
+    """The projections that get DP/DNP's output-side scale s (among q, k, v, gate, up)."""
     norm_sites: tuple[str, ...] = ("gate", "up")
+    """The projections whose outputs DNP normalizes before s (among gate, up)."""
     apply: str = "weight"
+    """weight (γ, s folded into W on the fly) | activation (γ, s on the activations) | fused (opt-in, to rounding).
+
+    ``weight`` applies the shared γ inside the norm's own pass and folds each branch's γ and s into its weight
+    (``W' = diag(s) W diag(γ)``); ``activation`` multiplies activations (the reference form); same function and
+    gradients (DESIGN.md §3 note). ``fused``: as ``weight``, and each norm's branches run as one matmul and the
+    MLP (gate, up, DNP's norms, SwiGLU, down) as one autograd node (``model/fused.py``): faster on CPU, equal
+    to ``weight`` only to rounding, so opt-in (docs/performance.md)."""
     folded: bool = False
+    """Set by fold_scales on its output, not a research switch: no Input-Norm scales, QK-norm's γ a plain vector."""
 
     @classmethod
     def preset(cls, name: str) -> ScaleConfig:
-        """The named strategy of DESIGN.md §3. Raises ``ValueError`` for an unknown name."""
-        presets = {
-            "none": dict(scale="none"),
-            "baseline": dict(),
-            "iwd": dict(wd="input"),
-            "hg": dict(scale="branch"),
-            "dp": dict(placement="dual"),
-            "dnp": dict(placement="dual_norm"),
-            "or": dict(param="magdir"),
-            "er": dict(param="magdir_exp"),
-            "unified": dict(scale="branch", placement="dual_norm", param="magdir", wd="input"),
-            "unified_foldable": dict(scale="branch", placement="dual", param="magdir", wd="input"),
-        }
-        if name not in presets:
+        """The named strategy of DESIGN.md §3 (its row of ``STRATEGIES``). Raises ``ValueError`` for an unknown
+        name."""
+        if name not in STRATEGIES:
             raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(PRESET_NAMES)}")
-        cfg = cls(**presets[name])
+        cfg = cls(**STRATEGIES[name])
         cfg.validate()
         return cfg
 
@@ -274,19 +314,30 @@ class ScaleConfig:
 
 @dataclass
 class OptimConfig:
-    """Optimizer (DESIGN.md §5). ``lr`` is the AdamW peak lr; Muon's matrices use ``muon_lr`` or ``lr``."""
+    """Optimizer (DESIGN.md §5): param groups by role, AdamW, or Muon on the matrices with AdamW on the rest."""
 
-    name: str = "adamw"  # adamw | muon
+    name: str = "adamw"
+    """adamw | muon (Muon on the matrix role, expert banks per expert; AdamW on every other role)."""
     lr: float = 3e-3
+    """Peak learning rate of the AdamW groups (and of Muon's, unless muon_lr); the schedule multiplies it."""
     muon_lr: float | None = None
+    """Muon's peak lr on the matrices; null: lr (Muon's update is scaled to AdamW's RMS, match_rms_adamw)."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's (β1, β2): the decay rates of its running means of the gradient and of its square."""
     eps: float = 1e-8
+    """AdamW's ε, added to the root of the second-moment estimate in the update's denominator."""
     weight_decay: float = 0.1
+    """Decoupled weight decay of the matrix and lm_head roles (the scales: as scale.wd says; DESIGN.md §5)."""
     embedding_wd: bool = False
+    """Decay the embedding too (default: no weight decay on it, DESIGN.md §5)."""
     router_wd: bool = False
+    """Decay the MoE router too (default: no weight decay on it, DESIGN.md §5)."""
     muon_momentum: float = 0.95
-    grad_clip: float = 1.0  # 0 disables clipping
-    fused: str = "auto"  # AdamW kernel: auto (fused on CUDA, foreach on CPU) | true | false (foreach); optim.py
+    """Muon's (Nesterov) momentum coefficient."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    fused: str = "auto"
+    """AdamW kernel: auto (fused on CUDA, foreach on CPU) | true | false (foreach); training/optim.py."""
 
     def validate(self) -> None:
         if self.name not in ("adamw", "muon"):
@@ -320,15 +371,20 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    """lr(step) (DESIGN.md §7). ``warmup`` in steps, or ``warmup_frac`` of the run's steps when that is set
-    (``warmup_steps``); ``decay_frac`` is WSD's decay share of the run."""
+    """The lr multiplier of a step (DESIGN.md §7; training/schedule.py): linear warmup, then the named decay."""
 
-    name: str = "cosine"  # cosine | wsd | linear | constant
+    name: str = "cosine"
+    """The decay after warmup: cosine | wsd (warmup-stable-decay) | linear | constant."""
     warmup: int = 50
-    warmup_frac: float | None = None  # e.g. 0.05: warmup over 5 % of the steps, replacing `warmup`
-    min_lr_ratio: float = 0.1  # the last step's multiplier (cosine, linear; wsd: 0 unless given, resolve.py)
+    """Linear warmup in steps, unless warmup_frac is set; when neither is set, min(50, steps // 10) (resolve.py)."""
+    warmup_frac: float | None = None
+    """Warmup as a share of the run's steps (e.g. 0.05: 5 %), replacing warmup; null: warmup steps."""
+    min_lr_ratio: float = 0.1
+    """The last step's multiplier (cosine, linear; wsd: 0 unless given, resolve.py)."""
     decay_frac: float = 0.2
-    decay_shape: str = "linear"  # WSD decay: linear | cosine | 1-sqrt
+    """WSD's decay share of the run: the multiplier decays over the last decay_frac of the steps."""
+    decay_shape: str = "linear"
+    """WSD's decay curve: linear | cosine | 1-sqrt."""
 
     def validate(self) -> None:
         if self.name not in ("cosine", "wsd", "linear", "constant"):
@@ -351,19 +407,33 @@ class ScheduleConfig:
         return max(1, round(self.warmup_frac * total_steps)) if self.warmup_frac > 0 else 0
 
 
+VAL_SPLITS = ("tail", "strided", "random")  # data.val_split; the rules: data/split.py
+
+
 @dataclass
 class DataConfig:
-    """Corpus and tokenizer (DESIGN.md §8). ``source`` is ``shakespeare``, ``kjv``, a path or ``hf:NAME[:CONFIG]``."""
+    """Corpus, tokenizer and validation split (DESIGN.md §8; data/)."""
 
     source: str = "shakespeare"
-    tokenizer: str = "bytes"  # bytes | bpe:N | path/to/tokenizer.json
+    """The corpus: shakespeare | kjv (bundled), a .txt/.jsonl/.parquet file or folder, or hf:NAME[:CONFIG]."""
+    tokenizer: str = "bytes"
+    """bytes (vocab 256) | bpe:N (a byte-level BPE of N tokens, trained locally and cached) | a tokenizer.json."""
     val_frac: float = 0.1
-    val_tokens: int = 131072  # fixed validation set: the same for every run of a comparison
-    cache_dir: str = ""  # "" -> ~/.cache/scalevec
+    """The share held out for validation: of the characters (val_split tail), else of the documents (data/split.py)."""
+    val_split: str = "tail"
+    """Which documents are validation: tail (the last ones) | strided (every 1/val_frac-th) | random (seeded)."""
+    val_seed: int = 0
+    """The seed of val_split=random (not train.seed, so that every seed of a study sees the same split)."""
+    val_tokens: int = 131072
+    """Tokens of the fixed validation set: the same for every run of a comparison."""
+    cache_dir: str = ""
+    """Where tokenized corpora and trained tokenizers are cached; "": $SCALEVEC_CACHE, else ~/.cache/scalevec."""
 
     def validate(self) -> None:
         if not 0 < self.val_frac < 1:
             raise ValueError(f"data.val_frac={self.val_frac} must be in (0, 1)")
+        if self.val_split not in VAL_SPLITS:
+            raise ValueError(f"data.val_split={self.val_split!r} is unknown; use {', '.join(VAL_SPLITS)}")
         if self.val_tokens <= 0:
             raise ValueError(f"data.val_tokens={self.val_tokens} must be > 0")
         for name in ("source", "tokenizer"):
@@ -392,38 +462,63 @@ class TrainConfig:
     """The training loop (DESIGN.md §8). One step = ``batch_size`` sequences of ``seq_len`` tokens."""
 
     steps: int = 800
-    tokens: int = 0  # if > 0, overrides steps: steps = ceil(tokens / (batch_size * seq_len))
-    batch_size: int = 16  # global batch, in sequences
-    micro_batch_size: int = 0  # 0 -> batch_size (no accumulation)
+    """Optimizer steps of the run (unless tokens is set)."""
+    tokens: int = 0
+    """Training tokens; if > 0, replaces steps: steps = ceil(tokens / (batch_size · seq_len)) (run_budget.py)."""
+    batch_size: int = 16
+    """The global batch, in sequences per optimizer step (over all processes and micro-batches)."""
+    micro_batch_size: int = 0
+    """Sequences per forward/backward pass of a process; 0: batch_size (no gradient accumulation)."""
     seq_len: int = 128
+    """Tokens per training and validation sequence (at most model.max_seq_len)."""
     seed: int = 0
+    """Seed of the initial matrices and of the data order: every strategy gets the same ones for a seed."""
     eval_every: int = 100
+    """Evaluate on the fixed validation set every this many steps, and at the last step."""
     eval_batch_size: int = 32
+    """Sequences per validation forward pass."""
     log_every: int = 10
-    ckpt_every: int = 0  # 0 -> only at the end
-    compile: str = "auto"  # auto | true | false: torch.compile each block (training/autocompile.py decides for auto)
-    peak_flops: float = 0.0  # FLOP/s for the mfu metric; 0 -> a known GPU's spec, else a cached matmul measurement
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu) | float32 | bfloat16
-    dist: str = "none"  # none | ddp | fsdp2
-    # CPU threads for torch's kernels (0: every CPU this process may use). fp32 sums are split across
-    # threads, so the thread count is part of what makes a run bitwise reproducible (README, "Reproducibility")
+    """Write a training row (loss, lr, gradient norm, scale statistics) to metrics.jsonl every this many steps."""
+    ckpt_every: int = 0
+    """Checkpoint every this many steps; 0: only at the end."""
+    compile: str = "auto"
+    """auto | true | false: torch.compile each block (training/autocompile.py decides for auto)."""
+    peak_flops: float = 0.0
+    """FLOP/s for the mfu metric; 0: a known GPU's spec figure, else a cached matmul measurement."""
+    device: str = "auto"
+    """auto (cuda if available) | cpu | cuda | cuda:N."""
+    dtype: str = "auto"
+    """auto (bf16 autocast on cuda, fp32 on cpu) | float32 | bfloat16."""
+    dist: str = "none"
+    """none | ddp | fsdp2: data parallelism across the processes of torchrun (DESIGN.md §8)."""
     threads: int = 0
+    """CPU threads for torch's kernels (0: every CPU this process may use).
+
+    fp32 sums are split across threads, so the thread count is part of what makes a run bitwise reproducible
+    (README, "Reproducibility")."""
     probe_every: int = 0
+    """Log each scale vector's preconditioner spectrum every this many steps (DESIGN.md §4; 0: off)."""
     sharpness_every: int = 0
-    # memory (docs/performance.md): recompute blocks' activations in the backward: none | all | every_K
-    # (blocks 0, K, 2K, ...) | a list of block indices (e.g. 0,2,5); and the LM head + cross-entropy
-    # in chunks of this many tokens (0: off). Both off: the plain path, bitwise.
+    """Log the top Hessian eigenvalue on a validation batch every this many steps (DESIGN.md §4; 0: off)."""
     activation_checkpointing: str = "none"
+    """Blocks recomputed in the backward to save memory: none | all | every_K | indices (e.g. 0,2,5).
+
+    ``every_K``: blocks 0, K, 2K, ...; docs/performance.md. Off (with loss_chunk_tokens 0): the plain path, bitwise."""
     loss_chunk_tokens: int = 0
-    tracker: str = "none"  # none | tensorboard | wandb: mirrors metrics.jsonl (tracking.py; optional packages)
-    # the health guard (training/: trainer.py, rundir.py; besides the always-on non-finite check): a dead model is this
-    # many steps in a row at loss ln(vocab) with a gradient norm below 1e-6 (0: off); a spike is a loss
-    # above guard_spike_ratio x the mean of the last guard_spike_window losses and above their mean + 6
-    # std (OLMo-core's stability monitor uses a mean + k std rule; 0: off). Both stop the run (DIVERGED).
+    """Run the final norm, LM head and cross-entropy in chunks of this many tokens, never whole logits (0: off)."""
+    tracker: str = "none"
+    """none | tensorboard | wandb: mirrors metrics.jsonl (training/tracking.py; optional packages)."""
     guard_dead_steps: int = 10
+    """Stop as dead after this many steps in a row at loss ln(vocab) with gradient norm below 1e-6 (0: off).
+
+    The health guard (training/trainer.py, besides the always-on non-finite check): a stop writes DIVERGED,
+    naming the newest checkpoint from before the first bad step (DESIGN.md §8)."""
     guard_spike_ratio: float = 2.0
+    """A spike is a loss above this × the mean of the last guard_spike_window losses (and their mean + 6 std; 0: off).
+
+    OLMo-core's stability monitor uses a mean + k std rule; a spike stops the run (DIVERGED)."""
     guard_spike_window: int = 50
+    """The recent losses whose mean and std the spike guard compares a loss with (at least 2)."""
 
     def validate(self) -> None:
         _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
@@ -462,13 +557,21 @@ class RunConfig:
     """Everything one run needs; stored as the run directory's ``config.yaml``."""
 
     preset: str = "small"
+    """The model preset the model section starts from (presets.py; `scalevec info` lists them)."""
     strategy: str = "baseline"
+    """The strategy the scale section starts from: a STRATEGIES name (DESIGN.md §3) or a sweep variant's label."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The model's shape (DESIGN.md §2)."""
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """The scale-vector strategy's switches (DESIGN.md §3)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer (DESIGN.md §5)."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The lr schedule (DESIGN.md §7)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The corpus, tokenizer and validation split (DESIGN.md §8)."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop (DESIGN.md §8)."""
 
     def validate(self) -> None:
         for part in (self.model, self.scale, self.optim, self.schedule, self.data, self.train):
@@ -517,387 +620,6 @@ def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
 EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile", "train.tracker", "train.threads")
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask): the thread count `scalevec train` and a one-job
-    sweep use when ``train.threads`` is 0. Explicit rather than torch's default, which counts physical
-    cores and so differs on a machine with SMT from what a parent's ``OMP_NUM_THREADS`` gives: a run's
-    numbers then depended on how it was started (issue 12)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-# --------------------------------------------------------------------------------------------- derived
-
-
-def tokens_per_step(cfg: RunConfig) -> int:
-    """Tokens of one optimizer step: the global batch, ``train.batch_size × train.seq_len``."""
-    return cfg.train.batch_size * cfg.train.seq_len
-
-
-def total_steps(cfg: RunConfig) -> int:
-    """Optimizer steps of the run (the one step counter): ``ceil(train.tokens / tokens per step)`` when
-    ``train.tokens`` is set, else ``train.steps``."""
-    if cfg.train.tokens > 0:
-        return math.ceil(cfg.train.tokens / tokens_per_step(cfg))
-    return cfg.train.steps
-
-
-def run_tokens(cfg: RunConfig) -> int:
-    """Training tokens of the run: its steps × tokens per step (``train.tokens`` rounded up to whole steps)."""
-    return total_steps(cfg) * tokens_per_step(cfg)
-
-
-def budget_tokens(tokens_per_param: float, params: int) -> int:
-    """A token budget of ``tokens_per_param`` tokens per parameter (DESIGN.md §9: a cell's budget uses the
-    baseline strategy's ``params`` so that every strategy trains on the same tokens), for ``train.tokens``.
-    Raises ``ValueError`` for a ratio that is not > 0 or a budget below one token."""
-    if not float(tokens_per_param) > 0:
-        raise ValueError(f"tokens_per_param={tokens_per_param} must be > 0 (e.g. 20)")
-    tokens = round(float(tokens_per_param) * params)
-    if tokens < 1:
-        raise ValueError(f"tokens_per_param={tokens_per_param} gives {tokens} tokens for {params:,} parameters; "
-                         f"raise it (e.g. 20)")
-    return tokens
-
-
-def fit_vocab(cfg: RunConfig, vocab_size: int) -> RunConfig:
-    """``cfg`` with ``model.vocab_size`` grown to ``vocab_size`` when it is smaller: a preset's vocabulary
-    (256, the bytes) is a default, not a constraint, so a ``bpe:N`` or tokenizer.json run gets an embedding
-    that fits its tokenizer (the trainer, with the tokenizer's size; a sweep, with a stored run's size, so
-    that a rerun sees the config the trainer resolved). Never shrinks."""
-    if vocab_size <= cfg.model.vocab_size:
-        return cfg
-    return replace(cfg, model=replace(cfg.model, vocab_size=vocab_size))
-
-
-def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
-    """The fields that differ between two configs (``RunConfig`` or their ``to_dict`` mappings), execution
-    fields (``EXECUTION_FIELDS``) excepted: ``{dotted name: (value in a, value in b)}``, sorted by name.
-
-    A section that is a mapping on one side and not on the other (``model.moe: None`` vs experts) is one
-    entry under the section's name. Resuming a run and rerunning a sweep both refuse a non-empty diff."""
-    da = a if isinstance(a, dict) else to_dict(a)
-    db = b if isinstance(b, dict) else to_dict(b)
-    out: dict[str, tuple[Any, Any]] = {}
-
-    def walk(x: dict, y: dict, prefix: str) -> None:
-        for k in sorted(set(x) | set(y)):
-            vx, vy = x.get(k), y.get(k)
-            if isinstance(vx, dict) and isinstance(vy, dict):
-                walk(vx, vy, f"{prefix}{k}.")
-            elif vx != vy and f"{prefix}{k}" not in EXECUTION_FIELDS:
-                out[f"{prefix}{k}"] = (vx, vy)
-
-    walk(da, db, "")
-    return out
-
-
-def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
-    """``config_diff``'s result as one line: ``optim.lr: 0.003 -> 0.01, train.steps: 10 -> 20``."""
-    return ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in diff.items())
-
-
-# --------------------------------------------------------------------------------------------- I/O
-
-
-def to_dict(cfg: Any) -> dict:
-    """A dataclass as plain YAML-safe dicts, lists and scalars."""
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, _DerivedHeadDim):
-            return None  # derived, not chosen: stays derived when d_model or n_heads change
-        if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in fields(v)}
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        return v
-
-    return plain(cfg)
-
-
-def from_dict(cls: type, data: dict, where: str = "") -> Any:
-    """Build dataclass ``cls`` from a dict, checking keys and types (an int field takes an int, never a
-    float; a float field a number; a bool field a boolean; a str field a scalar). Raises ``ValueError``
-    naming the key, its value and the value's type."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}")
-    hints = _type_hints(cls)
-    known = {f.name for f in fields(cls)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + k for k in unknown))}; "
-                         f"known: {', '.join(sorted(known))}")
-    kwargs = {k: _coerce(hints[k], v, where + k) for k, v in data.items()}
-    return cls(**kwargs)
-
-
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    # resolving the string annotations (``from __future__ import annotations``) compiles each one: it was
-    # most of the time of a sweep's expansion (1,844 configs of the shipped sweep files), so once per class
-    return typing.get_type_hints(cls)
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        return _coerce(options[0], value, key)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key + ".")
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.replace(" ", "").split(",") if v] if value else []
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = [value]  # one number is a one-item list, as one word is: the section's validate judges its length
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key}={value!r} is not a list; write it as [a,b] or a,b")
-        args = typing.get_args(tp)
-        item = args[0]
-        return tuple(_coerce(item, v, key) for v in value)
-    try:
-        if tp is bool:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError
-            if isinstance(value, bool) or (type(value) is int and value in (0, 1)):
-                return bool(value)
-            raise TypeError
-        if tp is int:
-            # an int field takes an int (or its digits): a float, even 8.0 or 1e+30, is refused rather than
-            # truncated or turned into a 31-digit step count
-            if isinstance(value, str):
-                return int(value.strip())
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            raise TypeError
-        if tp is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise TypeError
-            return float(value)
-        if tp is str:
-            if isinstance(value, (list, tuple, dict)) or value is None:
-                raise TypeError
-            return str(value)
-    except (TypeError, ValueError):
-        name = getattr(tp, "__name__", tp)
-        hint = "; write a whole number" if tp is int and isinstance(value, (float, str)) else ""
-        raise ValueError(f"{key}={value!r} is not a valid {name} (it is a {type(value).__name__}){hint}") from None
-    return value
-
-
-def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``section.field=value`` overrides (e.g. ``model.d_model=256``, ``moe.n_experts=4``).
-
-    ``moe.*`` edits ``model.moe`` (creating it with defaults if absent); ``model.rope_scaling.*``
-    likewise. Raises ``ValueError`` for a
-    malformed item or an unknown key.
-    """
-    data = to_dict(cfg)
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not key=value (example: model.d_model=256)")
-        key, value = item.split("=", 1)
-        path = key.strip().split(".")
-        if path[0] == "moe":
-            path = ["model", *path]
-        node = data
-        for part in path[:-1]:
-            if part == "moe" and node.get("moe") is None:
-                node["moe"] = to_dict(MoEConfig())
-            if part == "rope_scaling" and node.get("rope_scaling", 0) is None:
-                node["rope_scaling"] = to_dict(RopeScalingConfig())
-            if part not in node or not isinstance(node[part], dict):
-                sections = ", ".join(k for k, v in data.items() if isinstance(v, dict))
-                raise ValueError(f"unknown config key {key!r}; sections: {sections}")
-            node = node[part]
-        if path[-1] not in node:
-            raise ValueError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node))}")
-        try:
-            parsed = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            parsed = value  # not YAML: the type check below names the key
-        # a string field keeps the text as given unless it is a YAML string ('"x"'): paths like
-        # 'a: b', '#x', 'hf:', 'yes'
-        node[path[-1]] = value if isinstance(node[path[-1]], str) and not isinstance(parsed, str) else parsed
-    return from_dict(RunConfig, data)
-
-
-def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; ``ValueError`` with the path if it is missing or malformed."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"config file {p} is a directory; pass a YAML file")
-    if not p.is_file():
-        raise ValueError(f"config file {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"config file {p} is not UTF-8 text; save it as UTF-8 YAML") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"config file {p} is not valid YAML{where} ({problem}); fix the syntax there") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {p} must hold a mapping")
-    return data
-
-
-def save_yaml(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-# --------------------------------------------------------------------------------------------- help
-
-
-@dataclass(frozen=True)
-class FieldDoc:
-    """One row of ``config_fields``: a field's dotted ``name`` (``model.moe.n_experts``), its ``type`` as
-    annotated (``float | None``), its ``default`` as YAML-safe data (``to_dict``'s form) and ``doc``, one line
-    taken from this module's source ("" where there is none)."""
-
-    name: str
-    type: str
-    default: Any
-    doc: str
-
-
-def config_fields(cfg: RunConfig | None = None) -> list[FieldDoc]:
-    """Every field of ``RunConfig``, derived from the dataclasses (issue 26: what ``scalevec train --help``
-    lists), in declaration order. A section (``model``, ``scale``, ...) is no row of its own; an optional
-    one (``model.moe``, ``model.rope_scaling``: None or a section) is a row, followed by its fields.
-
-    ``default``: the value in ``cfg`` (default ``RunConfig()``); the fields of an optional section that is
-    None there take their class's defaults (what ``moe.n_experts=4`` starts from). ``doc``: the field's
-    trailing comment, else the comment block right above it, else the clause of its class's docstring
-    (or of a comment block in the class) that starts with its name: one sentence, cut to about 110
-    characters."""
-    rows: list[FieldDoc] = []
-
-    def walk(cls: type, values: dict, prefix: str) -> None:
-        docs, hints = _field_docs(cls), _type_hints(cls)
-        for f in fields(cls):
-            tp = hints[f.name]
-            section = next((a for a in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(a)), None)
-            value = values[f.name]
-            if section is not None and section is tp:  # a section that is always there: only its fields
-                walk(section, value, f"{prefix}{f.name}.")
-                continue
-            rows.append(FieldDoc(prefix + f.name, str(f.type), value, docs.get(f.name, "")))
-            if section is not None:
-                walk(section, value if isinstance(value, dict) else to_dict(section()), f"{prefix}{f.name}.")
-
-    walk(RunConfig, to_dict(RunConfig() if cfg is None else cfg), "")
-    return rows
-
-
-_DOC_WIDTH = 110  # a description's length before it is cut at a clause or a word
-_ABBREVIATIONS = ("e.g", "i.e", "etc", "vs", "cf")
-
-
-@functools.cache
-def _field_docs(cls: type) -> dict[str, str]:
-    """``{field: one-line description}`` for a dataclass of this module, read from its source (config_fields)."""
-    import ast
-    import io
-    import tokenize
-
-    source = Path(__file__).read_text(encoding="utf-8")
-    node = next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
-    if node is None:
-        return {}
-    comments: dict[int, tuple[str, bool]] = {}  # line -> (comment text, whether the line is only a comment)
-    lines = source.splitlines()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT and node.lineno <= tok.start[0] <= node.end_lineno:
-            row = tok.start[0]
-            comments[row] = (tok.string.lstrip("#").strip(), not lines[row - 1][:tok.start[1]].strip())
-    names = [f.name for f in fields(cls)]
-    clauses = [_clean(c) for c in _docstring_clauses(ast.get_docstring(node) or "")]
-    block_clauses: list[str] = []  # of the comment blocks above fields
-    out: dict[str, str] = {}
-    for stmt in node.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)) or stmt.target.id not in names:
-            continue
-        name = stmt.target.id
-        trailing = comments.get(stmt.end_lineno)
-        block, row = [], stmt.lineno - 1
-        while row in comments and comments[row][1]:
-            block.insert(0, comments[row][0])
-            row -= 1
-        if block:
-            block_clauses.extend(_clean(c) for c in _split_top(" ".join(block), "; "))
-        if trailing and not trailing[1] and not trailing[0].startswith("type:"):
-            out[name] = _one_line(trailing[0])
-        elif block:
-            out[name] = _one_line(" ".join(block))
-    for name in names:  # the clauses "``name``: ..." / "``name`` is ...", then a comment's clause that names it
-        if name in out:
-            continue
-        for clause in clauses:
-            m = re.match(r"(\w+(?: / \w+)*)(:?) (.*)", clause)  # "scale: ...", "dual_sites / norm_sites: ..."
-            if m and name in m.group(1).split(" / "):
-                out[name] = _one_line(m.group(3) if m.group(2) else clause)
-                break
-        else:  # an identifier, not a word that prose may use ("steps")
-            named = [c for c in block_clauses if "_" in name and re.search(rf"\b{name}\b", c)]
-            if named:
-                out[name] = _one_line(named[0])
-    return out
-
-
-def _docstring_clauses(doc: str) -> list[str]:
-    """A docstring as clauses: each ``- `` bullet whole, the rest as sentences split at top-level ``; ``."""
-    items, prose = [], []
-    for line in doc.splitlines():
-        if line.lstrip().startswith("- "):
-            items.append(line.lstrip()[2:])
-        elif items and line.startswith(" ") and line.strip():
-            items[-1] += " " + line.strip()
-        else:
-            prose.append(line.strip())
-    sentences = _split_top(" ".join(prose), ". ")
-    return items + [c for s in sentences for c in _split_top(s, "; ")]
-
-
-def _clean(text: str) -> str:
-    return " ".join(text.replace("``", "").split())
-
-
-def _one_line(text: str) -> str:
-    """``text`` as one line of at most about ``_DOC_WIDTH`` characters: its first sentence, then its first
-    clause (top-level ``;``), then cut at a word; a cut inside the sentence ends in `` …``."""
-    text = _clean(text)
-    text = _split_top(text, ". ")[0].rstrip(".")
-    if len(text) > _DOC_WIDTH and len(_split_top(text, "; ")) > 1:
-        text = _split_top(text, "; ")[0] + " …"
-    if len(text) > _DOC_WIDTH:
-        text = text[:_DOC_WIDTH].rsplit(" ", 1)[0].rstrip(" …") + " …"
-    return text
-
-
-def _split_top(text: str, sep: str) -> list[str]:
-    """``text`` split at ``sep`` outside brackets; a ``. `` after an abbreviation (e.g.) does not split."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch in "([{") - (ch in ")]}")
-        if depth == 0 and text.startswith(sep, i):
-            if sep == ". " and text[:i].rsplit(" ", 1)[-1].lstrip("(").lower() in _ABBREVIATIONS:
-                continue
-            parts.append(text[start:i])
-            start = i + len(sep)
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()] or [""]
-
-
 def _positive(obj: Any, *names: str) -> None:
     section = type(obj).__name__.replace("Config", "").lower()
     for name in names:
@@ -907,8 +629,7 @@ def _positive(obj: Any, *names: str) -> None:
 
 
 __all__ = [
-    "MoEConfig", "RopeScalingConfig", "ModelConfig", "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
-    "TrainConfig", "RunConfig", "PRESET_NAMES", "apply_overrides", "from_dict", "to_dict",
-    "load_yaml", "save_yaml", "replace", "EXECUTION_FIELDS", "usable_cpus", "tokens_per_step", "total_steps",
-    "run_tokens", "budget_tokens", "config_diff", "fit_vocab", "format_diff", "FieldDoc", "config_fields",
+    "MoEConfig", "RopeScalingConfig", "Derived", "ModelConfig", "SCALE_CHOICES", "STRATEGIES", "PRESET_NAMES",
+    "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig", "VAL_SPLITS", "COMPILE_CHOICES", "normalize_compile",
+    "TrainConfig", "RunConfig", "checkpoint_blocks", "EXECUTION_FIELDS",
 ]

@@ -12,19 +12,28 @@ first:
 
 One rule of its own (DESIGN.md §7): ``wsd`` decays to 0. A layer that sets ``schedule.name: wsd``
 without ``schedule.min_lr_ratio``, where no layer above it sets the ratio, gets ``min_lr_ratio = 0``
-(the config default 0.1 is the cosine floor). Consumers (the trainer, the model builder) take the
-result as given. The token budget per parameter needs a model to count and lives with the sweep
-(``sweep.assigned_config``); its arithmetic is ``config.budget_tokens``.
+(the config default 0.1 is the cosine floor). And one default that depends on the run (issue 26): when
+no layer sets ``schedule.warmup`` or ``schedule.warmup_frac`` (and no ``base`` holds the run's own), the
+warmup is ``default_warmup(steps)``, 10 % of the run's steps, at most the field's default 50: every run of
+500 steps or more keeps 50 as before (so does every committed study, each of which sets its warmup), and a
+short run warms up over its first tenth instead of ramping for its whole length. Consumers (the
+trainer, the model builder) take the result as given, but for one rule applied once the tokenizer is
+known: ``fit_vocab`` (a preset's vocabulary is a default). The token budget per parameter needs a
+model to count and lives with the sweep (``sweep.assigned_config``, which resolves again with the
+budget, so that a default warmup is a share of its steps); its arithmetic is ``run_budget.budget_tokens``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig, apply_overrides, from_dict, to_dict
+from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig, ScheduleConfig
+from scalevec.config_codec import apply_overrides, from_dict, to_dict
 from scalevec.presets import get_preset
+from scalevec.run_budget import train_steps
 
 WSD_FLOOR = "schedule.min_lr_ratio=0.0"  # DESIGN.md §7: WSD decays to 0
 
@@ -64,8 +73,26 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
         data[section] = {**data[section], **values}
     floor = _wsd_floor(data_in.get("schedule"), items)
     cfg = apply_overrides(from_dict(RunConfig, data), items + ([floor] if floor else []))
+    if base is None and not warmup_given(data_in.get("schedule"), items):
+        cfg.schedule.warmup = default_warmup(train_steps(cfg.train))
     cfg.validate()
     return cfg
+
+
+def default_warmup(steps: int) -> int:
+    """The warmup of a run of ``steps`` steps that sets none (module docstring): ``min(50, steps // 10)``, the
+    cap being ``ScheduleConfig``'s default; 0 (no warmup) below 10 steps."""
+    return min(ScheduleConfig.warmup, steps // 10)
+
+
+def warmup_given(schedule_section: Any, overrides: list[str] | Mapping[str, Any] | None) -> bool:
+    """Whether a layer sets the warmup: ``warmup`` or ``warmup_frac`` in a ``schedule`` section, or an override
+    of ``schedule.warmup``, ``schedule.warmup_frac`` or the whole ``schedule`` (``key=value`` strings or a
+    mapping, as ``resolve_config`` takes them)."""
+    if isinstance(schedule_section, Mapping) and ("warmup" in schedule_section or "warmup_frac" in schedule_section):
+        return True
+    keys = [i.split("=", 1)[0].strip() for i in _override_items(overrides)]
+    return any(k in ("schedule", "schedule.warmup", "schedule.warmup_frac") for k in keys)
 
 
 def _strategy_scales(strategy: str, scale_section: Any) -> ScaleConfig:
@@ -75,6 +102,16 @@ def _strategy_scales(strategy: str, scale_section: Any) -> ScaleConfig:
     if strategy in PRESET_NAMES or not isinstance(scale_section, Mapping):
         return ScaleConfig.preset(strategy)
     return ScaleConfig()
+
+
+def fit_vocab(cfg: RunConfig, vocab_size: int) -> RunConfig:
+    """``cfg`` with ``model.vocab_size`` grown to ``vocab_size`` when it is smaller: a preset's vocabulary
+    (256, the bytes) is a default, not a constraint, so a ``bpe:N`` or tokenizer.json run gets an embedding
+    that fits its tokenizer (the trainer, with the tokenizer's size; a sweep, with a stored run's size, so
+    that a rerun sees the config the trainer resolved). Never shrinks."""
+    if vocab_size <= cfg.model.vocab_size:
+        return cfg
+    return replace(cfg, model=replace(cfg.model, vocab_size=vocab_size))
 
 
 def _override_items(overrides: list[str] | Mapping[str, Any] | None) -> list[str]:
@@ -106,4 +143,4 @@ def _wsd_floor(schedule_section: Any, items: list[str]) -> str | None:
     return None
 
 
-__all__ = ["WSD_FLOOR", "resolve_config"]
+__all__ = ["WSD_FLOOR", "resolve_config", "fit_vocab", "default_warmup", "warmup_given"]

@@ -6,7 +6,7 @@
 - ``transformer``: the Transformer, its blocks, RoPE and the KV cache (``build_model``)
 - ``moe``: the mixture-of-experts MLP (router, expert banks, grouped matmuls, auxiliary losses)
 - ``fold``: ``fold_scales``, a trained model with its Input-Norm scales folded into the weights
-- ``params``: parameter roles and the one parameter count
+- ``params``: parameter bookkeeping: the roles, ``new_param`` (role and init), ``init_params``, the one count
 - ``flops``: FLOPs per token and the peak throughput MFU is measured against
 
 Imports only ``scalevec.config`` (tests/test_layout.py).

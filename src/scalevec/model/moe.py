@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalevec.config import ModelConfig
+from scalevec.model.params import new_param, normal_init
 from scalevec.model.scales import (
     PLAIN,
     BranchPlan,
@@ -50,8 +51,6 @@ from scalevec.model.scales import (
     gamma_of,
     make_branch,
     multiply,
-    new_param,
-    normal_init,
     refuse_unfoldable,
 )
 
@@ -308,7 +307,7 @@ class MoE(nn.Module):
     def inactive_params(self) -> int:
         """Parameters of the routed experts that one token does not use: ``(E - k)/E`` of every per-expert
         tensor (banks, per-expert γ and s; their leading dim is E and they have ≥ 2 dims, while vectors
-        shared by all experts are 1-D). ``Transformer.active_params`` subtracts it (DESIGN.md §6)."""
+        shared by all experts are 1-D). ``params.count_params`` subtracts it for ``active_params`` (DESIGN.md §6)."""
         per_expert = sum(p.numel() for p in self.experts.parameters() if p.dim() >= 2)
         return per_expert // self.n_experts * (self.n_experts - self.top_k)
 

@@ -22,8 +22,8 @@ learnable scale vector. This module holds, in reading order:
                                                           placement=dual_norm (DNP): s ⊙ n(W ...) on gate/up
 
 Each branch computes ``y_b = s_b ⊙ [n](W_b diag(γ γ_b) u)``. Every parameter gets its role (DESIGN.md §5)
-where it is made, by ``new_param``. This module does not build a Transformer (``transformer.py``) nor
-optimizers (``training/optim.py``).
+where it is made, by ``params.new_param`` (roles, inits and counts are ``params.py``'s). This module does not
+build a Transformer (``transformer.py``) nor optimizers (``training/optim.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalevec.config import ModelConfig, ScaleConfig
-from scalevec.model.params import ROLES  # the one role list (params.py); re-exported here
+from scalevec.model.params import const_init, new_param, normal_init
 
 # ============================================================================================ the formulas
 
@@ -285,57 +285,6 @@ def scale_plan(scfg: ScaleConfig, cfg: ModelConfig) -> ScalePlan:
         fast=scfg.apply in ("weight", "fused"),
         fused=scfg.apply == "fused",
     )
-
-
-# ============================================================================================ parameters
-
-
-def new_param(module: nn.Module, name: str, shape: tuple[int, ...], role: str,
-              init: Callable[[Tensor], None]) -> nn.Parameter:
-    """Create parameter ``name`` on ``module`` with its role and its initializer (DESIGN.md §5).
-
-    Roles and inits are recorded on the owning module (``module._roles``, ``module._inits``) so that
-    they survive wrapping (DDP, FSDP2, compile), which may replace the Parameter objects.
-    """
-    assert role in ROLES, role
-    p = nn.Parameter(torch.empty(shape))
-    module.register_parameter(name, p)
-    module.__dict__.setdefault("_roles", {})[name] = role
-    module.__dict__.setdefault("_inits", {})[name] = init
-    return p
-
-
-def normal_init(std: float) -> Callable[[Tensor], None]:
-    return lambda t: nn.init.normal_(t, mean=0.0, std=std)
-
-
-def const_init(value: float) -> Callable[[Tensor], None]:
-    return lambda t: nn.init.constant_(t, value)
-
-
-def param_roles(model: nn.Module) -> dict[str, str]:
-    """``{parameter name: role}`` for every parameter of ``model``, in ``named_parameters`` order.
-
-    Raises ``KeyError`` if a parameter was not created by ``new_param`` (no role).
-    """
-    modules = dict(model.named_modules())
-    roles = {}
-    for name, _ in model.named_parameters():
-        owner, _, local = name.rpartition(".")
-        roles[name] = modules[owner].__dict__.get("_roles", {})[local]
-    return roles
-
-
-def init_params(model: nn.Module) -> None:
-    """Initialize every parameter with the init recorded at creation; fails loudly on an unknown one."""
-    modules = dict(model.named_modules())
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            owner, _, local = name.rpartition(".")
-            inits = modules[owner].__dict__.get("_inits", {})
-            if local not in inits:
-                raise KeyError(f"parameter {name} has no initializer; create it with scales.new_param")
-            inits[local](p)
 
 
 # ============================================================================================ scale vectors
@@ -657,10 +606,10 @@ def scale_vectors(model: nn.Module) -> dict[str, Tensor]:
 
 
 __all__ = [
-    "ROLES", "rms_norm", "or_gamma", "er_gamma", "fold_weight", "scaled_linear", "dnp_swiglu", "Ops", "PLAIN",
+    "rms_norm", "or_gamma", "er_gamma", "fold_weight", "scaled_linear", "dnp_swiglu", "Ops", "PLAIN",
     "DNP_CANNOT_FOLD", "refuse_unfoldable", "multiply", "decayed_scale_roles", "ScaleSpec", "BranchPlan", "NormPlan",
-    "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan", "new_param", "normal_init", "const_init",
-    "param_roles", "init_params", "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
+    "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan",
+    "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
     "batched_scales", "Linear", "Branch", "NormedBranch", "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
     "swiglu_proj", "OutputNorm", "gamma_of", "scale_vectors",
 ]

@@ -5,7 +5,8 @@ optional QK-norm, SDPA), ``MLP`` (SwiGLU), ``PreBlock`` / ``PeriBlock`` (the two
 ``Transformer``. Where scale vectors sit is decided once, by ``scales.scale_plan``, and the modules of
 that plan are built then (``scales.NormLinear``, ``scales.OutputNorm``, ``moe.MoE``), with the plain
 formulas (``scales.PLAIN``) or the fast kernels (``kernels.FAST``); nothing in ``forward`` looks at the
-strategy. Parameter roles and inits are declared where parameters are made (``scales.new_param``).
+strategy. Parameter roles and inits are declared where parameters are made (``params.new_param``); the
+parameter count is ``params.count_params``.
 MoE MLPs live in ``moe.py``.
 """
 
@@ -21,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from scalevec.config import ModelConfig, RopeScalingConfig, ScaleConfig
 from scalevec.model.fused import FusedNormLinear, fused_mlp, mlp_fusable
 from scalevec.model.kernels import FAST
+from scalevec.model.params import init_params, new_param, normal_init, param_roles
 from scalevec.model.scales import (
     PLAIN,
     Linear,
@@ -29,10 +31,6 @@ from scalevec.model.scales import (
     OutputNorm,
     ScalePlan,
     batched_scales,
-    init_params,
-    new_param,
-    normal_init,
-    param_roles,
     scale_plan,
     swiglu_proj,
 )
@@ -357,16 +355,6 @@ class Transformer(nn.Module):
         for layer, kv in zip(self.layers, cache.layers):
             x, _ = layer(x, cos, sin, kv)
         return self.head(self.head.norm(x))[0]
-
-    def num_params(self, non_embedding: bool = False) -> int:
-        """Parameter count; ``non_embedding`` leaves out the embedding and the LM head (scaling fits)."""
-        roles = self.param_roles()
-        return sum(p.numel() for n, p in self.named_parameters()
-                   if not (non_embedding and roles[n] in ("embedding", "lm_head")))
-
-    def active_params(self) -> int:
-        """Parameters one token uses (DESIGN.md §6): all, less the routed experts it is not sent to."""
-        return self.num_params() - sum(m.inactive_params() for m in self.modules() if hasattr(m, "inactive_params"))
 
 
 def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None,
