@@ -11,10 +11,12 @@ import torch
 
 from scalevec.config import DataConfig
 from scalevec.data import corpus as corpus_mod
-from scalevec.data.cache import cache_root
+from scalevec.data import documents as documents_mod
+from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.corpus import prepare_data
-from scalevec.data.documents import DOC_SEP, load_documents, split_documents
+from scalevec.data.documents import DOC_SEP, load_documents, source_note
 from scalevec.data.sampler import TrainSampler, bits_per_byte, val_batches
+from scalevec.data.split import plan_split, split_documents, split_stream
 from scalevec.data.tokenizer import BOS, EOS, ByteTokenizer, load_tokenizer, load_tokenizer_dir
 from scalevec.data.tokens import token_dtype
 
@@ -32,8 +34,9 @@ def write_txt(tmp_path, docs=DOCS, name="corpus.txt"):
     return path
 
 
-def cfg(tmp_path, source, tokenizer="bytes", val_frac=0.25):
-    return DataConfig(source=str(source), tokenizer=tokenizer, val_frac=val_frac, cache_dir=str(tmp_path / "cache"))
+def cfg(tmp_path, source, tokenizer="bytes", val_frac=0.25, **over):
+    return DataConfig(source=str(source), tokenizer=tokenizer, val_frac=val_frac, cache_dir=str(tmp_path / "cache"),
+                      **over)
 
 
 # --------------------------------------------------------------------------------------------- documents
@@ -57,6 +60,47 @@ def test_txt_file_without_separator_is_one_document(tmp_path):
     path = tmp_path / "one.txt"
     path.write_text("line one\n\nline three\n")
     assert load_documents(str(path)) == ["line one\n\nline three"]
+
+
+def test_runs_of_three_or_more_newlines_end_a_document(tmp_path):
+    """The .txt rule (docs/data.md): every run of 3+ newlines ends a document, whatever its length (3, 4, 7);
+    two newlines do not; the load-time line says how many documents came out and by which rule."""
+    path = tmp_path / "c.txt"
+    path.write_text("one\n\nstill one\n\n\ntwo\n\n\n\nthree\n\n\n\n\n\n\nfour\n", encoding="utf-8")
+    assert load_documents(str(path)) == ["one\n\nstill one", "two", "three", "four"]
+    assert "3+ newlines" in source_note(str(path)) and "3+ newlines" in source_note("shakespeare")
+    assert source_note(str(tmp_path)) == "one document per .txt file"
+    data = prepare_data(cfg(tmp_path, path))
+    assert data.meta["documents"] == 4
+    line = data.describe()
+    assert "4 documents (a .txt file: a new document after every run of 3+ newlines" in line and "\n" not in line
+
+
+def test_txt_is_streamed_in_pieces_exactly_as_str_split(tmp_path, monkeypatch):
+    """Read 7 bytes at a time (separators and multi-byte characters straddle the reads), a .txt file gives
+    exactly the documents of splitting the whole text at DOC_SEP: nothing lost or merged at a piece boundary."""
+    monkeypatch.setattr(documents_mod, "READ_BYTES", 7)
+    text = "\ufeff\n\n" + DOC_SEP.join(DOCS) + "\n\n\n\n\nlast\r\nline 🙂\n\n\n\n\n\n\n\nend\n"
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    want = [p.strip("\n") for p in text.lstrip("\ufeff").split(DOC_SEP) if p.strip()]
+    assert load_documents(str(path)) == want and len(want) == len(DOCS) + 2
+    monkeypatch.setattr(documents_mod, "READ_BYTES", 1 << 20)
+    assert load_documents(str(path)) == want
+
+
+def test_non_utf8_bytes_are_named_by_their_offset(tmp_path, monkeypatch):
+    """A bad byte is reported at its byte offset in the file, in a later read piece of a .txt file and on a
+    later line of a .jsonl file alike (one error text for every reader)."""
+    monkeypatch.setattr(documents_mod, "READ_BYTES", 16)
+    txt = tmp_path / "c.txt"
+    txt.write_bytes("héllo wörld, ".encode() * 5 + b"\xff tail")
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    for path, bad in ((txt, b"\xff"), (jsonl, b"\xe9")):
+        offset = path.read_bytes().index(bad)  # 75: in the 5th piece of 16 bytes; 28: on line 2
+        with pytest.raises(ValueError, match=f"not UTF-8 text \\(bad byte at offset {offset}\\)"):
+            load_documents(str(path))
 
 
 def test_folder_gives_one_document_per_txt_file_sorted(tmp_path):
@@ -188,9 +232,9 @@ def test_bad_sources_raise_one_line_errors(tmp_path, case, error, message):
 def test_split_holds_out_last_documents():
     """Validation is the last documents holding >= val_frac of the characters; train/val are disjoint, in order."""
     docs = ["a" * 50, "b" * 30, "c" * 12, "d" * 8]
-    train, val, note = split_documents(docs, 0.15)
+    train, val, record = split_documents(docs, 0.15)
     assert (train, val) == (docs[:2], docs[2:])  # last 1 doc holds 8 % < 15 %, last 2 hold 20 %
-    assert "last 2 of 4 documents" in note
+    assert "last 2 of 4 documents" in record.note
     train, val, _ = split_documents(docs, 0.99)
     assert train == docs[:1] and val == docs[1:]  # at least one training document
 
@@ -206,11 +250,68 @@ def test_bundled_shakespeare_validation_is_last_four_plays():
 def test_single_document_splits_at_line_boundary():
     """One document is cut at the start of a line near 1 - val_frac, and the note says so."""
     text = "".join(f"line {i:02d}\n" for i in range(20))  # 8 chars per line
-    train, val, note = split_documents([text], 0.25)
+    train, val, record = split_documents([text], 0.25)
     assert train[0] + val[0] == text and train[0].endswith("\n") and val[0].startswith("line 15")
-    assert "one document" in note
+    assert "one document" in record.note and record.as_dict()["documents"] == 1
     with pytest.raises(ValueError, match="line break"):
         split_documents(["no line break here at all"], 0.1)
+
+
+def test_strided_and_random_splits():
+    """strided: documents 9, 19, 29 of 35 at 0.1. random: a seeded choice, the same on every call, another
+    under another seed, a document's side independent of the corpus length, about val_frac of the documents."""
+    docs = [f"document {i}" for i in range(35)]
+    train, val, record = split_documents(docs, 0.1, "strided")
+    assert val == [docs[9], docs[19], docs[29]] and train + val != docs and sorted(train + val) == sorted(docs)
+    assert "every 10th document" in record.note
+    sides = lambda n, seed: [plan_split("random", 0.1, seed).is_val(i) for i in range(n)]
+    assert sides(2000, 7) == sides(2000, 7) and sides(2000, 7) != sides(2000, 8)
+    assert sides(4000, 7)[:2000] == sides(2000, 7)
+    # Binomial(2000, 0.1): mean 200, sd 13.4; the hash is fixed, so this is deterministic (bounds = ±3.7 sd)
+    assert 150 < sum(sides(2000, 7)) < 250
+    with pytest.raises(ValueError, match="unknown"):
+        plan_split("every-other", 0.1)
+    with pytest.raises(ValueError, match="validation split would be empty.*or the tail split"):
+        split_documents(docs[:5], 0.1, "strided")
+
+
+def test_split_record_names_the_validation_documents():
+    """The record counts both sides and names the validation documents: first and last index, and the SHA-256
+    of their indices as decimal lines (docs/data.md), so a split can be checked from outside."""
+    import hashlib
+
+    docs = [f"doc {i} " + "x" * i for i in range(30)]
+    for rule in ("tail", "strided", "random"):
+        split = plan_split(rule, 0.2, 5, [len(d) for d in docs])
+        val_idx = [i for i, d in enumerate(docs) if split.is_val(i)]
+        _, val, record = split_documents(docs, 0.2, rule, seed=5)
+        r = record.as_dict(train_tokens=10, val_tokens=3)
+        assert val == [docs[i] for i in val_idx] and r["rule"] == rule
+        assert (r["documents"], r["val_docs"], r["train_docs"]) == (30, len(val_idx), 30 - len(val_idx))
+        assert (r["val_first_doc"], r["val_last_doc"]) == (val_idx[0], val_idx[-1])
+        assert r["val_index_sha256"] == hashlib.sha256("".join(f"{i}\n" for i in val_idx).encode()).hexdigest()
+        assert r["val_chars"] == sum(map(len, val)) and (r["train_tokens"], r["val_tokens"]) == (10, 3)
+    streamed = list(split_stream(iter(docs), plan_split("strided", 0.2)))
+    assert [d for v, d in streamed if v] == [docs[i] for i in (4, 9, 14, 19, 24, 29)]
+
+
+def test_val_split_option_of_the_plain_path(tmp_path):
+    """data.val_split=strided holds out every 1/val_frac-th document and gets its own cache entry; the default
+    tail keeps the cache key of earlier runs (so their entries and the golden losses stay as they were)."""
+    docs = [f"Document {i}.\nSome text of document {i}." for i in range(10)]
+    source = write_txt(tmp_path, docs)
+    tail = prepare_data(cfg(tmp_path, source, val_frac=0.2))
+    strided = prepare_data(cfg(tmp_path, source, val_frac=0.2, val_split="strided"))
+    assert bytes(strided.val.astype(np.uint8)) == DOC_SEP.join([docs[4], docs[9]]).encode()
+    assert bytes(tail.val.astype(np.uint8)) == DOC_SEP.join(docs[8:]).encode()
+    assert strided.cache_path != tail.cache_path
+    old_key = content_key(FORMAT_VERSION, docs_hash(docs), tail.tokenizer.identity(), repr(0.2))[:24]
+    assert tail.cache_path.name == old_key
+    v = strided.meta["validation"]
+    assert (v["rule"], v["val_docs"], v["val_first_doc"], v["val_last_doc"]) == ("strided", 2, 4, 9)
+    assert (v["train_tokens"], v["val_tokens"]) == (len(strided.train), len(strided.val))
+    with pytest.raises(ValueError, match="data.val_split='blocks' is unknown; use tail, strided, random"):
+        DataConfig(val_split="blocks").validate()
 
 
 # --------------------------------------------------------------------------------------------- tokenizers

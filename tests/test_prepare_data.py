@@ -9,9 +9,10 @@ import pytest
 
 from scalevec.cli import main
 from scalevec.config import DataConfig
+from scalevec.data import documents as documents_mod
 from scalevec.data import prepared as P
 from scalevec.data.corpus import prepare_data
-from scalevec.data.documents import DOC_SEP, load_documents
+from scalevec.data.documents import DOC_SEP, iter_documents
 from scalevec.data.sampler import TrainSampler, feistel_permutation, val_batches
 from scalevec.data.tokens import TokenData
 from scalevec.resolve import resolve_config
@@ -27,9 +28,11 @@ def write_jsonl(path, docs=DOCS):
 
 
 def split_docs(docs, val_frac):
-    """The split rule of the module docstring, written out directly."""
-    val = [d for i, d in enumerate(docs) if int((i + 1) * val_frac) > int(i * val_frac)]
-    return [d for d in docs if d not in val], val
+    """The default (tail) split written out directly: the last documents holding >= val_frac of the characters."""
+    total, n_val = sum(map(len, docs)), 1
+    while sum(map(len, docs[-n_val:])) < val_frac * total:
+        n_val += 1
+    return docs[:-n_val], docs[-n_val:]
 
 
 def concat(tokens: P.ShardedTokens) -> np.ndarray:
@@ -39,24 +42,60 @@ def concat(tokens: P.ShardedTokens) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- sources
 
 
-def test_streamed_sources_equal_load_documents(tmp_path, monkeypatch):
-    """.txt (read in 7-character pieces, so separators straddle reads), folder, jsonl, parquet: the same
-    documents, in the same order, as the in-memory loader."""
-    monkeypatch.setattr(P, "READ_CHARS", 7)
+@pytest.mark.parametrize("rule", ["tail", "strided", "random"])
+def test_prepared_and_plain_paths_split_alike(tmp_path, rule):
+    """One corpus, one rule: the shards hold exactly the train and val token streams of `train --data FILE`
+    (data.prepare_data), and both record the same validation documents; over .txt, a folder, .jsonl and
+    .parquet, all read by the one document reader."""
     txt = tmp_path / "c.txt"
-    txt.write_text("\n\n" + DOC_SEP.join(DOCS[:6]) + "\n\n\n\n\nlast\r\nline\n", encoding="utf-8")
+    txt.write_text("\n\n" + DOC_SEP.join(DOCS) + "\n\n\n\n\nlast\r\nline\n", encoding="utf-8")
     folder = tmp_path / "folder"
     (folder / "sub").mkdir(parents=True)
-    for i, d in enumerate(DOCS[:4]):
-        (folder / ("sub" if i % 2 else "") / f"{i}.txt").write_text(d, encoding="utf-8")
-    sources = [txt, folder, write_jsonl(tmp_path / "c.jsonl")]
+    for i, d in enumerate(DOCS[:12]):
+        (folder / ("sub" if i % 2 else "") / f"{i:02d}.txt").write_text(d, encoding="utf-8")
     import pyarrow as pa
     import pyarrow.parquet as pq
-    pq.write_table(pa.table({"text": [DOCS[0], None, DOCS[1], "  "]}), tmp_path / "c.parquet")
-    sources.append(tmp_path / "c.parquet")
-    for s in sources:
-        assert list(P.iter_documents(str(s))) == load_documents(str(s)), s
-    assert list(P.iter_documents("shakespeare")) == load_documents("shakespeare")
+    pq.write_table(pa.table({"text": [*DOCS[:10], None, "  ", *DOCS[10:]]}), tmp_path / "c.parquet")
+    for k, src in enumerate([txt, folder, write_jsonl(tmp_path / "c.jsonl"), tmp_path / "c.parquet"]):
+        out = tmp_path / f"p{k}"
+        P.prepare_shards(str(src), "bytes", out, val_frac=0.25, shard_tokens=400, val_split=rule, val_seed=3)
+        prepared = P.load_prepared(out)
+        plain = prepare_data(DataConfig(source=str(src), val_frac=0.25, val_split=rule, val_seed=3,
+                                        cache_dir=str(tmp_path / "cache")))
+        assert np.array_equal(concat(prepared.train), plain.train) and np.array_equal(concat(prepared.val), plain.val)
+        a, b = prepared.meta["validation"], plain.meta["validation"]
+        keys = ("rule", "documents", "train_docs", "val_docs", "val_first_doc", "val_last_doc", "val_index_sha256")
+        assert [a[x] for x in keys] == [b[x] for x in keys] and a["val_docs"] > 0, src
+
+
+def test_one_document_is_cut_at_a_line_on_both_paths(tmp_path):
+    """A .txt file of one document (no run of 3 newlines): prepare-data cuts it at the line before the
+    1 - val_frac point, as the plain path does (it used to refuse: the validation split was empty)."""
+    text = "".join(f"line {i:02d} of the only document\n" for i in range(40))
+    (tmp_path / "one.txt").write_text(text, encoding="utf-8")
+    m = P.prepare_shards(str(tmp_path / "one.txt"), "bytes", tmp_path / "p", val_frac=0.25)
+    prepared = P.load_prepared(tmp_path / "p")
+    plain = prepare_data(DataConfig(source=str(tmp_path / "one.txt"), val_frac=0.25, cache_dir=str(tmp_path / "c")))
+    assert bytes(concat(prepared.val).astype(np.uint8)).decode().startswith("line 29")  # 0.75 × 1,159 chars: in it
+    assert np.array_equal(concat(prepared.train), plain.train) and np.array_equal(concat(prepared.val), plain.val)
+    assert m["documents"] == 1 and "one document only: split at line 30 of 40" in m["split"]["note"]
+
+
+def test_bad_bytes_and_empty_files_read_alike_on_both_paths(tmp_path, monkeypatch):
+    """The one reader gives prepare-data and the plain path the same one-line errors: a bad byte past the first
+    read piece named by its offset, an empty .jsonl refused as empty (it used to give an empty split)."""
+    monkeypatch.setattr(documents_mod, "READ_BYTES", 16)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine text\n\n\nmore fine text here" + b"\xe9t\xe9")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    offset = bad.read_bytes().index(b"\xe9")  # 31: in the second piece of 16 bytes
+    for src, want in ((bad, f"bad byte at offset {offset}"), (tmp_path / "empty.jsonl", "is empty (0 bytes)")):
+        with pytest.raises(ValueError) as plain:
+            prepare_data(DataConfig(source=str(src), cache_dir=str(tmp_path / "cache")))
+        with pytest.raises(ValueError) as prepared:
+            P.prepare_shards(str(src), "bytes", tmp_path / "p")
+        assert str(plain.value) == str(prepared.value) and want in str(plain.value)
+    assert not (tmp_path / "p").exists()
 
 
 def test_hf_source_streams(monkeypatch):
@@ -74,13 +113,13 @@ def test_hf_source_streams(monkeypatch):
         return rows()
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    docs = P.iter_documents("hf:someone/corpus:small")
+    docs = iter_documents("hf:someone/corpus:small")
     assert next(docs) == "doc 0" and len(pulled) <= 2
     assert calls == [("someone/corpus", "small", "train", True)]
     no_text = types.SimpleNamespace(load_dataset=lambda *a, **k: iter([{"body": "x"}]))
     monkeypatch.setitem(sys.modules, "datasets", no_text)
     with pytest.raises(ValueError, match="no 'text' column"):
-        next(P.iter_documents("hf:someone/corpus"))
+        next(iter_documents("hf:someone/corpus"))
 
 
 # --------------------------------------------------------------------------------------------- shards and manifest
@@ -88,7 +127,7 @@ def test_hf_source_streams(monkeypatch):
 
 def test_shards_hold_the_stream_of_data_prepare_data(tmp_path):
     """Train/val shards, concatenated, are byte for byte what data/corpus.py writes for the same documents (bytes
-    tokenizer: documents joined by DOC_SEP), split every 4th document at val_frac 0.25."""
+    tokenizer: documents joined by DOC_SEP), split by the default rule (the last 25 % of the characters)."""
     src = str(write_jsonl(tmp_path / "c.jsonl"))
     m = P.prepare_shards(src, "bytes", tmp_path / "p", val_frac=0.25, shard_tokens=500)
     train_docs, val_docs = split_docs(DOCS, 0.25)
@@ -155,6 +194,7 @@ def test_documents_stream_with_bounded_read_ahead(tmp_path, monkeypatch):
     read = []
 
     def endless(source):
+        read.clear()  # one count per pass: the tail split's size pass reads everything first, by design
         for i in range(400):
             read.append(i)
             yield f"document number {i}"
@@ -171,6 +211,21 @@ def test_documents_stream_with_bounded_read_ahead(tmp_path, monkeypatch):
     monkeypatch.setattr(P._ShardWriter, "add", add)
     P.prepare_shards("anything", "bytes", tmp_path / "p", workers=2)
     assert len(written) == 400 and max(ahead) <= 2 * 2 * 5 + 5  # in-flight chunks + the one being filled
+
+
+def test_manifest_records_the_split_and_older_manifests_still_load(tmp_path):
+    """The manifest holds the split's record (rule, counts, which documents); a manifest written before it
+    (only the rule's text) still loads, its split described by that text."""
+    m = P.prepare_shards(str(write_jsonl(tmp_path / "c.jsonl")), "bytes", tmp_path / "p", val_frac=0.25)
+    train_docs, val_docs = split_docs(DOCS, 0.25)
+    assert (m["split"]["rule"], m["split"]["val_docs"], m["split"]["val_last_doc"]) == ("tail", len(val_docs), 22)
+    assert m["split"]["val_first_doc"] == len(train_docs) and m["split"]["val_tokens"] == m["val"]["tokens"]
+    old = {k: v for k, v in m.items() if k not in ("split", "seconds")}
+    old["split_rule"] = "document i is validation when floor((i+1)*val_frac) > floor(i*val_frac)"
+    (tmp_path / "p" / P.MANIFEST).write_text(json.dumps(old))
+    data = P.load_prepared(tmp_path / "p")
+    assert data.meta["split"] == f"prepared: {old['split_rule']} (val_frac 0.25)"
+    assert data.meta["validation"]["val_docs"] == len(val_docs) and "val_index_sha256" not in data.meta["validation"]
 
 
 def test_verify_and_lazy_load(tmp_path, monkeypatch):
@@ -198,7 +253,8 @@ def test_errors_write_nothing(tmp_path, capsys):
     nothing left."""
     assert main(["prepare-data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "p")]) == 2
     write_jsonl(tmp_path / "two.jsonl", DOCS[:2])
-    assert main(["prepare-data", str(tmp_path / "two.jsonl"), "--out", str(tmp_path / "p"), "--val-frac", "0.1"]) == 2
+    assert main(["prepare-data", str(tmp_path / "two.jsonl"), "--out", str(tmp_path / "p"), "--val-frac", "0.1",
+                 "--val-split", "strided"]) == 2
     assert "validation split would be empty" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["two.jsonl"]  # no output, no temporary folder
     assert main(["prepare-data", "shakespeare", "--out", str(tmp_path / "p"), "--quiet"]) == 0
@@ -280,3 +336,37 @@ def test_feistel_order_is_a_fresh_permutation_per_epoch():
     assert not np.array_equal(epoch0, np.concatenate([TrainSampler(tokens, 8, 100, seed=1, order="feistel").windows(k)
                                                       for k in range(10)]))
     assert np.mean(np.abs(np.diff(epoch0)) == 1) < 0.01  # a shuffle, not a shifted range
+
+
+# --------------------------------------------------------------------------------------------- BPE progress (issue 26)
+
+
+def test_bpe_training_reports_progress_lines_in_a_log():
+    """Outside a terminal train_bpe prints one-line reports while it trains (a thread: tokenizers releases the GIL)
+    and a last line counting what it read; the tokenizer is the one trained without them."""
+    import io
+
+    from scalevec.data.documents import load_documents
+    from scalevec.data.tokenizer import train_bpe
+
+    docs = load_documents("shakespeare")[:400]
+    log = io.StringIO()  # not a TTY: no bars
+    with_lines = train_bpe(2000, iter(docs), length=len(docs), progress=True, every=0.01, stream=log)
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "bpe: training 2,000 tokens" and all(ln.startswith("bpe: ") for ln in lines)
+    assert any("counting words" in ln or "computing merges" in ln for ln in lines[1:-1])  # the periodic reports
+    chars = sum(map(len, docs)) / 1e6
+    assert lines[-1].startswith(f"bpe: trained 2,000 tokens on {len(docs):,} documents ({chars:.1f}M characters)")
+    assert with_lines.to_str() == train_bpe(2000, iter(docs), length=len(docs)).to_str()
+
+
+def test_prepare_data_bpe_progress_reaches_the_log(tmp_path, capsys):
+    """`scalevec prepare-data --tokenizer bpe:N` into a log (pytest's stderr is no TTY) says what BPE trained;
+    --quiet says nothing."""
+    src = str(write_jsonl(tmp_path / "c.jsonl"))
+    assert main(["prepare-data", src, "--tokenizer", "bpe:300", "--out", str(tmp_path / "p")]) == 0
+    err = capsys.readouterr().err
+    n_train = len(split_docs(DOCS, 0.1)[0])  # BPE trains on the training split only (--val-frac 0.1)
+    assert "bpe: training 300 tokens" in err and f"bpe: trained 300 tokens on {n_train} documents" in err
+    assert main(["prepare-data", src, "--tokenizer", "bpe:300", "--out", str(tmp_path / "q"), "--quiet"]) == 0
+    assert "bpe:" not in capsys.readouterr().err

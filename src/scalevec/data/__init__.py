@@ -1,6 +1,7 @@
 """Corpora to token tensors (DESIGN.md §8). Knows nothing about models or training.
 
-- ``documents``: a source (bundled corpus, .txt, folder, .jsonl, .parquet, hf:NAME) -> documents; the validation split
+- ``documents``: the one reader of every source (bundled corpus, .txt, folder, .jsonl, .parquet, hf:NAME) -> documents
+- ``split``: the validation split (tail, strided or random), the same for both data paths, and its record
 - ``cache``: where the data caches live and how their entries are keyed
 - ``tokenizer``: ``Tokenizer`` (bytes, trained BPE, any tokenizer.json) and ``load_tokenizer``
 - ``tokens``: ``TokenData``, the tokenized corpus every path returns

@@ -20,8 +20,9 @@ import numpy as np
 
 from scalevec.config import DataConfig
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
-from scalevec.data.documents import DOC_SEP, load_documents, split_documents
+from scalevec.data.documents import DOC_SEP, load_documents, source_note
 from scalevec.data.prepared import is_prepared, load_prepared
+from scalevec.data.split import split_documents
 from scalevec.data.tokenizer import Tokenizer, load_tokenizer
 from scalevec.data.tokens import TokenData, token_dtype
 
@@ -30,8 +31,11 @@ def prepare_data(cfg: DataConfig) -> TokenData:
     """Load, split, tokenize and cache a corpus (DESIGN.md §8); cheap on a cache hit.
 
     The cache entry ``<cache>/tokens/<key>/`` (``train.bin``, ``val.bin``, ``meta.json``) is keyed by a
-    hash of (document contents, tokenizer identity, val_frac, FORMAT_VERSION) and written into a
-    temporary folder that is renamed into place, so a killed run never leaves a partial entry.
+    hash of (document contents, tokenizer identity, val_frac, FORMAT_VERSION; and the split rule unless it
+    is the default ``tail``, so the entries of every earlier run stay valid) and written into a temporary
+    folder that is renamed into place, so a killed run never leaves a partial entry. The split
+    (``split.split_documents``, by ``data.val_split``) is made from the documents on every call, and its
+    record (``split.SplitRecord``, with the token counts) is ``meta["validation"]``.
     Documents are still read and hashed on every call (the content is the key); for a large corpus use
     ``scalevec prepare-data`` instead: a ``source`` folder holding its ``manifest.json`` is opened by
     memory map (``prepared.load_prepared``), its tokenizer and split fixed by the manifest. Raises what
@@ -44,21 +48,24 @@ def prepare_data(cfg: DataConfig) -> TokenData:
         return load_prepared(cfg.source, cfg.tokenizer)
     cache = cache_root(cfg.cache_dir)
     docs = load_documents(cfg.source)
-    train_docs, val_docs, split = split_documents(docs, cfg.val_frac)
+    train_docs, val_docs, record = split_documents(docs, cfg.val_frac, cfg.val_split, cfg.val_seed, cfg.source)
     tok = load_tokenizer(cfg.tokenizer, train_docs, cache)
-    key = content_key(FORMAT_VERSION, docs_hash(docs), tok.identity(), repr(float(cfg.val_frac)))[:24]
+    rule = [] if cfg.val_split == "tail" else [cfg.val_split, str(cfg.val_seed)]  # tail: the keys of earlier runs
+    key = content_key(FORMAT_VERSION, docs_hash(docs), tok.identity(), repr(float(cfg.val_frac)), *rule)[:24]
     path = cache / "tokens" / key
     from_cache = (path / "meta.json").is_file()
     if not from_cache:
         meta = {"format": FORMAT_VERSION, "source": cfg.source, "tokenizer": tok.spec, "vocab_size": tok.vocab_size,
-                "dtype": token_dtype(tok.vocab_size).name, "val_frac": cfg.val_frac, "split": split,
+                "dtype": token_dtype(tok.vocab_size).name, "val_frac": cfg.val_frac, "split": record.note,
                 "train_docs": len(train_docs), "val_docs": len(val_docs)}
         _write_cache(path, train_docs, val_docs, tok, meta)
     meta = json.loads((path / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
-    return TokenData(train=np.memmap(path / "train.bin", dtype=dtype, mode="r"),
-                     val=np.memmap(path / "val.bin", dtype=dtype, mode="r"),
-                     tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta, cache_path=path, from_cache=from_cache)
+    train, val = (np.memmap(path / f"{split}.bin", dtype=dtype, mode="r") for split in ("train", "val"))
+    meta |= {"documents": record.documents, "documents_from": source_note(cfg.source),
+             "validation": record.as_dict(len(train), len(val))}
+    return TokenData(train=train, val=val, tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta, cache_path=path,
+                     from_cache=from_cache)
 
 
 def _write_cache(path: Path, train_docs: list[str], val_docs: list[str], tok: Tokenizer, meta: dict) -> None:

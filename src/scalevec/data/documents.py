@@ -1,121 +1,202 @@
-"""Text sources to documents, and the validation split (DESIGN.md §8).
+"""Text sources to documents: the one reader of every corpus format and its errors (DESIGN.md §8).
 
-    load_documents(source)            -> list[str]   bundled corpus, .txt, folder, .jsonl, .parquet, hf:NAME
-    split_documents(docs, val_frac)   -> train docs, val docs, a note   (the last documents are held out)
+    iter_documents(source)   -> Iterator[str]  bundled corpus, .txt, folder, .jsonl, .parquet, hf:NAME, streamed
+    load_documents(source)   -> list[str]      the same stream, collected (the in-memory path)
+    source_note(source)      -> str            how that source is cut into documents, for the load-time line
 
-The bundled corpora are gzip files in ``corpora/`` beside this module (``corpora/README.md``). A .txt
-corpus separates its documents by ``DOC_SEP`` ("\\n\\n\\n", the bundled files' own separator).
-This module knows nothing about tokenizers, models or training; it hands out lists of strings.
+``prepare-data`` streams (``iter_documents``); ``train --data FILE`` collects (``load_documents``): both read
+every format through the same function, so they see the same documents, in the same order, with the same
+errors. The bundled corpora are gzip files in ``corpora/`` beside this module (``corpora/README.md``).
+
+**Documents of a .txt file** (our rule, docs/data.md): every run of three or more newlines (two or more blank
+lines) ends a document; the newlines at both ends of a document are dropped, and blank documents are
+dropped. Precisely: the text is split at each ``DOC_SEP`` (``"\\n\\n\\n"``) from left to right, as
+``str.split`` does, so a run of 3-5 newlines is one cut and a longer run gives blank parts that are dropped;
+a file without any such run is one document. A document that must keep two blank lines inside belongs in a
+folder (one file per document) or a .jsonl file. The validation split is ``split.py``'s; this module knows
+nothing about tokenizers, models or training: it hands out strings.
 """
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
-
-import numpy as np
 
 BUNDLED = ("shakespeare", "kjv")
 DOC_SEP = "\n\n\n"  # document separator inside .txt files (and the joiner when a tokenizer has no EOS)
 SOURCE_HELP = "use 'shakespeare', 'kjv', a .txt/.jsonl/.parquet file, a folder of .txt files or hf:NAME[:CONFIG]"
+READ_BYTES = 4 << 20  # a .txt file is read and decoded in pieces of this many bytes
+_BOM = codecs.BOM_UTF8
 
-# --------------------------------------------------------------------------------------------- documents
 
-
-def load_documents(source: str) -> list[str]:
-    """The documents of ``source`` (DESIGN.md §8), in a fixed order, blank documents dropped.
+def iter_documents(source: str, hf_streaming: bool = True) -> Iterator[str]:
+    """The documents of ``source`` one at a time, in a fixed order, blank ones dropped (DESIGN.md §8).
 
     ``source``: ``"shakespeare"`` / ``"kjv"`` (bundled, 42 works / 66 books), a ``.txt`` file (documents
-    separated by ``"\\n\\n\\n"`` if present, else one document), a folder (one document per ``*.txt``
-    file, searched recursively, sorted by path), a ``.jsonl`` file (field ``"text"``), a ``.parquet``
-    file (column ``"text"``, needs pyarrow) or ``"hf:NAME[:CONFIG]"`` (split ``train`` of a Hugging Face
-    dataset, needs the optional ``datasets`` package and a network or a warm HF cache).
+    as in the module docstring), a folder (one document per ``*.txt`` file, searched recursively, sorted by
+    path), a ``.jsonl`` file (field ``"text"`` of each line), a ``.parquet`` file (column ``"text"``, nulls
+    dropped, needs pyarrow) or ``"hf:NAME[:CONFIG]"`` (split ``train`` of a Hugging Face dataset, needs the
+    optional ``datasets`` package and a network or a warm HF cache; ``hf_streaming=False`` loads it with
+    ``load_dataset`` instead of ``streaming=True``, so a warm cache works offline).
 
-    Raises ``FileNotFoundError`` for a missing path and ``ValueError`` for an empty file or folder,
-    no text, non-UTF-8 bytes, a bad jsonl line, a missing ``text`` field/column, an unsupported file
-    type, or a missing optional package.
+    Memory stays flat: a .txt file is read ``READ_BYTES`` at a time, .jsonl by line, .parquet by batch
+    (one document is still held whole). The path and file type are checked now (``FileNotFoundError`` for
+    a missing path, ``ValueError`` for an empty file, an empty folder or an unsupported type); the content
+    is checked as it is read: ``ValueError`` for non-UTF-8 bytes (with their byte offset), a bad jsonl
+    line, a missing ``text`` field or column, non-string text, a missing optional package, and, at the
+    end, a source that held no text at all.
     """
     if source in BUNDLED:
         raw = (resources.files("scalevec.data") / "corpora" / f"{source}.txt.gz").read_bytes()
-        docs = _split_text(gzip.decompress(raw).decode("utf-8"))
+        docs: Iterable[str] = _split_txt([gzip.decompress(raw).decode("utf-8")])
     elif source.startswith("hf:"):
-        docs = _hf_documents(source)
+        docs = _hf_documents(source, hf_streaming)
     else:
         path = Path(source).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"data source {source!r} does not exist; {SOURCE_HELP}")
         if path.is_dir():
-            docs = _folder_documents(path)
-        elif path.suffix == ".txt":
-            docs = _split_text(_read_utf8(path))
-        elif path.suffix == ".jsonl":
-            docs = _jsonl_documents(path)
-        elif path.suffix == ".parquet":
-            docs = _parquet_documents(path)
+            files = sorted(f for f in path.rglob("*.txt") if f.is_file())
+            if not files:
+                raise ValueError(f"folder {path} has no .txt files; put one document per .txt file in it")
+            docs = (_read_utf8(f) for f in files)
         else:
-            raise ValueError(f"data file {path} has unsupported type {path.suffix!r}; {SOURCE_HELP}")
-    docs = [d for d in docs if d.strip()]
-    if not docs:
+            read = {".txt": _txt_documents, ".jsonl": _jsonl_documents, ".parquet": _parquet_documents}.get(path.suffix)
+            if read is None:
+                raise ValueError(f"data file {path} has unsupported type {path.suffix!r}; {SOURCE_HELP}")
+            if path.stat().st_size == 0:
+                raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
+            docs = read(path)
+    return _non_blank(docs, source)
+
+
+def load_documents(source: str) -> list[str]:
+    """``iter_documents(source)`` as a list (a Hugging Face dataset through ``load_dataset``, not streamed,
+    so a warm HF cache works offline). Raises what ``iter_documents`` raises."""
+    return list(iter_documents(source, hf_streaming=False))
+
+
+def source_note(source: str) -> str:
+    """How ``source`` is cut into documents, in words (``prepare_data`` puts it in the load-time line)."""
+    path = Path(source).expanduser()
+    if source in BUNDLED or (path.suffix == ".txt" and not path.is_dir()):
+        return "a .txt file: a new document after every run of 3+ newlines, i.e. 2+ blank lines"
+    if source.startswith("hf:") or path.suffix == ".parquet":
+        return "one document per row of column 'text'"
+    if path.suffix == ".jsonl":
+        return "one document per line"
+    return "one document per .txt file"
+
+
+def _non_blank(docs: Iterable[str], source: str) -> Iterator[str]:
+    n = 0
+    for d in docs:
+        if d.strip():
+            n += 1
+            yield d
+    if not n:
         raise ValueError(f"data source {source!r} contains no text (only empty or blank documents); {SOURCE_HELP}")
-    return docs
 
 
-def _split_text(text: str) -> list[str]:
-    """A .txt file's documents: split on ``DOC_SEP`` if present, newlines trimmed at both ends."""
-    parts = text.split(DOC_SEP) if DOC_SEP in text else [text]
-    return [p.strip("\n") for p in parts]
+# --------------------------------------------------------------------------------------------- formats
 
 
-def _read_utf8(path: Path, allow_empty: bool = False) -> str:
-    """The text of ``path``; ``ValueError`` if it is empty (unless allowed) or not UTF-8 (a BOM is dropped)."""
+def _not_utf8(path: Path, offset: int) -> ValueError:
+    return ValueError(f"data file {path} is not UTF-8 text (bad byte at offset {offset}); "
+                      f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > fixed.txt")
+
+
+def _read_utf8(path: Path) -> str:
+    """The whole text of ``path`` (a byte-order mark dropped); ``ValueError`` if it is not UTF-8."""
     data = path.read_bytes()
-    if not data and not allow_empty:
-        raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"data file {path} is not UTF-8 text (bad byte at offset {e.start}); "
-            f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > fixed.txt"
-        ) from None
+        raise _not_utf8(path, e.start + (len(_BOM) if data.startswith(_BOM) else 0)) from None
 
 
-def _folder_documents(path: Path) -> list[str]:
-    files = sorted(f for f in path.rglob("*.txt") if f.is_file())
-    if not files:
-        raise ValueError(f"folder {path} has no .txt files; put one document per .txt file in it")
-    return [_read_utf8(f, allow_empty=True) for f in files]
+def _decoded_pieces(path: Path) -> Iterator[str]:
+    """The text of ``path`` in pieces of about ``READ_BYTES`` bytes, a byte-order mark dropped; a bad byte is
+    a ``ValueError`` naming its offset in the file, found when its piece is read."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # bytes of the file handed to the decoder so far
+    with open(path, "rb") as f:
+        while raw := f.read(READ_BYTES):
+            if offset == 0 and raw.startswith(_BOM):
+                raw, offset = raw[len(_BOM):], len(_BOM)
+            pending = len(decoder.getstate()[0])  # the bytes of a character cut by the previous read
+            try:
+                yield decoder.decode(raw)
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, offset - pending + e.start) from None
+            offset += len(raw)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:  # the file ends inside a character
+        raise _not_utf8(path, offset - len(decoder.getstate()[0]) + e.start) from None
 
 
-def _jsonl_documents(path: Path) -> list[str]:
-    docs = []
-    # split on "\n" only: str.splitlines would also cut at U+2028, which JSON allows inside strings
-    for i, line in enumerate(_read_utf8(path).split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
-                             f"fix or remove that line") from None
-        if not isinstance(row, dict) or "text" not in row:
-            raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like '
-                             f'{{"text": "..."}}')
-        if not isinstance(row["text"], str):
-            raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, not a string; '
-                             'store the text as a string')
-        docs.append(row["text"])
-    return docs
+def _split_txt(pieces: Iterable[str]) -> Iterator[str]:
+    """The documents of a text given in consecutive pieces: split at ``DOC_SEP`` exactly as ``str.split``
+    would split the whole text, each part's newlines trimmed at both ends (module docstring).
+
+    Only the current document is kept: each piece is searched once, plus the ``len(DOC_SEP) - 1`` characters
+    carried over from the previous one (a separator may straddle two pieces)."""
+    parts: list[str] = []  # the current document, piece by piece
+    carry = ""
+    keep = len(DOC_SEP) - 1
+    for piece in pieces:
+        buf = carry + piece
+        start = 0
+        while (cut := buf.find(DOC_SEP, start)) >= 0:
+            parts.append(buf[start:cut])
+            yield "".join(parts).strip("\n")
+            parts, start = [], cut + len(DOC_SEP)
+        # no separator starts in buf[start:]; one may start in its last `keep` characters and end in the next piece
+        end = max(start, len(buf) - keep)
+        parts.append(buf[start:end])
+        carry = buf[end:]
+    parts.append(carry)
+    yield "".join(parts).strip("\n")
 
 
-def open_parquet_text(path: Path):
-    """A ``pyarrow.parquet.ParquetFile`` with a ``text`` column; ``ValueError`` naming the fix for an empty or
-    unreadable file, a missing pyarrow or a missing column (shared by the in-memory and the prepared path)."""
-    if path.stat().st_size == 0:
-        raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
+def _txt_documents(path: Path) -> Iterator[str]:
+    return _split_txt(_decoded_pieces(path))
+
+
+def _jsonl_documents(path: Path) -> Iterator[str]:
+    with open(path, "rb") as f:  # binary lines, split on b"\n" only: JSON strings may hold U+2028
+        offset = 0
+        for i, raw in enumerate(f, 1):
+            skip = len(_BOM) if i == 1 and raw.startswith(_BOM) else 0
+            try:
+                line = raw[skip:].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, offset + skip + e.start) from None
+            offset += len(raw)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
+                                 f"fix or remove that line") from None
+            if not isinstance(row, dict) or "text" not in row:
+                raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like '
+                                 f'{{"text": "..."}}')
+            if not isinstance(row["text"], str):
+                raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, not a string; '
+                                 'store the text as a string')
+            yield row["text"]
+
+
+def _parquet_documents(path: Path) -> Iterator[str]:
+    """The ``text`` column of a parquet file, read 1,024 rows at a time; ``ValueError`` naming the fix for an
+    unreadable file, a missing pyarrow or a missing column."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -129,15 +210,13 @@ def open_parquet_text(path: Path):
     if "text" not in names:
         raise ValueError(f"data file {path} has no 'text' column (columns: {', '.join(names)}); name the text column "
                          "'text'")
-    return pf
+    for batch in pf.iter_batches(columns=["text"], batch_size=1024):
+        yield from _text_values(batch.column(0).to_pylist(), f"data file {path} column 'text'")
 
 
-def _parquet_documents(path: Path) -> list[str]:
-    pf = open_parquet_text(path)
-    return _text_values(pf.read(columns=["text"]).column("text").to_pylist(), f"data file {path} column 'text'")
-
-
-def _hf_documents(source: str) -> list[str]:
+def _hf_documents(source: str, streaming: bool) -> Iterator[str]:
+    """Column ``text`` of split ``train`` of a Hugging Face dataset: rows streamed
+    (``load_dataset(..., streaming=True)``) or the loaded dataset's column (``streaming=False``)."""
     name, _, config = source[len("hf:"):].partition(":")
     if not name:
         raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], e.g. "
@@ -148,28 +227,40 @@ def _hf_documents(source: str) -> list[str]:
         raise ValueError(f"data source {source!r} needs the optional 'datasets' package; "
                          f"pip install datasets") from None
     try:
-        ds = datasets.load_dataset(name, config or None, split="train")
+        if streaming:
+            rows = iter(datasets.load_dataset(name, config or None, split="train", streaming=True))
+            first = next(rows, None)
+            columns = [] if first is None else list(first)
+        else:
+            ds = datasets.load_dataset(name, config or None, split="train")
+            columns = list(ds.column_names)
     except Exception as e:  # offline, unknown name, bad config: the library raises many types
         raise ValueError(
             f"could not load Hugging Face dataset {source!r} ({type(e).__name__}: {first_line(e)}); "
             f"check the name and config, and that the machine is online or the dataset is in the local HF cache"
         ) from None
-    if "text" not in ds.column_names:
+    if streaming and first is None:
+        return  # an empty dataset: _non_blank says it holds no text
+    if "text" not in columns:
         raise ValueError(f"Hugging Face dataset {source!r} has no 'text' column (columns: "
-                         f"{', '.join(ds.column_names)}); pick a dataset with a 'text' column")
-    return _text_values(ds["text"], f"Hugging Face dataset {source!r} column 'text'")
+                         f"{', '.join(columns)}); pick a dataset with a 'text' column")
+    values = (row.get("text") for row in _chain(first, rows)) if streaming else ds["text"]
+    yield from _text_values(values, f"Hugging Face dataset {source!r} column 'text'")
 
 
-def _text_values(values: Sequence, where: str) -> list[str]:
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _text_values(values: Iterable, where: str) -> Iterator[str]:
     """Strings of a text column (nulls dropped); ``ValueError`` for any other type."""
-    docs = []
     for v in values:
         if v is None:
             continue
         if not isinstance(v, str):
             raise ValueError(f"{where} holds {type(v).__name__} values, not strings; store the text as strings")
-        docs.append(v)
-    return docs
+        yield v
 
 
 def first_line(e: Exception) -> str:
@@ -178,40 +269,4 @@ def first_line(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-# --------------------------------------------------------------------------------------------- split
-
-
-def split_documents(docs: list[str], val_frac: float) -> tuple[list[str], list[str], str]:
-    """Hold out the last documents for validation, deterministically (DESIGN.md §8).
-
-    With several documents, validation is the shortest run of *last* documents holding at least
-    ``val_frac`` of the characters (at least one document stays in training); for the bundled
-    Shakespeare at 0.1 that is the last 4 plays (10.4 %), whole plays never seen in training. A single
-    document is cut at the line boundary before the ``1 - val_frac`` point of its characters.
-    Returns ``(train_docs, val_docs, note)``, ``note`` saying how the split was made.
-    Raises ``ValueError`` if ``val_frac`` is not in (0, 1) or a single document has no line break to cut at.
-    """
-    if not 0 < val_frac < 1:
-        raise ValueError(f"val_frac={val_frac} must be in (0, 1) (try 0.1)")
-    if len(docs) == 1:
-        return _split_one_document(docs[0], val_frac)
-    sizes = np.array([len(d) for d in docs], dtype=np.int64)
-    tail = np.cumsum(sizes[::-1])  # characters held by the last k documents, k = 1..n
-    n_val = min(int(np.searchsorted(tail, val_frac * sizes.sum())) + 1, len(docs) - 1)
-    note = (f"by document: the last {n_val} of {len(docs)} documents "
-            f"({tail[n_val - 1] / sizes.sum():.1%} of characters) are validation")
-    return docs[:-n_val], docs[-n_val:], note
-
-
-def _split_one_document(text: str, val_frac: float) -> tuple[list[str], list[str], str]:
-    target = round(len(text) * (1 - val_frac))
-    cut = text.rfind("\n", 0, target) + 1  # start of the line that holds the target character
-    if cut == 0:
-        cut = text.find("\n", target) + 1
-    if cut == 0 or not text[:cut].strip() or not text[cut:].strip():
-        raise ValueError("the corpus is one document without a line break to split at for validation; "
-                         "add line breaks, or separate documents with two blank lines")
-    line = text.count("\n", 0, cut) + 1
-    note = (f"one document only: split at line {line} of {text.count(chr(10)) + 1}; "
-            f"the last {1 - cut / len(text):.1%} of characters are validation")
-    return [text[:cut]], [text[cut:]], note
+__all__ = ["BUNDLED", "DOC_SEP", "SOURCE_HELP", "first_line", "iter_documents", "load_documents", "source_note"]

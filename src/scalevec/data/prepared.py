@@ -1,8 +1,9 @@
 """Prepared data: a corpus tokenized once into memory-mapped shards and a manifest (DESIGN.md §8, issue 14).
 
-``scalevec prepare-data SOURCE --tokenizer T --out DIR`` streams the documents of SOURCE (a .txt file,
-a folder of .txt files, .jsonl, .parquet, a bundled corpus or ``hf:NAME[:CONFIG]`` with datasets'
-``streaming=True``), tokenizes them in ``--workers`` processes and appends them to token shards::
+``scalevec prepare-data SOURCE --tokenizer T --out DIR`` streams the documents of SOURCE
+(``documents.iter_documents``, the reader of every format that ``train --data FILE`` also uses; a Hugging Face
+dataset with datasets' ``streaming=True``), tokenizes them in ``--workers`` processes and appends them to
+token shards::
 
     DIR/manifest.json             source, tokenizer, dtype, split rule, per shard: tokens, documents, SHA-256, max id
     DIR/tokenizer/                a copy of the tokenizer (tokenizer.json + tokenizer_config.json)
@@ -16,12 +17,11 @@ so any number of workers writes the same bytes. The token stream of a split is w
 writes for the same documents: ``[BOS] + ids + [EOS]`` per document, or documents joined by
 ``DOC_SEP`` for a tokenizer without EOS (``bytes``).
 
-The validation split must be known while streaming, so it is a rule on the document index (our
-choice): document ``i`` (blank documents skipped, counted from 0) is validation when
-``floor((i + 1) · val_frac) > floor(i · val_frac)``, i.e. every 10th document at 0.1, spread evenly
-through the corpus. (The plain ``--data FILE`` path instead holds out the *last* documents; prepared
-and plain splits of one corpus therefore differ.) ``bpe:N`` is trained on a first streamed pass over
-the training documents.
+The validation split is ``split.py``'s rule named by ``--val-split`` (default ``tail``, the plain path's
+default too), so one corpus split by one rule holds out the same documents prepared or plain. ``tail`` needs
+every document's size before the first is assigned: a first streamed pass counts them (8 bytes per
+document); ``strided`` and ``random`` decide while streaming. The manifest records the split
+(``split.SplitRecord``). ``bpe:N`` is trained on another streamed pass over the training documents.
 
 ``train --data DIR`` opens the shards with ``np.memmap`` (``load_prepared``): nothing is hashed at
 start-up; the manifest is checked (``check_manifest``: fields, types, paths inside DIR, the dtype, file
@@ -39,19 +39,21 @@ import argparse
 import collections
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import shutil
 import sys
 import time
 import uuid
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from scalevec.data.documents import BUNDLED, DOC_SEP, SOURCE_HELP, load_documents, open_parquet_text
+from scalevec.config import VAL_SPLITS
+from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
+from scalevec.data.split import Split, SplitRecord, plan_split, split_stream
 from scalevec.data.tokenizer import (
     TOKENIZER_HELP,
     ByteTokenizer,
@@ -67,9 +69,7 @@ FORMAT = "scalevec-prepared"
 VERSION = 1
 CHUNK_CHARS = 4 << 20  # characters per task sent to a worker (about 4 MB of text)
 CHUNK_DOCS = 4096  # at most this many documents per task
-READ_CHARS = 4 << 20  # a .txt file is read in pieces of this many characters
 DEFAULT_SHARD_TOKENS = 1 << 28  # a new shard starts after a document once a shard holds 2^28 tokens (512 MB as uint16)
-SPLIT_RULE = "document i is validation when floor((i+1)*val_frac) > floor(i*val_frac)"
 
 
 def is_prepared(source: str | os.PathLike) -> bool:
@@ -78,163 +78,22 @@ def is_prepared(source: str | os.PathLike) -> bool:
     return p.is_dir() and (p / MANIFEST).is_file()
 
 
-def is_val_doc(i: int, val_frac: float) -> bool:
-    """Whether document ``i`` (0-based, blank documents not counted) belongs to the validation split."""
-    return math.floor((i + 1) * val_frac) > math.floor(i * val_frac)
+# --------------------------------------------------------------------------------------------- chunks
 
 
-# --------------------------------------------------------------------------------------------- streaming documents
-
-
-def iter_documents(source: str) -> Iterator[str]:
-    """The documents of ``source`` one at a time, in the order ``data.load_documents`` gives them, blank
-    ones dropped, without holding the corpus in memory (a .txt file without any ``DOC_SEP`` is one
-    document and is held whole). Raises what ``load_documents`` raises, when the bad part is reached."""
-    if source in BUNDLED:
-        docs: Iterator[str] = iter(load_documents(source))  # bundled corpora are a few MB
-    elif source.startswith("hf:"):
-        docs = _hf_stream(source)
-    else:
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"data source {source!r} does not exist; {SOURCE_HELP}")
-        if is_prepared(path):
-            raise ValueError(f"{path} is already prepared data (it holds {MANIFEST}); train on it with --data {path}")
-        if path.is_dir():
-            files = sorted(f for f in path.rglob("*.txt") if f.is_file())
-            if not files:
-                raise ValueError(f"folder {path} has no .txt files; put one document per .txt file in it")
-            docs = (_read_text(f) for f in files)
-        elif path.suffix == ".txt":
-            if path.stat().st_size == 0:
-                raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
-            docs = _txt_stream(path)
-        elif path.suffix == ".jsonl":
-            docs = _jsonl_stream(path)
-        elif path.suffix == ".parquet":
-            docs = _parquet_stream(path)
-        else:
-            raise ValueError(f"data file {path} has unsupported type {path.suffix!r}; {SOURCE_HELP}")
-    return (d for d in docs if d.strip())
-
-
-def _not_utf8(path: Path, e: UnicodeDecodeError) -> ValueError:
-    return ValueError(f"data file {path} is not UTF-8 text ({e.reason}); "
-                      f"convert it first, e.g. iconv -f latin1 -t utf-8 {path} > fixed.txt")
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise _not_utf8(path, e) from None
-
-
-def _txt_stream(path: Path) -> Iterator[str]:
-    """Documents of a .txt file split on ``DOC_SEP`` as ``str.split`` would, read ``READ_CHARS`` at a time."""
-    buf = ""
-    with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": no \r\n translation, as bytes.decode
-        while True:
-            try:
-                piece = f.read(READ_CHARS)
-            except UnicodeDecodeError as e:
-                raise _not_utf8(path, e) from None
-            if not piece:
-                break
-            buf += piece
-            start = 0
-            while (cut := buf.find(DOC_SEP, start)) >= 0:
-                yield buf[start:cut].strip("\n")
-                start = cut + len(DOC_SEP)
-            buf = buf[start:]
-    yield buf.strip("\n")
-
-
-def _jsonl_stream(path: Path) -> Iterator[str]:
-    with open(path, "rb") as f:  # binary lines split on b"\n" only (JSON strings may hold U+2028)
-        for i, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise _not_utf8(path, e) from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
-                                 f"fix or remove that line") from None
-            if not isinstance(row, dict) or "text" not in row:
-                raise ValueError(f'data file {path} line {i} has no "text" field; '
-                                 f'every line must be an object like {{"text": "..."}}')
-            if not isinstance(row["text"], str):
-                raise ValueError(f'data file {path} line {i}: "text" is a {type(row["text"]).__name__}, '
-                                 f'not a string; store the text as a string')
-            yield row["text"]
-
-
-def _parquet_stream(path: Path) -> Iterator[str]:
-    pf = open_parquet_text(path)
-    for batch in pf.iter_batches(columns=["text"], batch_size=1024):
-        for v in batch.column(0).to_pylist():
-            if v is None:
-                continue
-            if not isinstance(v, str):
-                raise ValueError(f"data file {path} column 'text' holds {type(v).__name__} values, not strings; "
-                                 f"store the text as strings")
-            yield v
-
-
-def _hf_stream(source: str) -> Iterator[str]:
-    """Rows of split ``train`` of a Hugging Face dataset, streamed (``load_dataset(..., streaming=True)``)."""
-    name, _, config = source[len("hf:"):].partition(":")
-    if not name:
-        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], "
-                         f"e.g. hf:roneneldan/TinyStories")
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError(f"data source {source!r} needs the optional 'datasets' package; "
-                         f"pip install datasets") from None
-    try:
-        ds = datasets.load_dataset(name, config or None, split="train", streaming=True)
-        rows = iter(ds)
-        first = next(rows, None)
-    except Exception as e:  # offline, unknown name, bad config: the library raises many types
-        raise ValueError(f"could not stream Hugging Face dataset {source!r} ({type(e).__name__}: "
-                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); check the name and config, "
-                         f"and that the machine is online or the dataset is in the local HF cache") from None
-    if first is None:
-        return
-    if "text" not in first:
-        raise ValueError(f"Hugging Face dataset {source!r} has no 'text' column (columns: {', '.join(first)}); "
-                         f"pick a dataset with a 'text' column")
-    for row in _chain(first, rows):
-        v = row.get("text")
-        if v is None:
-            continue
-        if not isinstance(v, str):
-            raise ValueError(f"Hugging Face dataset {source!r} column 'text' holds {type(v).__name__} values, "
-                             f"not strings")
-        yield v
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
-def _chunks(docs: Iterator[str]) -> Iterator[list[str]]:
-    """Consecutive documents grouped into lists of about ``CHUNK_CHARS`` characters (at most ``CHUNK_DOCS``)."""
-    chunk, size = [], 0
-    for d in docs:
-        chunk.append(d)
+def _chunks(docs: Iterator[tuple[bool, str]]) -> Iterator[tuple[list[bool], list[str]]]:
+    """Consecutive ``(is_val, text)`` documents grouped into ``(flags, texts)`` of about ``CHUNK_CHARS``
+    characters (at most ``CHUNK_DOCS`` documents)."""
+    flags, texts, size = [], [], 0
+    for is_val, d in docs:
+        flags.append(is_val)
+        texts.append(d)
         size += len(d)
-        if size >= CHUNK_CHARS or len(chunk) >= CHUNK_DOCS:
-            yield chunk
-            chunk, size = [], 0
-    if chunk:
-        yield chunk
+        if size >= CHUNK_CHARS or len(texts) >= CHUNK_DOCS:
+            yield flags, texts
+            flags, texts, size = [], [], 0
+    if texts:
+        yield flags, texts
 
 
 # --------------------------------------------------------------------------------------------- tokenizing workers
@@ -264,20 +123,20 @@ def _encode_chunk(docs: list[str], tok: Tokenizer | None = None) -> tuple[np.nda
     return ids, lengths
 
 
-def _encoded(chunks: Iterator[list[str]], tok: Tokenizer, tokenizer_dir: Path,
-             workers: int) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
-    """``(docs, ids, lengths)`` per chunk, in order; with ``workers > 1`` a process pool with at most
-    ``2 × workers`` chunks in flight (``Pool.imap`` would read the whole corpus ahead)."""
+def _encoded(chunks: Iterator[tuple[list[bool], list[str]]], tok: Tokenizer, tokenizer_dir: Path,
+             workers: int) -> Iterator[tuple[tuple[list[bool], list[str]], np.ndarray, np.ndarray]]:
+    """``(chunk, ids, lengths)`` per chunk ``(flags, texts)``, in order; with ``workers > 1`` a process pool with
+    at most ``2 × workers`` chunks in flight (``Pool.imap`` would read the whole corpus ahead)."""
     if workers <= 1:
-        for docs in chunks:
-            yield (docs, *_encode_chunk(docs, tok))
+        for chunk in chunks:
+            yield (chunk, *_encode_chunk(chunk[1], tok))
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
     with ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_dir),)) as pool:
         pending: collections.deque = collections.deque()
-        for docs in chunks:
-            pending.append((docs, pool.apply_async(_encode_chunk, (docs,))))
+        for chunk in chunks:
+            pending.append((chunk, pool.apply_async(_encode_chunk, (chunk[1],))))
             if len(pending) >= 2 * workers:
                 d, r = pending.popleft()
                 yield (d, *r.get())
@@ -351,17 +210,22 @@ def _file_sha256(path: Path) -> str:
 
 
 def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 1, val_frac: float = 0.1,
-                   shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False, progress: bool = False) -> dict:
+                   shard_tokens: int = DEFAULT_SHARD_TOKENS, overwrite: bool = False, progress: bool = False,
+                   val_split: str = "tail", val_seed: int = 0) -> dict:
     """Tokenize ``source`` into shards and a manifest in ``out`` (module docstring); returns the manifest.
 
-    ``tokenizer``: ``bytes``, ``bpe:N`` (trained on a first streamed pass over the training documents)
-    or a tokenizer.json path. Everything is written into a temporary folder beside ``out`` that is
-    renamed into place at the end, so an interrupted run leaves nothing. Raises ``ValueError`` for bad
-    arguments, a bad source or a split left empty, ``FileExistsError`` if ``out`` is not empty (and
-    not prepared data with ``overwrite``), and what ``iter_documents`` / ``load_tokenizer`` raise.
+    ``tokenizer``: ``bytes``, ``bpe:N`` (trained on a streamed pass over the training documents) or a
+    tokenizer.json path. ``val_split`` / ``val_seed``: the validation split's rule (``split.py``; ``tail``
+    first counts the documents' sizes in a streamed pass). Everything is written into a temporary folder
+    beside ``out`` that is renamed into place at the end, so an interrupted run leaves nothing. Raises
+    ``ValueError`` for bad arguments, a bad source, a source that is already prepared or a split left
+    empty, ``FileExistsError`` if ``out`` is not empty (and not prepared data with ``overwrite``), and what
+    ``iter_documents`` / ``load_tokenizer`` raise.
     """
     if not 0 < val_frac < 1:
         raise ValueError(f"--val-frac {val_frac} must be in (0, 1) (try 0.01 for a large corpus)")
+    if val_split not in VAL_SPLITS:
+        raise ValueError(f"--val-split {val_split!r} is unknown; use {', '.join(VAL_SPLITS)}")
     if workers < 1 or shard_tokens < 1:
         raise ValueError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
     out = Path(out).expanduser()
@@ -369,41 +233,44 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
         if not (overwrite and is_prepared(out)):
             raise FileExistsError(f"{out} exists and is not empty; choose a new --out"
                                   + (" or pass --overwrite" if is_prepared(out) else ""))
+    if is_prepared(source):
+        raise ValueError(f"{source} is already prepared data (it holds {MANIFEST}); train on it with --data {source}")
     docs = iter_documents(source)  # validates the path / type before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir()
     t0 = time.perf_counter()
     try:
-        tok = _prepare_tokenizer(tokenizer, source, val_frac, tmp / "tokenizer")
+        # tail: the sizes of every document first (one streamed pass; the stream made above is used up here)
+        split = plan_split(val_split, val_frac, val_seed, array("q", map(len, docs)) if val_split == "tail" else None)
+        if val_split == "tail":
+            docs = iter_documents(source)
+        tok = _prepare_tokenizer(tokenizer, source, split, tmp / "tokenizer", progress)
         dtype = token_dtype(tok.vocab_size)
         sep = np.asarray(tok.encode(DOC_SEP) if tok.eos_id is None else [], dtype=np.uint32)
         writers = {s: _ShardWriter(tmp, s, dtype, sep, shard_tokens) for s in ("train", "val")}
         bar = _progress_bar(source, progress)
-        i = 0
-        for chunk, ids, lengths in _encoded(_chunks(docs), tok, tmp / "tokenizer", workers):
+        record = SplitRecord(split)
+        for (flags, texts), ids, lengths in _encoded(_chunks(split_stream(docs, split, record)), tok,
+                                                     tmp / "tokenizer", workers):
             ends = np.cumsum(lengths)
             for k, end in enumerate(ends):
-                writers["val" if is_val_doc(i, val_frac) else "train"].add(ids[end - lengths[k]:end])
-                i += 1
+                writers["val" if flags[k] else "train"].add(ids[end - lengths[k]:end])
             if bar is not None:
-                bar.update(sum(len(d) for d in chunk))
+                bar.update(sum(len(d) for d in texts))
                 n_tokens = writers["train"].tokens + writers["val"].tokens
-                bar.set_postfix(docs=f"{i:,}", tokens=f"{n_tokens:,}", refresh=False)
+                bar.set_postfix(docs=f"{record.documents:,}", tokens=f"{n_tokens:,}", refresh=False)
         if bar is not None:
             bar.close()
         splits = {s: w.finish() for s, w in writers.items()}
-        if not splits["train"]["docs"] or not splits["val"]["docs"]:
-            empty = "training" if not splits["train"]["docs"] else "validation"
-            raise ValueError(f"data source {source!r} has {i} document(s): the {empty} "
-                             f"split would be empty at val_frac={val_frac} (every {1 / val_frac:g}th document is "
-                             f"validation); "
-                             f"use more documents (separate them with two blank lines) or raise --val-frac")
+        record.check(source, fix="raise --val-frac")
         manifest = {
             "format": FORMAT, "version": VERSION, "source": source, "tokenizer": tok.spec, "tokenizer_dir": "tokenizer",
             "tokenizer_sha256": _file_sha256(tmp / "tokenizer" / "tokenizer.json"), "vocab_size": tok.vocab_size,
             "dtype": dtype.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id, "separator": sep.tolist(),
-            "val_frac": val_frac, "split_rule": SPLIT_RULE, "documents": i, "shard_tokens": shard_tokens,
+            "val_frac": val_frac, "split_rule": split.describe(),
+            "split": record.as_dict(splits["train"]["tokens"], splits["val"]["tokens"]),
+            "documents": record.documents, "shard_tokens": shard_tokens,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "train": splits["train"], "val": splits["val"],
         }
         _write_json(tmp / MANIFEST, manifest)
@@ -416,17 +283,19 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
     return manifest
 
 
-def _prepare_tokenizer(spec: str, source: str, val_frac: float, directory: Path) -> Tokenizer:
-    """The tokenizer of ``spec``, saved into ``directory`` (the prepared copy); ``bpe:N`` is trained here."""
+def _prepare_tokenizer(spec: str, source: str, split: Split, directory: Path, progress: bool = False) -> Tokenizer:
+    """The tokenizer of ``spec``, saved into ``directory`` (the prepared copy); ``bpe:N`` is trained here, on
+    the training side of ``split`` (a streamed pass of its own), with ``train_bpe``'s progress when asked (bars on
+    a terminal, one-line reports in a log)."""
     if spec.startswith("bpe:"):
         n = spec[len("bpe:"):]
         if not n.isdigit() or int(n) < 258:
             raise ValueError(f"tokenizer {spec!r}: N must be an integer >= 258 (256 bytes + <|bos|> + <|eos|>); "
                              f"e.g. bpe:4096")
-        train_docs = (d for i, d in enumerate(iter_documents(source)) if not is_val_doc(i, val_frac))
+        train_docs = (d for is_val, d in split_stream(iter_documents(source), split) if not is_val)
         from scalevec.data.tokenizer import BOS, EOS
 
-        tok = Tokenizer(train_bpe(int(n), train_docs), spec, BOS, EOS)
+        tok = Tokenizer(train_bpe(int(n), train_docs, progress=progress), spec, BOS, EOS)
     else:
         tok = load_tokenizer(spec)
     tok.save(directory)
@@ -687,10 +556,16 @@ def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
     problem = next(filter(None, problems), None)
     if problem:
         raise ValueError(f"prepared data {root}: {problem}")
+    record = m.get("split") if isinstance(m.get("split"), dict) else {}  # absent from manifests before issue 26
+    note = record.get("note") or f"{m['split_rule']} (val_frac {m['val_frac']})"
     meta = {"format": m["version"], "source": str(path), "prepared_from": m["source"], "tokenizer": m["tokenizer"],
             "vocab_size": m["vocab_size"], "dtype": m["dtype"], "val_frac": m["val_frac"],
-            "split": f"prepared: {m['split_rule']} (val_frac {m['val_frac']})", "train_docs": m["train"]["docs"],
+            "split": f"prepared: {note}", "train_docs": m["train"]["docs"],
             "val_docs": m["val"]["docs"], "train_tokens": m["train"]["tokens"], "val_tokens": m["val"]["tokens"],
+            **({"documents": m["documents"]} if isinstance(m.get("documents"), int) else {}),
+            "validation": {**record, "split_rule": m["split_rule"], "train_docs": m["train"]["docs"],
+                           "val_docs": m["val"]["docs"], "train_tokens": m["train"]["tokens"],
+                           "val_tokens": m["val"]["tokens"]},
             "manifest_sha256": hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()}
     return TokenData(train=train, val=val, tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta,
                      cache_path=root, from_cache=True)
@@ -741,7 +616,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1),
                    help="tokenizing processes (default: CPU cores - 1)")
     p.add_argument("--val-frac", type=float, default=0.1,
-                   help="fraction of documents held out for validation (default 0.1)")
+                   help="share held out for validation: of the characters (tail), else of the documents (default 0.1)")
+    p.add_argument("--val-split", choices=VAL_SPLITS, default="tail",
+                   help="which documents are validation: the last ones (tail, default, as train --data FILE), "
+                        "every 1/val-frac-th (strided) or a seeded random choice (random); docs/data.md")
+    p.add_argument("--val-seed", type=int, default=0, help="the seed of --val-split random (default 0)")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
                    help="tokens per shard before a new one starts")
     p.add_argument("--overwrite", action="store_true", help="replace existing prepared data in --out")
@@ -767,14 +646,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a SOURCE and --out DIR "
                          "(e.g. scalevec prepare-data corpus.jsonl --tokenizer bpe:4096 --out data/corpus)")
     m = prepare_shards(args.source, args.tokenizer, args.out, workers=args.workers, val_frac=args.val_frac,
-                       shard_tokens=args.shard_tokens, overwrite=args.overwrite, progress=not args.quiet)
+                       shard_tokens=args.shard_tokens, overwrite=args.overwrite, progress=not args.quiet,
+                       val_split=args.val_split, val_seed=args.val_seed)
     if not args.quiet:
         print(f"wrote {args.out}: {m['documents']:,} documents, tokenizer {m['tokenizer']} (vocab {m['vocab_size']}, "
               f"{m['dtype']}); train {m['train']['tokens']:,} tokens / {m['train']['docs']:,} docs in "
               f"{len(m['train']['shards'])} shard(s), val {m['val']['tokens']:,} tokens / {m['val']['docs']:,} docs; "
-              f"{m['seconds']:.1f} s with {args.workers} worker(s)")
+              f"{m['seconds']:.1f} s with {args.workers} worker(s)\nsplit {m['split']['note']}")
     return 0
 
 
-__all__ = ["ShardedTokens", "check_manifest", "document_offsets", "is_prepared", "is_val_doc", "iter_documents",
-           "load_prepared", "prepare_shards", "read_manifest", "verify"]
+__all__ = ["ShardedTokens", "check_manifest", "document_offsets", "is_prepared", "load_prepared", "prepare_shards",
+           "read_manifest", "verify"]

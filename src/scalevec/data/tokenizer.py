@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +31,7 @@ TOKENIZER_HELP = "use 'bytes', 'bpe:N' (e.g. bpe:4096) or a path to a tokenizer.
 
 # A tokenizer without special tokens (``bytes``) starts documents after this text: the training stream joins
 # documents with documents.DOC_SEP ("\n\n\n"), so a newline is what precedes every document's first byte.
-# Generation puts it before a prompt and export declares it as BOS (hf/export.py ``tokenizer_specials``).
+# Generation puts it before a prompt and export declares it as BOS (hf/tokenizer_files.py ``tokenizer_specials``).
 BYTES_PREFIX = "\n"
 
 
@@ -151,7 +154,8 @@ def byte_level_hf_tokenizer() -> HFTokenizer:
 
 def start_token(tok: Tokenizer) -> int | None:
     """The id put before a prompt: the tokenizer's BOS, or for a tokenizer without special tokens
-    (``bytes``) the single token of ``BYTES_PREFIX``, as its export declares (hf/export.py ``tokenizer_specials``)."""
+    (``bytes``) the single token of ``BYTES_PREFIX``, as its export declares
+    (hf/tokenizer_files.py ``tokenizer_specials``)."""
     if tok.bos_id is not None or tok.eos_id is not None:
         return tok.bos_id
     ids = tok.encode(BYTES_PREFIX)
@@ -188,7 +192,7 @@ def load_tokenizer(spec: str, train_docs: list[str] | None = None, cache_dir: st
 def declared_vocab_size(spec: str) -> int:
     """The vocabulary a tokenizer spec declares, without training or loading data: 256 for ``bytes``, N for
     ``bpe:N`` (an upper bound: a small corpus may yield fewer), the file's size for a tokenizer.json. What a
-    sweep counts parameters with before the trainer fits the model's vocabulary (``config.fit_vocab``).
+    sweep counts parameters with before the trainer fits the model's vocabulary (``resolve.fit_vocab``).
     Raises as ``load_tokenizer`` does for a bad spec or a missing file."""
     if spec == "bytes":
         return 256
@@ -248,18 +252,89 @@ def _read_tokenizer_config(directory: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def train_bpe(vocab_size: int, docs: Iterable[str], length: int | None = None) -> HFTokenizer:
+BPE_PROGRESS_EVERY = 10.0  # seconds between BPE progress lines in a log (90 s of a 300 MB job: 9 lines)
+
+
+def train_bpe(vocab_size: int, docs: Iterable[str], length: int | None = None, progress: bool = False,
+              every: float = BPE_PROGRESS_EVERY, stream=None) -> HFTokenizer:
     """A byte-level BPE of ``vocab_size`` tokens (``<|bos|>`` = 0, ``<|eos|>`` = 1) trained on ``docs``,
-    which may be a generator (HF ``tokenizers`` keeps word counts, not the documents; DESIGN.md §8)."""
+    which may be a generator (HF ``tokenizers`` keeps word counts, not the documents; DESIGN.md §8).
+
+    ``progress`` (issue 26): on a terminal (``stream``, default stderr) tokenizers' own progress bars; elsewhere
+    (a log) ``_BPEProgress``'s one-line reports every ``every`` seconds and a last one. The result does not
+    depend on it."""
+    stream = stream if stream is not None else sys.stderr
+    bars = progress and stream.isatty()
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # no invented leading space: exact bytes
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=bars,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    hf.train_from_iterator(docs, trainer, length=length)
+    if progress and not bars:
+        with _BPEProgress(vocab_size, stream, every) as report:
+            hf.train_from_iterator(report.counted(docs), trainer, length=length)
+            report.finish(hf.get_vocab_size())
+    else:
+        hf.train_from_iterator(docs, trainer, length=length)
     # transformers users get BOS first, as every training document had it
     hf.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, hf.token_to_id(BOS))])
     return hf
+
+
+class _BPEProgress:
+    """One-line progress of a BPE training for a log: a thread prints, every ``every`` seconds, the documents and
+    characters read so far while tokenizers counts words, then how long the merges have been running once the
+    documents are read (tokenizers releases the GIL while it trains, so the thread runs), and a last line with
+    the result. Tokenizers reads ahead of its counting, so "read" is what it has taken from the stream."""
+
+    def __init__(self, vocab_size: int, stream, every: float):
+        self.vocab_size, self.stream, self.every = vocab_size, stream, every
+        self.docs = self.chars = 0
+        self.read_s: float | None = None
+        self.t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="scalevec-bpe-progress", daemon=True)
+
+    def counted(self, docs: Iterable[str]) -> Iterator[str]:
+        """``docs``, counted as tokenizers takes them."""
+        for d in docs:
+            self.docs += 1
+            self.chars += len(d)
+            yield d
+        self.read_s = time.perf_counter() - self.t0
+
+    def line(self) -> str:
+        t = time.perf_counter() - self.t0
+        read = f"{self.docs:,} documents, {self.chars / 1e6:.1f}M characters"
+        if self.read_s is None:
+            return f"bpe: counting words: {read} read ({t:.0f} s)"
+        return f"bpe: computing merges to {self.vocab_size:,} tokens: {read} counted in {self.read_s:.0f} s ({t:.0f} s)"
+
+    def _say(self, text: str) -> None:
+        try:
+            print(text, file=self.stream, flush=True)
+        except (OSError, ValueError):  # a closed pipe must not stop the training
+            pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self._say(self.line())
+
+    def __enter__(self) -> _BPEProgress:
+        self._say(f"bpe: training {self.vocab_size:,} tokens")
+        self._thread.start()
+        return self
+
+    def finish(self, n_tokens: int) -> None:
+        """Stop the reports and say what was trained (a small corpus may give fewer tokens than asked)."""
+        self.__exit__()
+        self._say(f"bpe: trained {n_tokens:,} tokens on {self.docs:,} documents ({self.chars / 1e6:.1f}M characters) "
+                  f"in {time.perf_counter() - self.t0:.1f} s")
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def _bpe_tokenizer(vocab_size: int, train_docs: list[str], cache: Path) -> Tokenizer:

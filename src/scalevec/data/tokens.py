@@ -25,8 +25,10 @@ class TokenData:
 
     ``train`` / ``val``: 1-D read-only memmaps (uint16 or uint32) of token ids, documents back to back.
     ``token_bytes``: ``(vocab_size,)`` UTF-8 bytes per token (special tokens 0), for bits-per-byte.
-    ``meta``: source, tokenizer spec, split note, document and token counts. ``from_cache``: whether
-    the streams were read from an existing cache entry at ``cache_path``.
+    ``meta``: source, tokenizer spec, split note, document and token counts, and ``validation``, the
+    record of the validation split (``split.SplitRecord.as_dict``: rule, documents and tokens on each side,
+    which documents) that the trainer writes into meta.json. ``from_cache``: whether the streams were read
+    from an existing cache entry at ``cache_path``.
     """
 
     train: np.ndarray
@@ -42,8 +44,11 @@ class TokenData:
         return self.tokenizer.vocab_size
 
     def describe(self) -> str:
-        """One line for logs: corpus, tokenizer, token counts and how validation was split."""
+        """One line for the start of a run: corpus, how many documents came out of it and how it is cut into
+        documents, tokenizer, token counts and how validation was split."""
         m = self.meta
-        return (f"data {m['source']!r}, tokenizer {m['tokenizer']} (vocab {self.vocab_size}): "
+        docs = (f", {m['documents']:,} documents ({m['documents_from']})" if "documents_from" in m else
+                f", {m['documents']:,} documents" if "documents" in m else "")
+        return (f"data {m['source']!r}{docs}; tokenizer {m['tokenizer']} (vocab {self.vocab_size}): "
                 f"train {len(self.train):,} tokens / {m['train_docs']} docs, val {len(self.val):,} tokens / "
                 f"{m['val_docs']} docs; split {m['split']}")
