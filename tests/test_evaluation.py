@@ -9,7 +9,7 @@ import pytest
 from scalevec import ScaleConfig, build_model
 from scalevec.cli import main
 from scalevec.hf.evaluation import SHAKESPEARE_TASK, evaluate, write_shakespeare_task
-from scalevec.training.rundir import eval_columns, write_eval
+from scalevec.training.eval_results import eval_columns, write_eval
 
 ACC = "acc,none"
 
@@ -28,7 +28,8 @@ def export_fixtures():
 def test_report_reads_eval_json_into_runs_csv(tmp_path):
     """eval.json written by `scalevec eval` becomes eval.<task>.<metric> columns of report's runs.csv rows."""
     import fakerun
-    from scalevec.config import RunConfig, to_dict
+    from scalevec.config import RunConfig
+    from scalevec.config_codec import to_dict
     from scalevec.experiments.frames import runs_frame
     from scalevec.experiments.records import load_runs
 
@@ -86,6 +87,50 @@ def test_a_bpe_tokenizer_export_evaluates(tmp_path, make_cfg, perturb_scales, ex
     r = evaluate(out, [SHAKESPEARE_TASK], limit=8)
     assert 0.0 <= r[SHAKESPEARE_TASK][ACC] <= 1.0
     assert set(json.loads((out / "eval.json").read_text())["tasks"]) == {"other", SHAKESPEARE_TASK}
+
+
+@pytest.mark.slow  # lm-eval on a one-item task
+def test_a_request_that_fits_exactly_gives_no_length_warning(tmp_path, make_cfg, export_fixtures, capfd):
+    """A request of max_length + 1 tokens (BOS + 32 bytes for a 32-token model) fits lm-eval's window exactly
+    (its last token is only a target), so nothing warns about its length: transformers said "33 > 32" before
+    fit_tokenizer_limit; one byte more is cut, and lm-eval itself says so."""
+    from scalevec.data.tokenizer import load_tokenizer
+    from scalevec.hf.export import export_model
+
+    load_tokenizer("bytes").save(tmp_path / "tok")
+    out = export_model(build_model(make_cfg(vocab_size=256, max_seq_len=32), ScaleConfig.preset("baseline"), seed=0),
+                       tmp_path / "hf", tokenizer_dir=tmp_path / "tok")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name, context in (("fits", "a" * 20), ("cut", "a" * 21)):  # + "\n" + 11 bytes + BOS: 33 and 34 tokens
+        (tasks / f"{name}.jsonl").write_text(json.dumps({"context": context, "choices": ["b" * 11, "c" * 11],
+                                                         "label": 0}) + "\n")
+        (tasks / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tasks / name}.jsonl\n"
+            f"test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{{{context}}}}\"\n"
+            f"target_delimiter: \"\\n\"\ndoc_to_choice: choices\ndoc_to_target: label\n"
+            f"metric_list:\n  - metric: acc\n")
+    import logging
+
+    class Records(logging.Handler):  # transformers' own handler writes to the stderr of its import, not capfd's
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    records = Records()
+    logging.getLogger("transformers").addHandler(records)
+    try:
+        evaluate(out, ["fits"], include_path=tasks, write=False)
+        assert not any("longer than the specified maximum" in m for m in records.messages), records.messages
+        capfd.readouterr()
+        evaluate(out, ["cut"], include_path=tasks, write=False)
+    finally:
+        logging.getLogger("transformers").removeHandler(records)
+    assert any("(34 > 33)" in m for m in records.messages)  # past the window: transformers' warning, one token on
+    assert "exceeds model's maximum length (32). Truncating" in capfd.readouterr().err  # and lm-eval's own
 
 
 def test_eval_errors_exit_2(tmp_path, capsys):

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from scalevec.experiments.progress import GridProgress, format_seconds, last_train_row
+from scalevec.experiments.progress import GridProgress, format_seconds
 from scalevec.experiments.sweep import run_sweep, spec_from_dict
+from scalevec.training.rundir import last_row
 
 
 class Clock:
@@ -23,12 +24,16 @@ def write_rows(run_dir, rows, tail=""):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
 
 
-def test_last_train_row_skips_eval_rows_and_a_cut_off_line(tmp_path):
-    """The last complete train row wins; an eval row after it and a half-written line are ignored."""
+def test_last_row_skips_eval_rows_and_a_cut_off_line(tmp_path):
+    """rundir.last_row, which the progress line reads: the last complete train row wins; an eval row after it and
+    a half-written line are ignored; a row cut by the tail window is skipped, not an error."""
     write_rows(tmp_path / "r", [{"kind": "train", "step": 3, "loss": 2.0}, {"kind": "train", "step": 4, "loss": 1.5},
                                 {"kind": "eval", "step": 5, "val_loss": 1.7}], tail='{"kind": "train", "st')
-    assert last_train_row(tmp_path / "r") == {"kind": "train", "step": 4, "loss": 1.5}
-    assert last_train_row(tmp_path / "missing") is None
+    assert last_row(tmp_path / "r", "train") == {"kind": "train", "step": 4, "loss": 1.5}
+    assert last_row(tmp_path / "r", "eval") == {"kind": "eval", "step": 5, "val_loss": 1.7}
+    tail = len(json.dumps({"kind": "eval", "step": 5, "val_loss": 1.7})) + len('{"kind": "train", "st') + 5
+    assert last_row(tmp_path / "r", "train", tail_bytes=tail) is None  # the window starts inside step 4's row
+    assert last_row(tmp_path / "missing", "train") is None
 
 
 def test_eta_extrapolates_this_sessions_weighted_work(tmp_path):
@@ -55,6 +60,43 @@ def test_eta_extrapolates_this_sessions_weighted_work(tmp_path):
     clock.t += 10
     assert p.line().startswith("[1/2 done] b step 75/100 loss 2.5000")
     assert p.eta() == (3.25 / 4, 20 * 0.75 / (1.0 + 0.75))
+
+
+def _eta_trace(tmp_path, seconds: int, stall_after: int | None = None) -> list[float]:
+    """The ETA redrawn every second of a synthetic run: 30 s of start-up, then 1 step/s, a metrics row every
+    10 steps (log_every 10) until ``stall_after`` seconds, of a 400-step run (what a TTY shows)."""
+    clock = Clock()
+    p = GridProgress([("a", tmp_path / "a", 400, 1.0)], stream=io.StringIO(), tty=True, clock=clock)
+    p.started("a")
+    t0, etas = clock.t, []
+    for t in range(1, seconds + 1):
+        clock.t = t0 + t
+        steps = max(0, t - 30)
+        if steps and steps % 10 == 0 and (stall_after is None or t <= stall_after):
+            write_rows(tmp_path / "a", [{"kind": "train", "step": steps - 1, "loss": 2.0}])
+        p.line()
+        left = p.eta()[1]
+        if left is not None:
+            etas.append(left)
+    return etas
+
+
+def test_eta_falls_between_rows_instead_of_climbing(tmp_path):
+    """At a steady step rate the ETA never rises: it falls by 1 s per s between rows (the elapsed-time rule
+    climbed between rows here, by 1.5 to 39 s per s, in 144 of the 160 seconds), and it ends near the truth."""
+    etas = _eta_trace(tmp_path, 200)
+    assert len(etas) > 150 and all(b <= a + 1e-9 for a, b in zip(etas, etas[1:]))
+    assert sum(a - b == pytest.approx(1.0) for a, b in zip(etas, etas[1:])) > 0.8 * len(etas)  # mostly -1 s per s
+    truth = 400 - (200 - 30)  # 230 s of steps left at 1 step/s
+    assert truth <= etas[-1] <= truth * 1.2  # the start-up (30 s of 200) still weighs on the rate
+
+
+def test_eta_holds_when_rows_stop(tmp_path):
+    """Once the rows stop, the ETA falls for one gap (10 s) at most, then holds: a stalled run is not counted
+    down to 0."""
+    etas = _eta_trace(tmp_path, 160, stall_after=100)
+    held = etas[-40:]
+    assert len(set(held)) == 1 and held[0] > 200
 
 
 def test_restarted_run_ignores_rows_of_the_earlier_attempt(tmp_path):

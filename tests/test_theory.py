@@ -208,6 +208,25 @@ def test_theory_subcommand_rejects_a_file_as_out(tmp_path):
         lab.run_experiment("nope", tmp_path)
 
 
+def test_theory_threads_apply_to_the_experiment_only(tmp_path, monkeypatch, capsys):
+    """`theory --threads 1` runs the experiment on 1 thread and restores torch's count after; --threads 0 is a
+    one-line error (exit 2) before anything is written."""
+    from scalevec.cli import main
+
+    seen = []
+    monkeypatch.setattr(lab, "run_experiment", lambda name, out, seed=0: (seen.append(torch.get_num_threads()),
+                                                                        {"summary": []})[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["theory", "magdir", "--out", str(tmp_path / "a"), "--threads", "1"]) == 0
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert main(["theory", "magdir", "--out", str(tmp_path / "b"), "--threads", "0"]) == 2
+    assert "--threads 0 must be >= 1" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
 # ------------------------------------------------------------------ probes
 
 

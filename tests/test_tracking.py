@@ -97,6 +97,65 @@ def test_wandb_logs_the_rows_and_resumes_the_same_run(tmp_path, monkeypatch):
     assert fake.logged == expected
 
 
+def wandb_history(run_dir) -> dict[int, dict]:
+    """``{step: logged values}`` read back from the offline run files under ``run_dir/wandb`` (every
+    ``offline-run-*/run-ID.wandb``, oldest first: a resumed run writes a second one, and a step logged in both,
+    the checkpoint's, holds the union). wandb 0.31 has no Python reader of its
+    transaction log, so this one follows its format: a 7-byte header (``:W&B``, magic, version), then
+    LevelDB-log records in 32 KiB blocks (crc32c 4 bytes, length 2, type 1: full, or first/middle/last parts),
+    each a ``wandb_internal_pb2.Record``; a history record holds ``key``/``value_json`` items and the step."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    block, out = 32768, {}
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        data = path.read_bytes()
+        assert data[:4] == b":W&B"
+        pos, part = 7, b""
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a header is padding
+                pos += block - pos % block
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            part, pos = part + data[pos + 7:pos + 7 + length], pos + 7 + length
+            if kind in (1, 4):  # a full record, or the last part of one
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(part)
+                part = b""
+                if record.WhichOneof("record_type") == "history":
+                    items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                    out.setdefault(record.history.step.num, {}).update(
+                        {k: v for k, v in items.items() if not k.startswith("_")})  # _runtime, _timestamp: wandb's
+    return out
+
+
+@pytest.mark.slow  # trains and resumes with the real wandb (a service process, offline)
+def test_wandb_offline_run_holds_the_metrics_rows(tmp_path, monkeypatch):
+    """With the real wandb in offline mode, the values read back from the run files equal metrics.jsonl's rows,
+    step by step (a row's train/eval/probe values are merged at its step), across a resume."""
+    import wandb  # a dev dependency: a missing one fails, never skips
+
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    cfg = tiny_run(tmp_path, **{"train.tracker": "wandb"})
+    train(cfg, run, stop_at=3, quiet=True)
+    train(cfg, run, resume=True, quiet=True)
+    wandb.teardown()  # run.finish() returns before the service has written the last run's file to the end
+    want: dict[int, dict] = {}
+    for r in rows(run):
+        want.setdefault(r["step"], {}).update(tracking.flatten_row(r))
+    got = wandb_history(run)
+    assert sorted(got) == sorted(want) == list(range(7))  # steps 0-5 trained, 3 and 6 evaluated
+    for step, values in want.items():
+        assert got[step] == pytest.approx(values, rel=1e-12), step  # JSON round trip of float64: exact
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 2  # the resume continued the same id
+    assert all(p.name.endswith((run / "wandb_id").read_text().strip()) for p in (run / "wandb").glob("offline-run-*"))
+
+
 def test_missing_tracker_package_fails_before_writing(tmp_path, monkeypatch, capsys):
     """--tracker wandb without wandb installed: one-line error naming pip install, exit 2, no run directory."""
     monkeypatch.setitem(sys.modules, "wandb", None)

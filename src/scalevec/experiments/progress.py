@@ -1,8 +1,8 @@
 """Live progress of a sweep or comparison: which runs train, their step and loss, an ETA for the grid (issue 14).
 
 ``GridProgress`` watches the ``metrics.jsonl`` of the runs it is told have started (the trainer appends
-a row every ``train.log_every`` steps), so it needs nothing from the trainer processes but their run
-directories. On a terminal it redraws one line every second::
+a row every ``train.log_every`` steps; ``rundir.last_row`` reads the last one), so it needs nothing from
+the trainer processes but their run directories. On a terminal it redraws one line every second::
 
     [2/6 done] unified_s0 step 120/400 loss 2.3456 | none_s1 step 80/400 loss 2.5012 | 41% · ETA 6m10s
 
@@ -11,14 +11,16 @@ default, ``SCALEVEC_PROGRESS_EVERY`` to change it), and messages go through ``sa
 collide with the status line.
 
 The ETA weights each run by its training FLOPs (6 · params · tokens, as ``sweep --dry-run``) and
-extrapolates the work done *in this session* (a resumed run counts from the step it resumed at):
-``ETA = elapsed × remaining work / work done so far``. It is ``?`` until this session has done 1 % of the
-grid's work (before that, start-up time dominates the rate).
+extrapolates the rate of this session's work (a resumed run counts from the step it resumed at), measured
+up to the newest metrics row seen: ``ETA = remaining work / rate - time since that row``. Between rows the
+ETA so falls by a second per second (issue 26: computed from the elapsed time alone it climbed between rows,
+a staircase, since the work done only moves when a row arrives), for at most the longest gap seen between
+rows, after which it holds: a run that stopped writing rows is not counted down to 0. It is ``?`` until this
+session has done 1 % of the grid's work (before that, start-up time dominates the rate).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -28,28 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-TAIL_BYTES = 1 << 18  # the last rows of metrics.jsonl are in its last 256 kB (a row of a big model is ~20 kB)
-
-
-def last_train_row(run_dir: str | Path) -> dict | None:
-    """The last complete ``kind: train`` row of ``run_dir/metrics.jsonl`` (read from its tail), or None."""
-    path = Path(run_dir) / "metrics.jsonl"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            tail = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in reversed(tail.split("\n")):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # empty, cut off by the tail window, or being written
-        if isinstance(row, dict) and row.get("kind") == "train":
-            return row
-    return None
+from scalevec.training import rundir
 
 
 def format_seconds(s: float) -> str:
@@ -98,16 +79,18 @@ class GridProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shown = False  # a status line is on screen (TTY)
+        # the rate behind the ETA: this session's work at the newest row seen, when it was seen, the longest gap
+        self._work, self._seen, self._gap = 0.0, self.t0, 0.0
 
     # -- state ---------------------------------------------------------------------------------------
 
     def _refresh(self, run: _Run) -> None:
         try:
-            if (run.run_dir / "metrics.jsonl").stat().st_mtime < run.not_before:
+            if (run.run_dir / rundir.METRICS).stat().st_mtime < run.not_before:
                 return
         except OSError:
             return
-        row = last_train_row(run.run_dir)
+        row = rundir.last_row(run.run_dir, "train")
         if row is not None:
             run.step, run.loss = int(row.get("step", 0)) + 1, row.get("loss")  # train rows count the step taken
 
@@ -127,14 +110,21 @@ class GridProgress:
             self.runs[name].state = "finished"
 
     def eta(self) -> tuple[float, float | None]:
-        """``(fraction of the grid's work done, seconds left or None while unknown)``."""
+        """``(fraction of the grid's work done, seconds left or None while unknown)`` (module docstring). Each
+        call that finds more work done than the last records when it saw it (the rate's end point)."""
         total = sum(r.weight for r in self.runs.values()) or 1.0
         done = sum(r.weight * r.frac for r in self.runs.values())
         session = sum(r.weight * max(0.0, r.frac - r.start_frac) for r in self.runs.values() if r.state != "waiting")
-        elapsed = self.clock() - self.t0
+        now = self.clock()
+        if session != self._work:  # a new row, a finished run (or a restarted one: less work): measure up to here
+            if 0 < self._work < session:
+                self._gap = max(self._gap, now - self._seen)
+            self._work, self._seen = session, now
         # start-up (imports, data, the first steps) dominates the first 1 %: no ETA from it (it read 14 h for 6)
-        left = elapsed * (total - done) / session if session >= 0.01 * total else None
-        return done / total, left
+        if session < 0.01 * total:
+            return done / total, None
+        left = (self._seen - self.t0) * (total - done) / session - min(now - self._seen, self._gap)
+        return done / total, max(0.0, left)
 
     def line(self) -> str:
         """The status text: runs finished, each running run's step and loss, % of the grid and the ETA."""
@@ -200,4 +190,4 @@ class GridProgress:
             self._clear()
 
 
-__all__ = ["GridProgress", "format_seconds", "last_train_row"]
+__all__ = ["GridProgress", "format_seconds"]

@@ -8,11 +8,11 @@ code on the same weights, and what ``scalevec eval`` reports is what ``lm_eval -
 pretrained=DIR,trust_remote_code=True`` reports. An exported directory is checked first
 (``generate.check_hf_dir``): safetensors weights only, and custom code only when it is byte for byte
 the code this scalevec ships, or with ``--trust-remote-code``. The export declares the BOS/pad/prefix
-tokens lm-eval needs, also for the ``bytes`` tokenizer (``export.tokenizer_specials``).
+tokens lm-eval needs, also for the ``bytes`` tokenizer (``tokenizer_files.tokenizer_specials``).
 
 Scores are merged into ``eval.json`` in the evaluated directory (one entry per task: every metric and
 its standard error, lm-eval's version, few-shot count, limit and the date); ``scalevec report`` adds
-them to ``runs.csv`` next to the losses as ``eval.<task>.<metric>`` columns (``rundir.eval_columns``).
+them to ``runs.csv`` next to the losses as ``eval.<task>.<metric>`` columns (``eval_results.eval_columns``).
 
 ``scalevec_shakespeare`` is a small multiple-choice task built from the bundled corpus (pick the true
 next line of a Shakespeare passage among 4 lines), written in lm-eval's YAML task format
@@ -37,7 +37,9 @@ import random
 import tempfile
 from pathlib import Path
 
-from scalevec.training.rundir import EVAL, main_metrics, write_eval
+from scalevec.training import rundir
+from scalevec.training.eval_results import main_metrics, write_eval
+from scalevec.training.rundir import EVAL
 
 SHAKESPEARE_TASK = "scalevec_shakespeare"
 STANDARD_TASKS = "hellaswag,arc_easy,arc_challenge,lambada_openai,piqa"
@@ -105,6 +107,23 @@ def _import_lm_eval():
     return lm_eval, HFLM, TaskManager
 
 
+def fit_tokenizer_limit(lm) -> None:
+    """Let ``lm``'s tokenizer warn only about what lm-eval will cut (issue 26's "257 > 256" during eval).
+
+    A loglikelihood request is encoded whole (context + continuation) and lm-eval feeds its last
+    ``max_length + 1`` tokens minus the last one, a target only: ``max_length + 1`` tokens fit without a cut,
+    and lm-eval warns itself beyond that. The export's tokenizer declares ``model_max_length =
+    max_position_embeddings`` (right for the model's input), so transformers warned "Token indices sequence
+    length is longer than ... (257 > 256)" for a request that fits exactly (a 256-byte item of
+    ``scalevec_shakespeare`` plus BOS). Raising the limit of lm-eval's in-memory tokenizer by one makes the two
+    agree; the export on disk is unchanged. Left alone when lm-eval took its ``max_length`` from the tokenizer
+    (no context length in the model's config), which the raise would move."""
+    limit = lm.max_length
+    lm.tokenizer.model_max_length = limit + 1
+    if lm.max_length != limit:
+        lm.tokenizer.model_max_length = limit
+
+
 def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | None = None,
                     limit: int | float | None = None, batch_size: int = 8, device: str = "cpu",
                     include_path: str | Path | None = None, trust_remote_code: bool = False) -> dict:
@@ -140,6 +159,7 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
         # use_safetensors (passed on to from_pretrained): never fall back to unpickling a pytorch_model.bin
         lm = HFLM(pretrained=str(hf_dir), trust_remote_code=trust, dtype="float32", device=device,
                   batch_size=batch_size, use_safetensors=True)
+        fit_tokenizer_limit(lm)
         out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
                                       task_manager=manager, log_samples=False, bootstrap_iters=1000)
     return {task: {k: v for k, v in metrics.items() if k != "alias"} for task, metrics in out["results"].items()}
@@ -153,10 +173,10 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     Returns ``{task: {metric: value}}``. Raises ``FileNotFoundError`` for a path that holds no model and
     as ``evaluate_hf_dir`` (``trust_remote_code``: run custom code that is not scalevec's)."""
     path = Path(path)
-    if (path / "config.yaml").is_file():
+    if rundir.has_config(path):
         from scalevec.hf.export import export_run
 
-        if not (path / "tokenizer" / "tokenizer.json").is_file():
+        if not (rundir.tokenizer_dir(path) / "tokenizer.json").is_file():
             raise FileNotFoundError(f"{path} has no tokenizer/tokenizer.json, which lm-eval needs to turn task text "
                                     f"into ids; evaluate a run trained by scalevec train (it saves its tokenizer)")
 
@@ -210,7 +230,6 @@ def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = No
     from scalevec.data.tokenizer import load_tokenizer_dir
     from scalevec.hf.generate import load_text_model
     from scalevec.training.perplexity import perplexity, text_stream
-    from scalevec.training.rundir import load_tokenizer
 
     path, text = Path(path), Path(text)
     prepared = text.is_dir() and is_prepared(text)
@@ -219,8 +238,8 @@ def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = No
                          f"pass a text file or a prepared folder")
     content = None if prepared else read_text(text)  # bad input is refused before a model is loaded
     model = load_text_model(path, device, trust_remote_code)  # check_hf_dir first for an export
-    if (path / "config.yaml").is_file():
-        tok = load_tokenizer(path)
+    if rundir.has_config(path):
+        tok = rundir.load_tokenizer(path)
     elif (path / "tokenizer.json").is_file():
         tok = load_tokenizer_dir(path)
     else:

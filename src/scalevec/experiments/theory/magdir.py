@@ -27,7 +27,8 @@ from torch.func import functional_call, jacrev
 
 from scalevec.experiments.theory.toys import DTYPE, figure, generator
 from scalevec.model.kernels import FAST
-from scalevec.model.scales import SCALE_KINDS, ScaleVector, init_params
+from scalevec.model.params import init_params
+from scalevec.model.scales import SCALE_KINDS, ScaleVector
 
 DIMS = (2, 4, 16, 64, 256)
 PARAMS = ("direct", "magdir", "magdir_exp")
