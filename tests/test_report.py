@@ -13,7 +13,7 @@ import yaml
 
 import fakerun
 from scalevec.cli import main
-from scalevec.config import to_dict
+from scalevec.config_codec import to_dict
 from scalevec.experiments.analysis import analyze
 from scalevec.experiments.records import load_runs
 from scalevec.experiments.report import write_report
@@ -197,3 +197,69 @@ def test_runs_csv_names_a_setting_that_varies_within_a_strategy(tmp_path):
                                    "grid": {"strategy": ["baseline", "unified"], "seed": [0, 1]}})
     write_report(tmp_path / "plain", quiet=True)
     assert not [k for k in read_csv(tmp_path / "plain" / "runs.csv")[0] if k.startswith("scale.")]
+
+
+def _set_meta(run_dir: Path, **fields) -> None:
+    """Add ``fields`` (what environment.run_meta records) to a fake run's meta.json."""
+    import json
+
+    meta = json.loads((run_dir / "meta.json").read_text())
+    (run_dir / "meta.json").write_text(json.dumps({**meta, **fields}))
+
+
+def test_runs_csv_and_report_name_the_machine(tmp_path):
+    """runs.csv carries each run's cpu, cpu_capability, threads and torch from meta.json; report.md names the
+    machine, and says when the runs come from several (not bitwise comparable); runs whose meta.json records
+    none get no such columns."""
+    from scalevec.experiments.frames import runs_frame
+    from scalevec.experiments.report import render_markdown
+    from scalevec.experiments.sweepdir import load_specs
+
+    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline", "unified"], "seed": [0, 1]}}
+    runs = fabricate(tmp_path, spec)
+    assert not {"cpu", "torch"} & set(runs_frame(load_runs(tmp_path))[0])  # fakerun's meta.json names no machine
+    for r in runs:
+        _set_meta(tmp_path / "runs" / r.name, cpu="AMD EPYC", cpu_capability="AVX512", threads=1, torch="2.13.0+cpu")
+    rows = runs_frame(load_runs(tmp_path))
+    assert {(r["cpu"], r["cpu_capability"], r["threads"], r["torch"]) for r in rows} == {
+        ("AMD EPYC", "AVX512", 1, "2.13.0+cpu")}
+
+    def machine_line() -> str:
+        text = render_markdown(analyze(load_runs(tmp_path), load_specs(tmp_path)), tmp_path, [])
+        return next(ln for ln in text.splitlines() if ln.startswith("Machine"))
+
+    assert machine_line().startswith("Machine: AMD EPYC (AVX512), 1 thread(s), torch 2.13.0+cpu (4 run(s))")
+    _set_meta(tmp_path / "runs" / "unified_s1", cpu_capability="AVX2", torch="2.9.0")
+    line = machine_line()
+    assert line.startswith("Machines: the runs come from 2 machines, so their losses are not bitwise comparable")
+    assert "AMD EPYC (AVX512), 1 thread(s), torch 2.13.0+cpu (3 run(s))" in line
+    assert "AMD EPYC (AVX2), 1 thread(s), torch 2.9.0 (1 run(s))" in line
+
+
+def test_lr_sweep_plots_the_tuning_seeds_and_says_so(tmp_path):
+    """lr_sweep.png's curve is the mean over the tuning seeds (what picked the lr), and its label names them: with
+    seeds 1-2 added at baseline's pick far below seed 0, the curve there is seed 0's loss and the mean of all three
+    seeds is a separate point; strategies tuned on different seeds name theirs in the legend."""
+    from scalevec.experiments.figures import lr_sweep_series, plot_lr_sweep, seeds_text
+
+    base = {**BASE, "preset": "tiny"}
+    fabricate(tmp_path, {"base": base, "grid": {"strategy": ["baseline", "unified"], "lr": [1e-3, 3e-3, 1e-2],
+                                                "seed": [0]}})
+    more = spec_from_dict({"base": base, "grid": {"strategy": ["baseline"], "lr": [3e-3], "seed": [1, 2]}})
+    for r in expand(more):
+        fakerun.write_run(tmp_path / "runs" / r.name, to_dict(r.cfg), curve=[2.0, 1.0])
+    for r in expand(spec_from_dict({"base": base, "grid": {"strategy": ["unified"], "lr": [1e-3, 3e-3, 1e-2],
+                                                           "seed": [1]}})):
+        fakerun.write_run(tmp_path / "runs" / r.name, to_dict(r.cfg))
+    a = analyze(load_runs(tmp_path), yaml.safe_load((tmp_path / "sweep.yaml").read_text()))
+    ylabel, series = lr_sweep_series(a.cells[0])
+    assert ylabel == "final validation loss\n(mean over each strategy's tuning seeds)"
+    by = {s["strategy"]: s for s in series}
+    assert by["baseline"]["label"] == "baseline (seed 0)" and by["unified"]["label"] == "unified (seeds 0, 1)"
+    loss = {r.name: r.final_loss for r in load_runs(tmp_path)}
+    assert dict(by["baseline"]["points"])[3e-3] == loss["baseline_lr0.003_s0"]  # not pulled down by seeds 1-2
+    assert by["baseline"]["confirmed"] == (3e-3, pytest.approx((loss["baseline_lr0.003_s0"] + 2 * 1.0) / 3))
+    assert by["unified"]["confirmed"] is None  # no seed beyond its tuning seeds at its pick
+    assert seeds_text([0]) == "seed 0" and seeds_text([0, 1, 2]) == "seeds 0-2"
+    plot_lr_sweep(a, tmp_path / "lr_sweep.png")
+    assert (tmp_path / "lr_sweep.png").stat().st_size > 1000

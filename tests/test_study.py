@@ -101,7 +101,7 @@ def test_report_picks_the_lr_on_the_seeds_every_lr_has(tmp_path):
                            "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}})
     extra = spec_from_dict({"name": "r2", "base": {"preset": "tiny", "train": {"steps": 10}},
                             "grid": {"strategy": ["baseline"], "lr": [1e-2], "seed": [1, 2]}})
-    from scalevec.config import to_dict
+    from scalevec.config_codec import to_dict
 
     for run in expand(grid) + expand(extra):
         # seeds 1 and 2 at lr 1e-2 are made far better than anything: a mean over all seeds would pick 1e-2
@@ -182,3 +182,104 @@ def test_study_lr_grids_give_each_strategy_its_own_lrs(tmp_path, monkeypatch):
     assert lrs["unified"] == [1.5e-3, 3e-3, 6e-3, 1.2e-2]  # best at the lower edge: grown down to the optimum
     with pytest.raises(ValueError, match="lr_grids"):
         parse({**spec, "study": {"lr_grids": {"baseline": [1e-3]}}})  # unified has no grid
+
+
+def test_study_command_reads_data_paths_beside_the_study_file(tmp_path, monkeypatch):
+    """`scalevec study FILE` resolves a relative data.source beside FILE (sweep.spec_paths), not in the shell's
+    working directory: every run of the study reads the corpus next to the study file."""
+    from scalevec.cli import main
+    from scalevec.experiments import study as study_mod
+    from scalevec.experiments.sweep import expand
+
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "corpus.txt").write_text("one\n\n\ntwo\n")
+    spec_file = studies / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({**STUDY, "base": {**STUDY["base"], "data": {"source": "corpus.txt"}}}))
+    seen = []
+
+    def fake_run_study(spec, plan, stored, out, **kwargs):
+        seen.extend(expand(spec))
+        return 0
+
+    monkeypatch.setattr(study_mod, "run_study", fake_run_study)
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", "studies/s.yaml", "--dry-run"]) == 0
+    assert len(seen) == 4 and {r.cfg.data.source for r in seen} == {str(studies / "corpus.txt")}
+
+
+def test_tune_may_be_added_later_to_a_folder_whose_runs_stay(tmp_path):
+    """A sweep stored with `tune: []` and a later one into the same folder that tunes optim.lr: the report
+    tunes (tune is analysis, not the runs' configs); two sweeps tuning different axes still disagree."""
+    write_spec(tmp_path, {"name": "a", "tune": [], "baseline": "baseline", "grid": {"strategy": ["baseline"]}})
+    write_spec(tmp_path, {"name": "b", "tune": ["optim.lr"], "grid": {"strategy": ["baseline", "unified"]}})
+    assert load_specs(tmp_path)["tune"] == ["optim.lr"]
+    write_spec(tmp_path, {"name": "c", "tune": ["optim.weight_decay"], "grid": {"strategy": ["baseline"]}})
+    with pytest.raises(ValueError, match="disagree on 'tune'"):
+        load_specs(tmp_path)
+
+
+def test_dry_run_prints_the_whole_plan_with_worst_cases_and_time(tmp_path, capsys):
+    """--dry-run: phase 1's 4 runs; then at most 6 extensions × 1 tuning seed × 2 strategies = 12, 2 confirmation
+    seeds × 2 = 4 and (5 - 3 seeds) × 2 = 4 runs: 24 in all, labelled an upper bound; the time follows --step-time
+    (1 s per step × 10 steps of each baseline run, unified's 1.3 % longer by FLOPs: 12 × 10 + 12 × 10.13 s) or,
+    once phase 1 ran, the measured rate of its runs (fakerun: 1 s each); nothing is written."""
+    from fakerun import write_run
+    from scalevec.cli import main
+    from scalevec.config_codec import to_dict
+    from scalevec.experiments.study import phase1_runs, plan_text
+
+    spec = {**STUDY, "study": {**STUDY["study"], "target_halfwidth": 0.01, "max_seeds": 5}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["study", str(tmp_path / "s.yaml"), "--dry-run", "--out", str(out), "--step-time", "1"]) == 0
+    text = capsys.readouterr().out
+    assert not out.exists()
+    assert "phase 1, the grid: 4 runs, 4 to train, about 40s" in text  # 2 × 10 s + 2 × 10.13 s
+    assert "phase 2, lr extensions" in text and "at most 12 runs" in text
+    assert "phase 3, confirmation seeds [1, 2] at each strategy's tuned lr: at most 4 runs" in text
+    assert "phase 4, seeds until a ±0.01-nat interval" in text and "2 past the first 3): at most 4 runs" in text
+    assert "whole study: at most 24 runs to train in 1 cell(s)" in text and "at most about 4m02s" in text
+    parsed = parse(spec)
+    for run in phase1_runs(parsed[0], parsed[1]):
+        write_run(out / "runs" / run.name, to_dict(run.cfg))
+    last = plan_text(parsed[0], parsed[1], out).splitlines()[-1]
+    assert "at most 20 runs to train" in last and "at most about 20s" in last and "4 finished run(s)" in last
+    grids = parse({**STUDY, "study": {**STUDY["study"], "lr_grids": {"baseline": [1e-3, 2e-3, 4e-3],
+                                                                     "unified": [2e-3, 4e-3]}}})
+    assert [r.name for r in phase1_runs(*grids[:2])] == [
+        "baseline_lr0.001_s0", "baseline_lr0.002_s0", "baseline_lr0.004_s0", "unified_lr0.002_s0", "unified_lr0.004_s0"]
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "sweeps" / "examples" / "study-own-corpus.yaml"
+
+
+def test_the_own_corpus_example_reads_its_file_from_any_directory(tmp_path, monkeypatch, capsys):
+    """sweeps/examples/study-own-corpus.yaml names tests/data/own-corpus.txt relative to itself: its dry run works
+    from another working directory, and every run's config names that file."""
+    from scalevec.cli import main
+    from scalevec.config_codec import load_yaml
+    from scalevec.experiments.sweep import expand
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", str(EXAMPLE), "--dry-run", "--out", "x"]) == 0
+    assert "whole study: at most 8 runs to train" in capsys.readouterr().out
+    spec, _, _ = parse(load_yaml(EXAMPLE))
+    corpus = EXAMPLE.parents[2] / "tests" / "data" / "own-corpus.txt"
+    from dataclasses import replace
+
+    assert {r.cfg.data.source for r in expand(replace(spec, file=str(EXAMPLE)))} == {str(corpus)}
+
+
+@pytest.mark.slow  # the example study trained for real: 8 tiny runs, ~40 CPU-seconds
+def test_the_own_corpus_example_runs(tmp_path):
+    """The example trains end to end with the real trainer and its report compares both strategies at their lrs."""
+    from dataclasses import replace
+
+    from scalevec.config_codec import load_yaml
+
+    spec, plan, stored = parse(load_yaml(EXAMPLE))
+    assert run_study(replace(spec, file=str(EXAMPLE)), plan, stored, tmp_path / "own", quiet=True) == 0
+    (cell,) = analyze(load_runs(tmp_path / "own"), load_specs(tmp_path / "own")).cells
+    assert [r.strategy for r in cell.results] == ["baseline", "unified"] and all(len(r.runs) == 2 for r in cell.results)
+    assert "Machine: " in (tmp_path / "own" / "report.md").read_text()

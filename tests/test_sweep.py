@@ -8,12 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from scalevec.config import ScaleConfig, replace, to_dict
+from scalevec.config import ScaleConfig
+from scalevec.config_codec import to_dict
 from scalevec.experiments.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
@@ -77,7 +79,7 @@ def test_shipped_sweep_files_parse():
     """Every file in sweeps/ expands into valid, uniquely named configs."""
     files = sorted((ROOT / "sweeps").glob("*.yaml"))
     assert {f.name for f in files} >= {"smoke.yaml", "paper-cpu.yaml", "paper-gpu.yaml"}
-    from scalevec.config import load_yaml
+    from scalevec.config_codec import load_yaml
     from scalevec.experiments.study import parse
 
     for f in files:  # study files are sweep files with a `study` section (study.py)
@@ -224,7 +226,7 @@ def test_bad_variant_bundles_raise(bundle, match):
 @pytest.mark.parametrize("tokenizer, stored_vocab, ok", [("bpe:4096", 4096, True), ("bytes", 4096, False),
                                                          ("bpe:4096", 200, False)])
 def test_a_finished_bpe_run_is_done_although_the_trainer_grew_its_vocabulary(tmp_path, tokenizer, stored_vocab, ok):
-    """The trainer grows a preset's vocabulary to fit a BPE tokenizer (config.fit_vocab) and stores it, so a
+    """The trainer grows a preset's vocabulary to fit a BPE tokenizer (resolve.fit_vocab) and stores it, so a
     rerun of the sweep (and a study's later phases) must see that run as done, not as another config; any
     other vocabulary difference is still an error."""
     from fakerun import write_run
@@ -248,7 +250,7 @@ def test_tokens_per_param_counts_the_vocabulary_of_the_runs_tokenizer():
                                     "grid": {"strategy": ["baseline"]}}))
     cfg = replace(get_preset("tiny"), vocab_size=512)
     assert run.cfg.train.tokens == 2 * count_params(build_model(cfg, ScaleConfig.preset("baseline")))["params"]
-    assert run.cfg.model.vocab_size == 256  # the config itself is left for the trainer to fit (config.fit_vocab)
+    assert run.cfg.model.vocab_size == 256  # the config itself is left for the trainer to fit (resolve.fit_vocab)
 
 
 def test_a_variant_alone_is_its_own_baseline():
@@ -256,3 +258,78 @@ def test_a_variant_alone_is_its_own_baseline():
     spec = spec_from_dict({"grid": {"strategy": [{"name": "unified-input-only", "strategy": "unified",
                                                   "scale.placement": "input"}]}})
     assert spec.baseline == "unified-input-only"
+
+
+def test_relative_data_paths_resolve_beside_the_sweep_file(tmp_path, monkeypatch):
+    """A relative data.source / data.tokenizer in a sweep file names the path beside that file, from any working
+    directory (it used to be read from the shell's); a path found only from the working directory (a file under
+    sweeps/ written for the repo root) is kept as written; named corpora and hf: stay names; a path in neither
+    place is an error naming both; run names come from the values as written."""
+    from scalevec.data.tokenizer import ByteTokenizer
+
+    studies, shell = tmp_path / "studies", tmp_path / "shell"
+    (shell / "data").mkdir(parents=True)
+    studies.mkdir()
+    (studies / "corpus.txt").write_text("one\n\n\ntwo\n")
+    (studies / "shakespeare").write_text("a file that is not the bundled corpus")
+    (shell / "data" / "old.txt").write_text("from the repo root")
+    ByteTokenizer().save(studies / "tok")
+    monkeypatch.chdir(shell)
+
+    def data_of(source, tokenizer="bytes"):
+        spec = studies / "s.yaml"
+        spec.write_text(yaml.safe_dump({"base": {"preset": "tiny", "data": {"tokenizer": tokenizer}},
+                                        "grid": {"strategy": ["baseline"], "data.source": [source]}}, sort_keys=False))
+        (run,) = expand(load_spec(spec))
+        return run.name, run.cfg.data
+
+    name, data = data_of("corpus.txt", "tok/tokenizer.json")
+    assert (data.source, data.tokenizer) == (str(studies / "corpus.txt"), str(studies / "tok" / "tokenizer.json"))
+    assert name == "baseline_corpus.txt"
+    assert data_of("data/old.txt")[1].source == "data/old.txt"
+    for name in ("shakespeare", "hf:someone/corpus"):
+        assert data_of(name)[1].source == name
+    assert data_of(str(studies / "corpus.txt"))[1].source == str(studies / "corpus.txt")
+    with pytest.raises(ValueError, match=r"data.source='missing.txt' in .*s.yaml exists neither beside that "
+                                         r"file \(.*studies/missing.txt\) nor in the working directory "
+                                         r"\(.*shell/missing.txt\)"):
+        data_of("missing.txt")
+    assert spec_from_dict({"grid": {"strategy": ["baseline"], "data.source": ["corpus.txt"]}}).file is None
+
+
+BUNDLED_LRS = {"name": "own", "base": {"preset": "tiny", "train": {"batch_size": 4, "seq_len": 32, "steps": 10}},
+               "grid": {"strategy": [{"name": "baseline", "strategy": "baseline", "lr": 1e-3},
+                                     {"name": "unified", "strategy": "unified", "lr": 4e-3}], "seed": [0, 1]}}
+
+
+def test_lrs_set_inside_bundles_are_tuned_without_tune(tmp_path, capsys):
+    """Each strategy at its own lr inside its bundle and no `tune`: optim.lr is tuned (one cell with both
+    strategies, each at its lr; it used to be a cell per lr, the unified one skipped for lack of a baseline),
+    and the CLI says so in one line; an explicit `tune: []` keeps the cell per lr, silently."""
+    from fakerun import write_run
+    from scalevec.cli import main
+    from scalevec.experiments.analysis import analyze
+    from scalevec.experiments.records import load_runs
+    from scalevec.experiments.sweepdir import load_specs, write_spec
+
+    spec = spec_from_dict(BUNDLED_LRS)
+    assert spec.tune == ["optim.lr"] and "tune: []" in spec.notice and spec.to_dict()["tune"] == ["optim.lr"]
+    for run in expand(spec):
+        write_run(tmp_path / "runs" / run.name, to_dict(run.cfg))
+    write_spec(tmp_path, spec.to_dict())
+    (cell,) = analyze(load_runs(tmp_path), load_specs(tmp_path)).cells
+    assert {r.strategy: (r.pick.lr, len(r.runs)) for r in cell.results} == {"baseline": (1e-3, 2), "unified": (4e-3, 2)}
+    kept = spec_from_dict({**BUNDLED_LRS, "tune": []})
+    assert kept.tune == [] and not kept.notice
+    assert spec_from_dict(SPEC).tune == ["optim.lr"] and not spec_from_dict(SPEC).notice  # a plain lr axis: as before
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump({**BUNDLED_LRS, "command": list(FAKE)}))
+    assert main(["sweep", str(tmp_path / "own.yaml"), "--dry-run", "--out", str(tmp_path / "dry")]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and "tuning it (tune: [optim.lr]" in notes[0]
+
+
+def test_a_field_set_by_bundles_and_by_an_axis_is_an_error():
+    """An lr in a strategy bundle and an lr axis: the later axis would silently win; refused, naming the fix."""
+    bad = {**BUNDLED_LRS, "grid": {**BUNDLED_LRS["grid"], "lr": [1e-3, 2e-3]}}
+    with pytest.raises(ValueError, match=r"grid.strategy bundles set optim.lr, which is also a grid axis.*lr_grids"):
+        spec_from_dict(bad)

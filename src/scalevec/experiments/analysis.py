@@ -30,6 +30,7 @@ class StrategyResult:
     strategy: str
     runs: list[RunRecord]
     pick: stats.LrPick | None = None
+    tune_seeds: list[int] = field(default_factory=list)  # the seeds ``pick`` averaged (those every value has)
     loss_mean: float = math.nan
     loss_std: float = math.nan
     bpb_mean: float = math.nan
@@ -107,7 +108,7 @@ def mean_curve(runs: list[RunRecord]) -> tuple[np.ndarray, np.ndarray]:
 def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None, warnings: list[str],
                      label: str) -> StrategyResult | None:
     finished = [r for r in runs if r.done]
-    pick = None
+    pick, common = None, set()
     if tune_key is not None:
         # The value is picked on the seeds that every value was run with (a study tunes on seed 0, then adds
         # seeds at the picked value only: those confirm the pick and must not re-choose it, issue 12).
@@ -130,7 +131,7 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     if not finished:
         return None
     finished.sort(key=lambda r: r.seed)
-    res = StrategyResult(strategy, finished, pick)
+    res = StrategyResult(strategy, finished, pick, sorted(common))
     res.loss_mean, res.loss_std = stats.mean_std(res.losses)
     res.bpb_mean = float(np.mean([r.summary["final_val_bpb"] for r in finished]))
     s = finished[0].summary
@@ -209,8 +210,8 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
         machines = sorted({r.machine for r in cell_runs if r.done and r.machine})
         if len(machines) > 1:  # e.g. compare reusing runs made under another --jobs/--threads or on another CPU
             warnings.append(f"[{label}] the runs were made on {len(machines)} machine kinds or thread counts "
-                            f"({'; '.join(machines)}): their losses are not bitwise comparable across those, "
-                            f"and step times not at all")
+                            f"(or torch versions) ({'; '.join(machines)}): their losses are not bitwise comparable "
+                            f"across those, and step times not at all")
         results = []
         for strategy in order:
             res = _strategy_result(strategy, [r for r in cell_runs if r.cfg.strategy == strategy], tune_key,

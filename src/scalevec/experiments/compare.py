@@ -215,11 +215,11 @@ def build_spec(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_dict(build_spec(args), where="compare")
     from scalevec.experiments.sweep import expand
-    from scalevec.training.autocompile import planned_steps
+    from scalevec.run_budget import total_steps
     from scalevec.training.schedule import warmup_warning
 
-    t = expand(spec)[0].cfg.train
-    warning = warmup_warning(planned_steps(t.steps, t.tokens, t.batch_size, t.seq_len), expand(spec)[0].cfg.schedule)
+    cfg = expand(spec)[0].cfg
+    warning = warmup_warning(total_steps(cfg), cfg.schedule)
     if warning:  # the trainers' own warning goes to their logs only
         print(f"warning: {warning}")
     rc = run_sweep(spec, args.out, jobs=args.jobs, dry_run=args.dry_run, report=False)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from scalevec.experiments.analysis import Analysis, mean_curve
+from scalevec.experiments.analysis import Analysis, Cell, mean_curve
 from scalevec.experiments.records import RunRecord
+from scalevec.training import rundir
 
 
 def _wrap(text: str) -> str:
@@ -52,27 +53,20 @@ def panels(n: int, path: Path):
 def parent_curves(runs: list[RunRecord]) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``(label, tokens, val_loss)`` of the parent of every branched run (``train --init-from RUN``, recorded
     in ``meta.json``) up to the branch point, placed so that the branch continues it: at the parent's own
-    tokens under ``--schedule-from continue``, shifted to end at 0 under ``restart`` (the branch starts there)."""
-    import json
-
+    tokens under ``--schedule-from continue``, shifted to end at 0 under ``restart`` (the branch starts there).
+    A parent whose metrics.jsonl is damaged (``rundir.read_metrics``) is left out of the figure."""
     out, seen = [], set()
     for run in runs:
-        try:
-            info = json.loads((run.path / "meta.json").read_text()).get("init_from") or {}
-        except (OSError, ValueError):
-            continue
+        info = rundir.read_meta(run.path).get("init_from") or {}
         parent = Path(info.get("run_dir", ""))
-        if (info.get("kind") != "run" or (str(parent), info.get("step")) in seen
-                or not (parent / "metrics.jsonl").is_file()):
+        if info.get("kind") != "run" or (str(parent), info.get("step")) in seen:
             continue
         seen.add((str(parent), info["step"]))
-        rows = []
-        for ln in (parent / "metrics.jsonl").read_text().splitlines():
-            try:
-                rows.append(json.loads(ln))
-            except ValueError:
-                continue  # a cut-off last line
-        evals = [r for r in rows if r.get("kind") == "eval" and r["step"] <= info["step"]]
+        try:
+            rows = rundir.read_metrics(parent, kind="eval")  # [] when the parent has no metrics.jsonl
+        except rundir.RunDirError:
+            continue
+        evals = [r for r in rows if r["step"] <= info["step"]]
         if not evals:
             continue
         tokens = np.array([r["tokens"] for r in evals], dtype=float)
@@ -110,20 +104,55 @@ def plot_loss_curves(a: Analysis, path: Path) -> None:
             ax.legend(fontsize=8)
 
 
+def seeds_text(seeds: list[int]) -> str:
+    """``seed 0``, ``seeds 0-2``, ``seeds 0, 3``: a list of seeds as a label says it."""
+    seeds = sorted(seeds)
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
+
+
+def lr_sweep_series(cell: Cell) -> tuple[str, list[dict]]:
+    """What ``lr_sweep.png`` draws for one cell: the y-axis label and, per strategy, ``points`` (tuned value,
+    mean final loss over its tuning seeds, the seeds every value has: what picked it; diverged values left
+    out), ``pick`` (value, that mean) and ``confirmed`` (value, the mean over all its seeds there, the number
+    the table reports; None when no seed was added at the pick) and the legend ``label``."""
+    results = [r for r in cell.results if r.pick]
+    seed_sets = {tuple(r.tune_seeds) for r in results}
+    shared = len(seed_sets) == 1
+    ylabel = (f"final validation loss\n(mean over {seeds_text(list(next(iter(seed_sets))))}, the tuning seeds)"
+              if shared else "final validation loss\n(mean over each strategy's tuning seeds)")
+    series = []
+    for r in results:
+        pts = sorted((lr, m) for lr, m in r.pick.mean_loss.items() if math.isfinite(m))
+        confirmed = (r.pick.lr, r.loss_mean) if len(r.runs) > len(r.tune_seeds) else None
+        series.append({"strategy": r.strategy, "points": pts, "pick": (r.pick.lr, r.pick.loss),
+                       "confirmed": confirmed, "n_seeds": len(r.runs),
+                       "label": r.strategy if shared else f"{r.strategy} ({seeds_text(r.tune_seeds)})"})
+    return ylabel, series
+
+
 def plot_lr_sweep(a: Analysis, path: Path) -> None:
-    """Mean final loss vs the tuned value (log x) per strategy, one panel per cell; the pick is circled."""
+    """Final loss vs the tuned value (log x) per strategy, one panel per cell (``lr_sweep_series``): the mean
+    over the tuning seeds at every value, the pick circled, and a star for the mean over all seeds at the
+    pick when confirmation seeds were added there."""
     cells = [c for c in a.cells if c.tune_key]
     with panels(len(cells), path) as axes:
         for ax, cell in zip(axes, cells):
-            for r in cell.results:
-                pts = sorted((lr, m) for lr, m in r.pick.mean_loss.items() if math.isfinite(m))
-                if not pts:
+            ylabel, series = lr_sweep_series(cell)
+            for s in series:
+                if not s["points"]:
                     continue
-                line, = ax.plot(*zip(*pts), marker="o", label=r.strategy)
-                ax.plot([r.pick.lr], [r.pick.loss], "o", ms=12, mfc="none", color=line.get_color())
+                line, = ax.plot(*zip(*s["points"]), marker="o", label=s["label"])
+                ax.plot(*s["pick"], "o", ms=12, mfc="none", color=line.get_color())
+                if s["confirmed"]:
+                    ax.plot(*s["confirmed"], "*", ms=10, color=line.get_color(),
+                            label=f"{s['strategy']}: mean of its {s['n_seeds']} seeds at the pick")
             ax.set_xscale("log")
             ax.set_title(_wrap(cell.label), fontsize=9)
-            ax.set(xlabel=cell.tune_key, ylabel="final validation loss (mean over seeds)")
+            ax.set(xlabel=cell.tune_key, ylabel=ylabel)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
 
@@ -149,4 +178,5 @@ def plot_scaling(a: Analysis, path: Path) -> None:
             ax.legend(fontsize=7)
 
 
-__all__ = ["parent_curves", "plot_loss_curves", "plot_lr_sweep", "plot_scaling"]
+__all__ = ["lr_sweep_series", "parent_curves", "plot_loss_curves", "plot_lr_sweep", "plot_scaling",
+           "seeds_text"]

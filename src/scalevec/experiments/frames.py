@@ -15,7 +15,7 @@ from scalevec.config import EXECUTION_FIELDS
 from scalevec.experiments.analysis import Analysis
 from scalevec.experiments.labels import SHORT, varying_keys
 from scalevec.experiments.records import RunRecord
-from scalevec.training import rundir
+from scalevec.training.eval_results import eval_columns
 
 
 def to_csv(rows: list[dict]) -> str:
@@ -26,6 +26,9 @@ def to_csv(rows: list[dict]) -> str:
     w.writerows(rows)
     return buf.getvalue()
 
+
+# what a bitwise re-run needs besides the config, from each run's meta.json (records.describe_machine)
+MACHINE_COLUMNS = ("cpu", "cpu_capability", "threads", "torch")
 
 # keys that runs.csv names already (lr, seed) or that do not change the experiment (how a run executes)
 _NOT_SETTINGS = ("optim.lr", "train.seed", *EXECUTION_FIELDS)
@@ -44,10 +47,12 @@ def setting_columns(runs: list[RunRecord]) -> list[str]:
 
 def runs_frame(runs: list[RunRecord]) -> list[dict]:
     """One flat row per run: identity, the usual axes, the settings that vary within a strategy
-    (``setting_columns``), the summary numbers and the downstream scores ``scalevec eval`` wrote
-    (``eval.<task>.<metric>``) (``runs.csv``)."""
+    (``setting_columns``), the summary numbers, the machine (``MACHINE_COLUMNS`` from meta.json, when some
+    run's meta.json has them; blank for a run whose does not) and the downstream scores ``scalevec eval``
+    wrote (``eval.<task>.<metric>``) (``runs.csv``)."""
     rows = []
     settings = setting_columns(runs)
+    machine = [k for k in MACHINE_COLUMNS if any(k in r.meta for r in runs)]
     for r in runs:
         s = r.summary or {}
         rows.append({"run": r.name, "status": r.status, "preset": r.cfg.preset, "strategy": r.cfg.strategy,
@@ -55,7 +60,8 @@ def runs_frame(runs: list[RunRecord]) -> list[dict]:
                      "seed": r.seed, **{k: r.flat.get(k) for k in settings}, **{k: s.get(k, "") for k in (
                          "final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
                          "non_embedding_params", "scale_params", "step_time_s", "wall_time_s")},
-                     **rundir.eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
+                     **{k: r.meta.get(k, "") for k in machine},
+                     **eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
     return rows
 
 
@@ -79,4 +85,4 @@ def results_frame(a: Analysis) -> list[dict]:
     return rows
 
 
-__all__ = ["results_frame", "runs_frame", "setting_columns", "to_csv"]
+__all__ = ["MACHINE_COLUMNS", "results_frame", "runs_frame", "setting_columns", "to_csv"]

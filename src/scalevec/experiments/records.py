@@ -8,11 +8,12 @@ file is read through ``training.rundir``; nothing is written.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalevec.config import RunConfig, to_dict
+from scalevec.config import RunConfig
+from scalevec.config_codec import to_dict
 from scalevec.training import rundir
 
 
@@ -27,7 +28,8 @@ class RunRecord:
     summary: dict | None
     evals: list[dict]
     status: str  # done | diverged | unfinished
-    machine: str = ""  # "CPU name (instruction set), N threads" from meta.json: what bitwise reproduction needs
+    machine: str = ""  # "CPU (instruction set), N thread(s), torch V" from meta.json: what a bitwise re-run needs
+    meta: dict = field(default_factory=dict)  # the run's meta.json ({} when absent or unreadable)
 
     @property
     def done(self) -> bool:
@@ -64,27 +66,40 @@ def read_run(path: Path) -> RunRecord:
     cfg = rundir.load_config(path)
     summary = None
     if rundir.is_done(path) and (path / rundir.SUMMARY).is_file():
-        summary = rundir.read_json(path / rundir.SUMMARY, fix="retrain the run, or delete its DONE to report it "
-                                                              "unfinished")
+        summary = rundir.read_summary(path, fix="retrain the run, or delete its DONE to report it unfinished")
     evals = rundir.read_metrics(path, kind="eval")
     if not evals and summary and not (path / rundir.METRICS).exists():
         evals = list(summary.get("evals") or [])  # a run kept in git without its metrics.jsonl
     status = "done" if summary else ("diverged" if rundir.is_diverged(path) else "unfinished")
-    return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status, machine_of(path, cfg))
+    meta = rundir.read_meta(path)
+    return RunRecord(path.name, path, cfg, flatten_config(cfg), summary, evals, status, describe_machine(meta, cfg),
+                     meta)
+
+
+def describe_machine(meta: dict, cfg: RunConfig) -> str:
+    """What a run's bits depend on besides its config (README "What reproduces where"): the CPU kind and
+    instruction set from its ``meta.json``, its thread count and torch version, e.g. ``AMD EPYC (AVX512), 1
+    thread(s), torch 2.13.0+cpu``; "" when meta.json names no CPU."""
+    if not meta.get("cpu"):
+        return ""
+    threads = meta.get("threads", cfg.train.threads)
+    torch = f", torch {meta['torch']}" if meta.get("torch") else ""
+    return f"{meta['cpu']} ({meta.get('cpu_capability', '?')}), {threads} thread(s){torch}"
 
 
 def machine_of(path: Path, cfg: RunConfig) -> str:
-    """What a run's bits depend on besides its config (README "What reproduces where"): the CPU kind and
-    instruction set from its ``meta.json`` and its thread count; "" when meta.json does not say."""
-    meta_file = path / rundir.META
-    try:
-        meta = rundir.read_json(meta_file) if meta_file.is_file() else {}
-    except rundir.RunDirError:
-        meta = {}
-    if not isinstance(meta, dict) or not meta.get("cpu"):
-        return ""
-    threads = meta.get("threads", cfg.train.threads)
-    return f"{meta['cpu']} ({meta.get('cpu_capability', '?')}), {threads} thread(s)"
+    """``describe_machine`` of the run directory ``path``'s meta.json."""
+    return describe_machine(rundir.read_meta(path), cfg)
+
+
+def machines(runs: list[RunRecord]) -> list[tuple[str, int]]:
+    """``[(machine, number of runs)]`` over the runs whose meta.json names one, most runs first: one entry
+    when every run came from one kind of machine (what a bitwise re-run needs, ``describe_machine``)."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if r.machine:
+            counts[r.machine] = counts.get(r.machine, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def load_runs(root: str | Path) -> list[RunRecord]:
@@ -96,11 +111,11 @@ def load_runs(root: str | Path) -> list[RunRecord]:
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory; pass the --out folder of a sweep or compare")
     base = root / "runs" if (root / "runs").is_dir() else root
-    runs = [read_run(d) for d in sorted(base.iterdir()) if d.is_dir() and (d / "config.yaml").is_file()]
+    runs = [read_run(d) for d in sorted(base.iterdir()) if d.is_dir() and rundir.has_config(d)]
     if not runs:
         raise FileNotFoundError(f"no run directories (with config.yaml) in {base}; run `scalevec sweep` or "
                                 f"`scalevec compare` with --out {root} first")
     return runs
 
 
-__all__ = ["RunRecord", "flatten_config", "load_runs", "read_run"]
+__all__ = ["RunRecord", "describe_machine", "flatten_config", "load_runs", "machine_of", "machines", "read_run"]

@@ -25,7 +25,7 @@ from scalevec.experiments import sweepdir
 from scalevec.experiments.analysis import Analysis, analyze
 from scalevec.experiments.figures import plot_loss_curves, plot_lr_sweep, plot_scaling
 from scalevec.experiments.frames import results_frame, runs_frame, to_csv
-from scalevec.experiments.records import load_runs
+from scalevec.experiments.records import RunRecord, load_runs, machines
 from scalevec.experiments.tables import (
     LEGEND,
     SCALING_LEGEND,
@@ -37,12 +37,29 @@ from scalevec.experiments.tables import (
 )
 
 
+def machine_text(runs: list[RunRecord]) -> str:
+    """The report's line naming the machine(s) the runs were made on (``records.machines``: CPU kind, instruction
+    set, threads, torch), saying so when there are several (their losses are then not bitwise comparable)."""
+    found = machines(runs)
+    unknown = len(runs) - sum(n for _, n in found)
+    rest = f"; {unknown} run(s) record no machine (no CPU in meta.json)" if unknown else ""
+    if not found:
+        return "Machine: not recorded (no run's meta.json names its CPU)."
+    if len(found) == 1:
+        return (f"Machine: {found[0][0]} ({found[0][1]} run(s){rest}); the losses reproduce bitwise on the same CPU "
+                f"kind, thread count and torch version.")
+    listed = "; ".join(f"{m} ({n} run(s))" for m, n in found)
+    return (f"Machines: the runs come from {len(found)} machines, so their losses are not bitwise comparable "
+            f"across them: {listed}{rest}.")
+
+
 def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:
     """The text of ``report.md``."""
     n_done = sum(r.done for r in a.runs)
     intro = (f"Rebuilt from {len(a.runs)} run directories in `{root}` ({n_done} finished) by "
              f"`scalevec report {root}`. Baseline: `{a.baseline}`.")
-    out = [f"# scalevec report{': ' + a.name if a.name else ''}", "", intro, "", "## Final validation loss", "",
+    out = [f"# scalevec report{': ' + a.name if a.name else ''}", "", intro, "", machine_text(a.runs), "",
+           "## Final validation loss", "",
            LEGEND, ""]
     for cell in a.cells:
         out += [f"### {cell.label}", "", md_table(*cell_rows(cell)), ""]
@@ -89,6 +106,8 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
         print(f"report: {root / 'report.md'} ({len(a.cells)} cell(s), {len(runs)} runs; figures: {', '.join(figures)})")
         for w in a.warnings:
             print(f"warning: {w}")
+        if len(machines(runs)) > 1:
+            print(f"warning: {machine_text(runs)}")
     return a
 
 
@@ -105,4 +124,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "render_markdown", "run", "write_report"]
+__all__ = ["add_arguments", "machine_text", "render_markdown", "run", "write_report"]

@@ -30,6 +30,11 @@ results):
 The report (``report.py``) picks each strategy's lr on the tuning seeds (the seeds every lr value has)
 and averages every seed at that lr, so the added seeds confirm the pick without re-choosing it.
 The study's spec is stored as the folder's spec (``sweepdir``); the follow-up grids are not.
+
+The corpus is the ``base`` config's ``data.source``, as in ``scalevec train --data`` (a relative path is read
+beside the study file); ``sweeps/examples/study-own-corpus.yaml`` is a complete study on a small text file
+(``HELP`` below is what ``scalevec study --help`` adds). ``--dry-run`` prints the whole plan (``plan_text``):
+phase 1's runs, and phases 2-4 at their worst case, with run counts and a time estimate.
 """
 
 from __future__ import annotations
@@ -41,9 +46,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from scalevec.config import load_yaml
+from scalevec.config_codec import load_yaml
 from scalevec.experiments import stats, sweepdir
-from scalevec.experiments.sweep import Run, SweepSpec, expand, run_sweep, spec_from_dict
+from scalevec.experiments.progress import format_seconds
+from scalevec.experiments.sweep import (
+    Run,
+    SweepSpec,
+    dry_run_text,
+    expand,
+    run_params,
+    run_status,
+    run_sweep,
+    spec_from_dict,
+)
+from scalevec.run_budget import run_tokens, total_steps
 from scalevec.training import rundir
 
 STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "lr_grids")
@@ -158,21 +174,10 @@ def _grow(lrs: list[float], losses: dict[float, list[float | None]], factor: flo
     return min(lrs) / factor if pick.lr == min(lrs) else max(lrs) * factor
 
 
-def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, jobs: int = 1,
-              dry_run: bool = False, train_cmd: tuple[str, ...] | None = None, quiet: bool = False) -> int:
-    """Run the three phases of the module docstring into ``out``; returns 0, or 1 if a run failed."""
-    out = Path(out)
-    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    if dry_run:
-        say("phase 1 (the grid); phases 2-3 depend on its results")
-        return run_sweep(spec, out, jobs=jobs, dry_run=True, train_cmd=train_cmd)
-    out.mkdir(parents=True, exist_ok=True)
-    sweepdir.write_spec(out, stored)
-    runs_dir = out / "runs"
-    rc = 0
-    if plan.lr_grids is None:
-        rc = run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
-    tuning = list(dict(spec.axes)[SEED])
+def grid_cells(spec: SweepSpec) -> tuple[dict[tuple, dict[str, list[float]]], dict[tuple, Run], dict[str, Any]]:
+    """The study's cells read off its grid: ``(lrs, examples, axis_value)`` where ``lrs[cell][label]`` is the
+    grid's lrs of strategy ``label`` in ``cell``, ``examples[cell]`` a run of that cell (``narrowed`` fixes
+    the other axes from it) and ``axis_value[label]`` the strategy's value on the strategy axis."""
     groups: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
     examples: dict[tuple, Run] = {}
     axis_value: dict[str, Any] = {}  # a strategy's (or variant's) value on the strategy axis
@@ -183,6 +188,133 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         groups[cell].setdefault(strategy, [])
         if run.values[LR] not in groups[cell][strategy]:
             groups[cell][strategy].append(run.values[LR])
+    return groups, examples, axis_value
+
+
+def phase1_runs(spec: SweepSpec, plan: StudyPlan) -> list[Run]:
+    """The runs of phase 1: the grid, or with ``lr_grids`` each strategy of each cell on its own lrs."""
+    if plan.lr_grids is None:
+        return expand(spec)
+    groups, examples, axis_value = grid_cells(spec)
+    tuning = list(dict(spec.axes)[SEED])
+    return [r for cell, by_strategy in groups.items() for label in by_strategy
+            for r in expand(narrowed(spec, examples[cell], axis_value[label], plan.lr_grids[label], tuning))]
+
+
+def measured_rate(runs_dir: Path) -> tuple[float, int]:
+    """Seconds per training FLOP (6·N·D) over the finished runs in ``runs_dir``, and how many runs that is;
+    ``(nan, 0)`` when none has finished. A run's seconds are what its sweep waited for, start-up included:
+    from its ``NAME.yaml`` (written by the sweep as it starts the trainer) to its ``DONE``, or the summary's
+    ``wall_time_s`` (the trainer's own loop) when that span is shorter (files copied, e.g. by git)."""
+    seconds = flops = 0.0
+    n = 0
+    for d in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        if not d.is_dir() or rundir.state(d) != "done":
+            continue
+        try:
+            s = rundir.read_json(d / rundir.SUMMARY)
+            wall, work = float(s["wall_time_s"]), 6.0 * float(s["params"]) * float(s["tokens"])
+            started = runs_dir / f"{d.name}.yaml"
+            if started.is_file():
+                wall = max(wall, (d / rundir.DONE).stat().st_mtime - started.stat().st_mtime)
+        except (rundir.RunDirError, KeyError, TypeError, ValueError, OSError):
+            continue
+        if math.isfinite(wall) and wall > 0 and work > 0:
+            seconds, flops, n = seconds + wall, flops + work, n + 1
+    return (seconds / flops, n) if n else (math.nan, 0)
+
+
+def plan_text(spec: SweepSpec, plan: StudyPlan, out: str | Path, step_time: float | None = None,
+              jobs: int = 1) -> str:
+    """The whole study before it runs (``study --dry-run``): phase 1's runs with their status on disk, then
+    phases 2-4 at their worst case (every lr grown ``max_extensions`` times, confirmation seeds at one lr,
+    seeds up to ``max_seeds``), each with run counts and FLOPs (6·N·D), and a time estimate. Later phases
+    are counted from scratch: any of their runs already on disk is skipped, so the work left is at most this.
+
+    Time: every run's FLOPs at the seconds per FLOP of the folder's finished runs (``measured_rate``), or,
+    with ``step_time`` (seconds per optimizer step of phase 1's first run, e.g. from a short ``scalevec
+    train``), at the rate that implies; without either, no time. Raises ``ValueError`` like ``run_sweep``
+    (an invalid grid, a run on disk made with another config)."""
+    out = Path(out)
+    runs_dir = out / "runs"
+    first = phase1_runs(spec, plan)
+    statuses = [run_status(r, runs_dir) for r in first]
+    tuning = list(dict(spec.axes)[SEED])
+    work = {(_cell(r), r.cfg.strategy): 6.0 * run_params(r.cfg) * run_tokens(r.cfg) for r in first}  # one run's
+    n_pairs = len(work)  # (cell, strategy) pairs; lr and seed change neither N nor D
+    seeds0 = len(dict.fromkeys(tuning + plan.confirm_seeds))
+    # phase 4 adds seeds in cells with the baseline and another strategy, to each of them, up to max_seeds
+    cells = {c for c, _ in work}
+    p4_pairs = [(c, s) for c, s in work if spec.baseline in {x for cc, x in work if cc == c}
+                and sum(cc == c for cc, _ in work) > 1] if plan.target_halfwidth is not None else []
+    p4_each = max(0, plan.max_seeds - seeds0)
+    todo1 = [r for r, s in zip(first, statuses) if s not in ("done", "diverged")]
+    phases = [  # (label, runs to train at most, FLOPs, is an upper bound)
+        ("phase 1, the grid" + (" (each strategy on its lr_grids)" if plan.lr_grids else ""), len(todo1),
+         sum(work[(_cell(r), r.cfg.strategy)] for r in todo1), False),
+        (f"phase 2, lr extensions (up to {plan.max_extensions} per strategy and cell, × {len(tuning)} tuning "
+         f"seed(s), only while a best lr sits at a grid edge)", plan.max_extensions * len(tuning) * n_pairs,
+         plan.max_extensions * len(tuning) * sum(work.values()), True),
+        (f"phase 3, confirmation seeds {plan.confirm_seeds} at each strategy's tuned lr",
+         len(plan.confirm_seeds) * n_pairs, len(plan.confirm_seeds) * sum(work.values()), True),
+    ]
+    if plan.target_halfwidth is not None:
+        phases.append((f"phase 4, seeds until a ±{plan.target_halfwidth:g}-nat interval (up to {plan.max_seeds} "
+                       f"per strategy and cell, {p4_each} past the first {seeds0})", p4_each * len(p4_pairs),
+                       p4_each * sum(work[k] for k in p4_pairs), True))
+    rate, source = math.nan, ""
+    if step_time is not None and first:
+        r0 = first[0]
+        rate = step_time / (6.0 * run_params(r0.cfg) * run_tokens(r0.cfg) / total_steps(r0.cfg))
+        source = f"--step-time {step_time:g} s per step of {r0.name}"
+    else:
+        measured, n = measured_rate(runs_dir)
+        if n:
+            rate, source = measured, f"the rate of the {n} finished run(s) in {runs_dir}"
+    n_runs, n_flops = sum(p[1] for p in phases), sum(p[2] for p in phases)
+    names = {r.name for r in first}
+    n_other = sum(d.is_dir() and d.name not in names and rundir.state(d) in ("done", "diverged")
+                  for d in (runs_dir.iterdir() if runs_dir.is_dir() else []))
+    bound = "at most " if any(p[1] for p in phases if p[3]) else ""
+
+    def when(flops: float, most: str = "") -> str:
+        return f", {most}about {format_seconds(flops * rate)}" if math.isfinite(rate) else ""
+
+    lines = [f"study {spec.name}: the whole plan; phase 1 is known now, later phases depend on its results and are "
+             f"counted at their worst case (an upper bound)", "",
+             f"{phases[0][0]}: {len(first)} runs, {phases[0][1]} to train{when(phases[0][2])}",
+             dry_run_text(first, statuses), ""]
+    lines += [f"{label}: at most {n} runs{when(f, 'at most ')}" for label, n, f, _ in phases[1:]]
+    timing = (f" one run at a time, at {source}" + (f" (--jobs {jobs}: up to {jobs}x less)" if jobs > 1 else "")
+              if math.isfinite(rate) else
+              f"; no time estimate (no finished run in {runs_dir} to measure a rate from: pass --step-time SECONDS)")
+    lines += ["", f"whole study: {bound}{n_runs} runs to train in {len(cells)} cell(s), {n_flops:.2e} FLOP at "
+              f"6·N·D{when(n_flops, bound)}{timing}"
+              + (f"; {n_other} finished run(s) in the folder besides phase 1's are not subtracted: later phases reuse "
+                 f"those they need, so the work left is at most this" if bound and n_other else "")]
+    return "\n".join(lines)
+
+
+def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, jobs: int = 1,
+              dry_run: bool = False, train_cmd: tuple[str, ...] | None = None, quiet: bool = False,
+              step_time: float | None = None) -> int:
+    """Run the phases of the module docstring into ``out``; returns 0, or 1 if a run failed. ``dry_run``
+    prints the whole plan (``plan_text``, with ``step_time`` for its time estimate) and trains nothing."""
+    out = Path(out)
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if dry_run:
+        print(plan_text(spec, plan, out, step_time=step_time, jobs=jobs))
+        return 0
+    if not quiet:  # the whole study's bound, before phase 1's own progress line (which covers phase 1 only)
+        say(plan_text(spec, plan, out, step_time=step_time, jobs=jobs).splitlines()[-1])
+    out.mkdir(parents=True, exist_ok=True)
+    sweepdir.write_spec(out, stored)
+    runs_dir = out / "runs"
+    rc = 0
+    if plan.lr_grids is None:
+        rc = run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+    tuning = list(dict(spec.axes)[SEED])
+    groups, examples, axis_value = grid_cells(spec)
     if plan.lr_grids is not None:  # phase 1, each strategy on its own lrs
         for cell, by_strategy in groups.items():
             for label in by_strategy:
@@ -267,16 +399,52 @@ def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of:
     return rc
 
 
+HELP = """\
+a study file is a sweep file (scalevec sweep) plus a `study:` section:
+
+  name: own-corpus
+  base:                                    # every run's config (any field of `scalevec train --help`)
+    preset: tiny
+    data: {source: corpus.txt, tokenizer: bytes}   # your corpus: a .txt file (documents split by two
+                                           # blank lines), a folder of .txt, .jsonl/.parquet ("text"), hf:NAME;
+                                           # a relative path is read beside the study file
+  grid:                                    # crossed axes; a study needs strategy, lr and seed
+    strategy: [baseline, unified]
+    lr: [3.0e-3, 1.0e-2]                   # tuned per strategy on the tuning seeds
+    seed: [0]                              # the tuning seeds
+  study:
+    extend: 2.0                            # a best lr at a grid edge gets the next lr past it (× or ÷ 2),
+    max_extensions: 4                      #   at most this many times per strategy and cell
+    confirm_seeds: [1, 2]                  # then these seeds at each strategy's tuned lr
+    target_halfwidth: 0.015                # optional: then seeds until each delta's 95 % interval is this
+    max_seeds: 20                          #   narrow (nats), at most this many seeds
+    lr_grids: {baseline: [...], unified: [...]}   # optional: each strategy's own phase-1 lrs
+
+Example: sweeps/examples/study-own-corpus.yaml (8 tiny runs at most, 40 CPU-seconds).
+"""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="study YAML file: a sweep file with a 'study' section (see sweeps/study-*.yaml)")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # HELP's layout is the file's
+    p.epilog = HELP
+    p.add_argument("spec", help="study YAML file: a sweep file with a 'study' section (below; sweeps/study-*.yaml)")
     p.add_argument("--out", help="output folder (default runs/<name>); rerun the command to resume")
-    p.add_argument("--dry-run", action="store_true", help="print the first phase's runs, train nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the whole plan, phase by phase (phase 1's runs; later phases at their worst case), "
+                        "with run counts and a time estimate; train nothing")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--step-time", type=float, metavar="SECONDS",
+                   help="seconds per optimizer step of the first run, for the time estimate (default: measured "
+                        "from the folder's finished runs)")
 
 
 def run(args: argparse.Namespace) -> int:
     spec, plan, stored = parse(load_yaml(args.spec), where=str(args.spec))
-    return run_study(spec, plan, stored, args.out or f"runs/{spec.name}", jobs=args.jobs, dry_run=args.dry_run)
+    spec = replace(spec, file=str(args.spec))  # its relative data paths resolve beside it (sweep.spec_paths)
+    if args.step_time is not None and not args.step_time > 0:
+        raise ValueError(f"--step-time {args.step_time} must be > 0 (seconds per optimizer step, e.g. 0.1)")
+    return run_study(spec, plan, stored, args.out or f"runs/{spec.name}", jobs=args.jobs, dry_run=args.dry_run,
+                     step_time=args.step_time)
 
 
-__all__ = ["StudyPlan", "narrowed", "parse", "run_study"]
+__all__ = ["StudyPlan", "grid_cells", "measured_rate", "narrowed", "parse", "phase1_runs", "plan_text", "run_study"]

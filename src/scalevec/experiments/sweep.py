@@ -13,7 +13,8 @@ subprocess ``python -m scalevec train --config OUT/runs/NAME.yaml --out OUT/runs
       lr: [1.0e-3, 3.0e-3]       # aliases: lr optimizer schedule seed steps tokens tpp
       tokens_per_param: [20]     # token budget = 20 × the baseline's total parameters of the preset
       seed: [0, 1]
-    tune: [optim.lr]             # axes picked per strategy by the report (default: lr if it varies)
+    tune: [optim.lr]             # axes picked per strategy by the report (default: lr if it varies, on
+                                 # its axis or inside bundles; `tune: []` keeps a cell per lr)
     baseline: baseline           # the strategy others are compared with (default: baseline or the first)
     command: [torchrun, --nproc_per_node=8, -m, scalevec, train]   # optional (default: python -m scalevec train)
 
@@ -46,33 +47,20 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scalevec.config import (
-    PRESET_NAMES,
-    RunConfig,
-    ScaleConfig,
-    apply_overrides,
-    budget_tokens,
-    config_diff,
-    fit_vocab,
-    format_diff,
-    from_dict,
-    load_yaml,
-    replace,
-    run_tokens,
-    to_dict,
-    total_steps,
-    usable_cpus,
-)
+from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig
+from scalevec.config_codec import apply_overrides, config_diff, format_diff, from_dict, load_yaml, to_dict
+from scalevec.data.documents import BUNDLED
 from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments import sweepdir
-from scalevec.resolve import resolve_config
+from scalevec.resolve import default_warmup, fit_vocab, resolve_config, warmup_given
+from scalevec.run_budget import budget_tokens, run_tokens, total_steps, usable_cpus
 from scalevec.training import rundir
 from scalevec.training.exits import DIVERGED_EXIT, PREEMPTED_EXIT, Preempted  # the trainer's codes: guard stop, SIGTERM
 from scalevec.training.rundir import RunDirError
@@ -97,6 +85,8 @@ class SweepSpec:
     tune: list[str]
     baseline: str
     command: tuple[str, ...] | None = None  # the trainer command line (default: python -m scalevec train)
+    notice: str = ""  # one line on a choice made for the user (an inferred ``tune``); printed by the CLI, not stored
+    file: str | None = None  # the YAML file it was read from: relative data paths resolve beside it (spec_paths)
 
     def to_dict(self) -> dict:
         """The spec as a YAML-safe mapping (what ``OUT/sweep.yaml`` stores)."""
@@ -195,8 +185,23 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
             if strategy_label(v) in PRESET_NAMES and strategy_label(v) != v["strategy"]:
                 raise ValueError(f"{where}.grid.strategy bundle named {strategy_label(v)!r} sets strategy "
                                  f"{v['strategy']!r}; a preset's name may only label that preset: rename the bundle")
+    for k, values in axes:  # a field set by a bundle and by a plain axis: the later axis would silently win
+        clash = sorted({f for v in values if isinstance(v, dict) for f in v} & (set(keys) - {k}))
+        if clash:
+            raise ValueError(f"{where}.grid.{k} bundles set {', '.join(clash)}, which is also a grid axis; set it in "
+                             f"one place (per-strategy lrs of a study: study.lr_grids)")
     varying = {k for k, v in axes if len(v) > 1}
-    tune = data.get("tune") if data.get("tune") is not None else (["optim.lr"] if "optim.lr" in varying else [])
+    # lrs set inside bundles (each strategy at its own lr, like compare) vary just as an lr axis does: without
+    # `tune` the report would make a cell per lr and find no baseline in most of them (issue 26)
+    lr_in_bundles = len({repr(v.get("optim.lr", base.get("optim.lr"))) for _, values in axes
+                         if any(isinstance(v, dict) and "optim.lr" in v for v in values) for v in values}) > 1
+    tune = data.get("tune")
+    notice = ""
+    if tune is None:
+        tune = ["optim.lr"] if "optim.lr" in varying or lr_in_bundles else []
+        if lr_in_bundles and "optim.lr" not in varying:
+            notice = (f"{where}: optim.lr varies inside the grid's bundles and no `tune` is given: tuning it "
+                      f"(tune: [optim.lr], each strategy at its best lr); write `tune: []` for a cell per lr")
     tune = [canonical_key(str(t)) for t in ([tune] if isinstance(tune, str) else tune)]
     if len(tune) > 1:
         raise ValueError(f"{where}.tune lists {tune}; tune one numeric axis at a time (usually optim.lr)")
@@ -211,7 +216,8 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
         raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, "
                          "scalevec, train]")
-    return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None)
+    return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None,
+                     notice)
 
 
 def strategy_label(value: Any) -> str:
@@ -235,8 +241,42 @@ def _axis_values(axes: list[tuple[str, list]], base: dict, key: str, default: An
 
 
 def load_spec(path: str | Path) -> SweepSpec:
-    """Read and parse a sweep YAML file (``ValueError`` if missing or malformed)."""
-    return spec_from_dict(load_yaml(path), where=str(path))
+    """Read and parse a sweep YAML file (``ValueError`` if missing or malformed); its relative data paths
+    resolve beside it (``spec_paths``)."""
+    return replace(spec_from_dict(load_yaml(path), where=str(path)), file=str(path))
+
+
+PATH_FIELDS = ("data.source", "data.tokenizer")  # the fields whose value may be a file or folder
+
+
+def spec_paths(assign: dict[str, Any], spec_file: str | None) -> dict[str, Any]:
+    """``assign`` (one run's flat assignments) with each relative path of ``PATH_FIELDS`` resolved for a spec read
+    from ``spec_file`` (docs/data.md): the path beside that file when it exists there (made absolute, so the
+    run's config.yaml names it from anywhere), else the path as written when it exists from the working
+    directory (how files under sweeps/ were written before: a run made so keeps its config); ``shakespeare``,
+    ``kjv``, ``hf:NAME``, ``bytes`` and ``bpe:N`` are names, not paths, and absolute or ``~`` paths are
+    kept. ``spec_file`` None (a spec built in code, e.g. by ``compare``): unchanged.
+
+    Raises ``ValueError`` naming both places when the path exists in neither.
+    """
+    if spec_file is None:
+        return assign
+    out = dict(assign)
+    for key in PATH_FIELDS:
+        value = out.get(key)
+        if (not isinstance(value, str) or Path(value).expanduser().is_absolute()
+                or (key == "data.source" and (value in BUNDLED or value.startswith("hf:")))
+                or (key == "data.tokenizer" and (value == "bytes" or value.startswith("bpe:")))):
+            continue
+        beside, here = Path(spec_file).parent / value, Path(value)
+        if beside.exists():
+            if not (here.exists() and os.path.samefile(beside, here)):  # the same file: keep the value as written
+                out[key] = os.path.abspath(beside)
+        elif not here.exists():
+            raise ValueError(f"{key}={value!r} in {spec_file} exists neither beside that file "
+                             f"({os.path.abspath(beside)}) nor in the working directory ({os.path.abspath(value)}); "
+                             f"give a path relative to the sweep file or an absolute one")
+    return out
 
 
 # ----------------------------------------------------------------------------------------- expansion
@@ -256,7 +296,7 @@ def _count_params(model_json: str, scale_json: str) -> int:
 
 def run_params(cfg: RunConfig, strategy: str | None = None) -> int:
     """Total parameters of ``cfg.model`` with ``cfg.scale`` (or the named ``strategy``), with the vocabulary the
-    trainer will fit to the run's tokenizer (``config.fit_vocab``, ``tokenizer.declared_vocab_size``)."""
+    trainer will fit to the run's tokenizer (``resolve.fit_vocab``, ``tokenizer.declared_vocab_size``)."""
     scale = ScaleConfig.preset(strategy) if strategy else cfg.scale
     model = fit_vocab(cfg, declared_vocab_size(cfg.data.tokenizer)).model
     return _count_params(json.dumps(to_dict(model), sort_keys=True), json.dumps(to_dict(scale), sort_keys=True))
@@ -270,7 +310,7 @@ def baseline_params(cfg: RunConfig) -> int:
 def assigned_config(assign: dict[str, Any]) -> RunConfig:
     """The validated RunConfig of one grid point's flat assignments (``preset``, ``strategy``,
     ``tokens_per_param`` and dotted fields): ``resolve.resolve_config``, then the token budget
-    (``config.budget_tokens`` × the baseline strategy's parameters, ``baseline_params``).
+    (``run_budget.budget_tokens`` × the baseline strategy's parameters, ``baseline_params``).
 
     Raises ``ValueError`` for unknown presets, strategies or fields and invalid values.
     """
@@ -281,6 +321,8 @@ def assigned_config(assign: dict[str, Any]) -> RunConfig:
                          overrides=a)
     if tpp is not None:  # a positive whole number of tokens: still valid (TrainConfig.validate), not checked again
         cfg = replace(cfg, train=replace(cfg.train, tokens=budget_tokens(tpp, baseline_params(cfg))))
+        if not warmup_given(None, a):  # a default warmup is a share of the budget's steps (resolve.py)
+            cfg = replace(cfg, schedule=replace(cfg.schedule, warmup=default_warmup(total_steps(cfg))))
     return cfg
 
 
@@ -315,7 +357,7 @@ def expand(spec: SweepSpec) -> list[Run]:
         if name in seen:
             raise ValueError(f"two runs of the grid are both named {name!r}; give bundle values distinct 'name' keys")
         try:
-            cfg = assigned_config(assign)
+            cfg = assigned_config(spec_paths(assign, spec.file))
         except ValueError as e:
             raise ValueError(f"run {name}: {e}") from None
         if isinstance(values.get("strategy"), dict):  # a variant is reported under its own name
@@ -341,7 +383,7 @@ def run_status(run: Run, runs_dir: Path) -> str:
         return "new"
     if rundir.is_run(d):
         stored = rundir.load_config(d)
-        # the trainer grew the vocabulary to fit a non-bytes tokenizer (config.fit_vocab): compare like with like
+        # the trainer grew the vocabulary to fit a non-bytes tokenizer (resolve.fit_vocab): compare like with like
         expected = fit_vocab(run.cfg, stored.model.vocab_size) if run.cfg.data.tokenizer != "bytes" else run.cfg
         diff = config_diff(stored, expected)
         if diff:
@@ -457,7 +499,7 @@ def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
 
 def _final_loss(run_dir: Path) -> str:
     try:
-        s = rundir.read_json(run_dir / rundir.SUMMARY)
+        s = rundir.read_summary(run_dir)
         return f"val_loss {s['final_val_loss']:.4f}"
     except (ValueError, KeyError, TypeError):
         return "no summary"
@@ -503,7 +545,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
-    if (out / "config.yaml").is_file():
+    if rundir.has_config(out):
         raise FileExistsError(f"{out} is a single training run (config.yaml), not a sweep folder; choose another --out")
     runs = expand(spec)
     runs_dir = out / "runs"
@@ -610,6 +652,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    if spec.notice:
+        print(f"note: {spec.notice}", flush=True)
     out = args.out or f"runs/{spec.name}"
     return run_sweep(spec, out, jobs=args.jobs, dry_run=args.dry_run, report=not args.no_report)
 
@@ -622,6 +666,7 @@ __all__ = [
     "dry_run_text",
     "expand",
     "load_spec",
+    "spec_paths",
     "name_part",
     "assigned_config",
     "run_status",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from scalevec.config import load_yaml
+from scalevec.config_codec import load_yaml
 
 SPEC_FILE = "sweep.yaml"
 MORE_SPECS = "sweeps"
@@ -55,7 +55,8 @@ def load_specs(out: Path) -> dict | None:
 
     Returns ``{"name", "tune", "baseline", "grid": {"strategy": [...]}}`` as ``report.analyze`` reads it.
     Raises ``ValueError`` when two specs tune different axes or name different baselines (the report
-    would have to pick one): keep such sweeps in separate folders.
+    would have to pick one): keep such sweeps in separate folders. A spec that tunes nothing (``tune: []``)
+    defers to one that tunes an axis.
     """
     paths = ([out / SPEC_FILE] if (out / SPEC_FILE).is_file() else []) + sorted((out / MORE_SPECS).glob("*.yaml"))
     if not paths:
@@ -64,6 +65,10 @@ def load_specs(out: Path) -> dict | None:
     merged: dict = {"name": specs[0][1].get("name"), "grid": {"strategy": []}}
     for key in ("tune", "baseline"):
         values = {p: s.get(key) for p, s in specs if s.get(key) is not None}
+        if key == "tune" and any(values.values()):
+            # a sweep that tunes nothing does not contradict one that tunes: `tune` is how the report reads the
+            # runs, not part of their configs, so it may be added later to a folder whose runs stay (issue 26)
+            values = {p: v for p, v in values.items() if v}
         if len({repr(v) for v in values.values()}) > 1:
             listed = ", ".join(f"{p.name}: {v}" for p, v in values.items())
             raise ValueError(f"the sweeps in {out} disagree on {key!r} ({listed}); put them in separate --out folders")
