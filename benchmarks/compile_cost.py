@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compile_cost.py --presets tiny,small --strategies baseline,unified --steps 200
 
 For each preset × strategy it trains ``--steps`` steps eager and ``--steps`` steps compiled (per block, as
-the trainer compiles: ``bench.make_candidate``) on the same batch, and prints the compile time (the
+the trainer compiles: ``bench.candidates.make_candidate``) on the same batch, and prints the compile time (the
 compiled run's first step minus an eager step), the steady step time of both (median after 5 steps, wall
 and process CPU), the break-even run length ``compile seconds / (eager step - compiled step)``, the whole
 run's time both ways, and whether the compiled losses equal the eager ones bitwise.
@@ -18,7 +18,8 @@ from contextlib import nullcontext
 
 import torch
 
-from scalevec.bench import make_candidate, quiet_stderr
+from scalevec.bench.candidates import make_candidate
+from scalevec.bench.harness import quiet_stderr
 from scalevec.config import OptimConfig
 from scalevec.model.flops import cpu_name
 from scalevec.presets import get_preset

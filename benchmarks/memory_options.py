@@ -17,7 +17,8 @@ import types
 import torch
 
 from scalevec import ModelConfig, ScaleConfig, build_model
-from scalevec.bench import step_peak_bytes
+from scalevec.bench.memory import step_peak_bytes
+from scalevec.model.params import count_params
 
 
 def main() -> None:
@@ -42,7 +43,7 @@ def main() -> None:
         (ce / n).backward()
 
     print(f"d_model {a.d_model}, {a.n_layers} blocks, vocab {a.vocab}, batch {a.batch} x {a.seq} tokens, "
-          f"{model.num_params():,} params, fp32, 1 CPU thread\n")
+          f"{count_params(model)['params']:,} params, fp32, 1 CPU thread\n")
     print("| option | peak above persistent state | saved | step time | max grad diff / grad norm |")
     print("|---|---:|---:|---:|---:|")
     ref_peak = ref_grads = None

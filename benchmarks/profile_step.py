@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from scalevec.bench import make_candidate, parse_candidates
+from scalevec.bench.candidates import make_candidate, parse_candidates
 from scalevec.config import OptimConfig
 from scalevec.presets import get_preset
 

@@ -15,9 +15,11 @@ import torch
 import transformers  # noqa: F401  (a dev dependency: a missing one fails, never skips)
 
 from scalevec import ScaleConfig, build_model, get_preset
-from scalevec.bench import make_candidate, parse_candidates, state_bytes, step_peak_bytes
+from scalevec.bench.candidates import make_candidate, parse_candidates
+from scalevec.bench.memory import state_bytes, step_peak_bytes
 from scalevec.cli import main
 from scalevec.config import OptimConfig
+from scalevec.model.params import count_params
 
 CANDIDATES = ["baseline", "unified", "unified_foldable", "hf-llama"]
 
@@ -91,7 +93,7 @@ def test_bench_inference_folded_models_are_plain_llamas(result):
     inf = result["inference"]
     rows = {row["name"]: row for row in inf["rows"]}
     assert set(rows) == {*CANDIDATES, "baseline+folded", "unified_foldable+folded"}
-    plain = build_model(get_preset("tiny"), ScaleConfig.preset("none"), device="meta").num_params()
+    plain = count_params(build_model(get_preset("tiny"), ScaleConfig.preset("none"), device="meta"))["params"]
     assert inf["plain_llama_params"] == plain
     assert inf["hf_llama_params"] == rows["hf-llama"]["params"]  # transformers counts the norm weights too
     for name in ("baseline+folded", "unified_foldable+folded"):

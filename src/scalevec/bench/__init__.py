@@ -1,0 +1,17 @@
+"""``scalevec bench``: what each scale-vector strategy costs, and our speed against Hugging Face Llama (issue 9).
+
+A measuring tool at the top (cli) layer of the package (DESIGN.md §12): the model, data and training code
+never import it, and it trains nothing and writes no run. One module per job:
+
+- ``candidates``: the models under test (a strategy, ``STRATEGY:APPLY``, ``hf-llama``, ``dense-active``),
+  each with its optimizers and its training-step / forward closures, all from the same matrices;
+- ``harness``: timing (interleaved rounds, paired ratios, median and IQR) and the matmul peak MFU divides by;
+- ``memory``: the persistent state and the peak a training step allocates on top of it;
+- ``step``: the training-step benchmark (``bench``), with the issue's targets;
+- ``inference``: forward-only speed before and after ``fold_scales``;
+- ``generate``: greedy generation speed of ``scalevec generate`` against transformers' ``generate()``;
+- ``report``: the markdown tables of a result;
+- ``command``: the ``scalevec bench`` flags and their dispatch.
+
+Speed is a measured figure, never asserted by a test. How to read the figures: docs/performance.md.
+"""
