@@ -43,7 +43,7 @@ BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GEN
 # columns every runs.csv has; any other non-metric column is a setting that names the arms
 STANDARD = {"run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
             "final_val_bpb", "best_val_loss", "tokens", "steps", "params", "non_embedding_params",
-            "scale_params", "step_time_s", "wall_time_s"}
+            "scale_params", "step_time_s", "wall_time_s", "cpu", "cpu_capability", "threads", "torch"}
 
 
 def read_cell(folder: Path) -> list[dict]:

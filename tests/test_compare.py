@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scalevec.cli import main
-from scalevec.config import to_dict
+from scalevec.config_codec import to_dict
 from scalevec.experiments import compare, sweep
 from scalevec.experiments.sweep import expand, spec_from_dict
 

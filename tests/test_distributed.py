@@ -36,7 +36,8 @@ from scalevec.config import TrainConfig
 from scalevec.model.moe import MoE
 from scalevec.model.transformer import build_model
 from scalevec.resolve import resolve_config
-from scalevec.training import distributed, rundir
+from scalevec.training import distributed
+from scalevec.training.checkpoint.run_model import load_model
 from scalevec.training.trainer import Trainer
 
 TOL = 1e-5
@@ -172,14 +173,14 @@ def test_two_processes_match_one(runs, dist_mode, strategy, optimizer, arch):
 
 @pytest.mark.parametrize("dist_mode", ["ddp", "fsdp2"])
 def test_consolidated_checkpoint_is_the_trained_model(runs, dist_mode):
-    """The model.safetensors written by 2 processes loads with rundir.load_model and equals the 1-process model
+    """The model.safetensors written by 2 processes loads with run_model.load_model and equals the 1-process model
     (5e-5)."""
     root, _ = runs
     for s in STRATEGIES:
         for o in OPTIMIZERS:
             for a in ARCHS:
-                _, ref, _ = rundir.load_model(root / f"ref-{s}-{o}-{a}")
-                _, got, _ = rundir.load_model(root / f"{dist_mode}-{s}-{o}-{a}")
+                _, ref, _ = load_model(root / f"ref-{s}-{o}-{a}")
+                _, got, _ = load_model(root / f"{dist_mode}-{s}-{o}-{a}")
                 ref_sd, got_sd = ref.state_dict(), got.state_dict()
                 assert set(ref_sd) == set(got_sd)
                 assert max((ref_sd[k] - got_sd[k]).abs().max().item() for k in ref_sd) <= W_TOL, (s, o, a)

@@ -21,7 +21,7 @@ import torch
 from torch.autograd import gradcheck, gradgradcheck
 
 from scalevec import ScaleConfig, build_model
-from scalevec.bench import parse_candidates, strategy_config
+from scalevec.bench.candidates import parse_candidates, strategy_config
 from scalevec.model.fused import fused_mlp, mlp_reference
 
 EPS = 1e-6

@@ -8,7 +8,7 @@ from safetensors.torch import save_model
 
 from scalevec import RunConfig, ScaleConfig, build_model
 from scalevec.cli import main
-from scalevec.config import save_yaml
+from scalevec.config_codec import save_yaml
 from scalevec.data.tokenizer import load_tokenizer
 from scalevec.hf.generate import generate_ids, generate_text, sample
 
@@ -311,7 +311,7 @@ def test_bench_generate_reports_every_way_side_by_side(capsys):
     tokens for the context is a one-line error."""
     import json
 
-    from scalevec.bench import GENERATE_WAYS
+    from scalevec.bench.generate import GENERATE_WAYS
 
     args = ["bench", "--generate", "--preset", "tiny", "--strategies", "baseline,dnp", "--new-tokens", "4",
             "--steps", "1", "--json"]

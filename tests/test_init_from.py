@@ -16,7 +16,7 @@ import transformers  # a dev dependency: missing it fails these tests, never ski
 from scalevec.cli import main
 from scalevec.experiments.figures import parent_curves
 from scalevec.resolve import resolve_config
-from scalevec.training import rundir
+from scalevec.training.checkpoint.run_model import load_model
 from scalevec.training.init_from import resolve
 from scalevec.training.trainer import Trainer, train
 
@@ -113,7 +113,7 @@ def test_branch_into_another_strategy_keeps_the_function(tmp_path):
 
     cfg = resolve_config("tiny", "or", [], base_sections(init, None, "or", None))
     trainer = Trainer(cfg, tmp_path / "branch", quiet=True, init=init)
-    _, model, _ = rundir.load_model(parent)
+    _, model, _ = load_model(parent)
     x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (trainer.model(x) - model(x)).abs().max().item() <= TOL

@@ -18,7 +18,8 @@ from torch.autograd import gradcheck, gradgradcheck
 from scalevec import ScaleConfig, build_model
 from scalevec.model import scales as plain
 from scalevec.model.kernels import FAST, _DNPSwiGLU, _FoldedLinear, _MagDir, rms_norm
-from scalevec.model.scales import NormLinear, init_params, norm_plan, swiglu_proj
+from scalevec.model.params import init_params
+from scalevec.model.scales import NormLinear, norm_plan, swiglu_proj
 
 EPS = 1e-6
 

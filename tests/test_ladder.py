@@ -186,7 +186,7 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     import sys
     from pathlib import Path
 
-    from scalevec.config import load_yaml
+    from scalevec.config_codec import load_yaml
     from scalevec.experiments import ladder
     from scalevec.experiments.study import parse
 

@@ -16,17 +16,20 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Bottom to top. A module may import modules of its own layer (without a circle) and of the layers below.
-# The longest matching prefix decides a module's layer. `hf.names` and `hf.hf_import` (the Hugging Face
-# checkpoint format, read with safetensors only) sit below training because `train --init-from` reads
-# Hugging Face checkpoints; export, generate and eval (transformers, lm-eval) read finished runs, on top.
+# The longest matching prefix decides a module's layer. `hf_format` (the Hugging Face checkpoint format: the
+# name map and its reader, safetensors only) sits below training because `train --init-from` reads Hugging
+# Face checkpoints; `hf` (export, generate, eval: transformers, lm-eval) reads finished runs, on top.
 LAYERS = [
-    ("config", ["scalevec.config", "scalevec.presets", "scalevec.resolve"]),
+    # the schemas (config), their codec (config_codec), the run arithmetic (run_budget), presets, the resolution
+    ("config", ["scalevec.config", "scalevec.config_codec", "scalevec.run_budget", "scalevec.presets",
+                "scalevec.resolve"]),
     ("model", ["scalevec.model"]),
     ("data", ["scalevec.data"]),
-    ("hf format", ["scalevec.hf.names", "scalevec.hf.hf_import"]),
+    ("hf format", ["scalevec.hf_format"]),
     ("training", ["scalevec.training"]),
     ("experiments", ["scalevec.experiments"]),
     ("hf", ["scalevec.hf"]),
+    # bench/ (the `scalevec bench` package) sits on top with the CLI: a measuring tool no lower layer may import
     ("cli", ["scalevec.cli", "scalevec.__main__", "scalevec.info", "scalevec.bench"]),
 ]
 # The package itself re-exports the public entry points (README); other modules may take only its version.
@@ -153,11 +156,78 @@ def test_no_import_circle():
 
 
 def test_nobody_imports_the_trainer_to_read_a_run():
-    """Reading a run goes through ``training.rundir``; only ``scalevec train``'s command line (``training.command``,
-    which ``cli`` reaches by name) imports the trainer module."""
+    """Reading a run goes through ``training.rundir``; only the commands that build a trainer import the trainer
+    module: ``scalevec train``'s command line (``training.command``) and ``scalevec convert`` (``hf.convert``: the
+    trainer's set-up converts the model, and writes a step-0 run), which ``cli`` reaches by name."""
     users = sorted(m for m, deps in graph().items() if "scalevec.training.trainer" in deps)
-    assert users == ["scalevec.training.command"], (
+    assert users == ["scalevec.hf.convert", "scalevec.training.command"], (
         f"{users} import scalevec.training.trainer; read runs with scalevec.training.rundir")
+
+
+# The owners of the run directory's files: rundir (the run's own files) and the checkpoint package (checkpoints/).
+RUN_FILE_OWNERS = ("scalevec.training.rundir", "scalevec.training.checkpoint")
+# Names spelled elsewhere in the package with another meaning are left out, since a string cannot say which it
+# is: "tokenizer" (the data.tokenizer field), "tensorboard" / "wandb" (train.tracker's values), "latest" and
+# "dcp" (plain words). Every other name of a run's entry is unambiguous, and is checked.
+AMBIGUOUS_RUN_NAMES = {"tokenizer", "tensorboard", "wandb", "latest", "dcp"}
+# (package, name): a different file that shares a run file's name, spelled where that format lives
+OTHER_FILES_OF_THE_SAME_NAME = {
+    ("scalevec.data", "meta.json"),  # a token cache entry's own meta.json (data/corpus.py)
+    ("scalevec.hf_format", "model.safetensors"),  # a Hugging Face model directory's weights (transformers' name)
+    ("scalevec.hf", "model.safetensors"),  # the same, in an export directory
+}
+
+
+def run_file_names() -> set[str]:
+    """Every entry name of a run directory and of a checkpoint, read from their owners' constants."""
+    from scalevec.training import rundir
+    from scalevec.training.checkpoint import layout
+
+    names = {*rundir.RUN_ENTRIES, rundir.LOCK, rundir.METRICS + rundir.DAMAGED}
+    names |= {layout.CKPT_DIR, layout.LATEST, layout.DCP_DIR, layout.MODEL_FILE, layout.TRAIN_STATE, layout.MANIFEST}
+    return names - AMBIGUOUS_RUN_NAMES
+
+
+def path_literals(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """``[(line, string)]`` of the string constants in ``path`` that spell one of ``names`` as a path: the name
+    itself, or an f-string's piece of a path (``"/config.yaml"``, ``"checkpoints/"``). A sentence that mentions a
+    name (an error message, a help text) is prose, as docstrings and bare string statements are: not counted."""
+    docs = {id(n.value) for n in _nodes(path) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    hits = []
+    for n in _nodes(path):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            if n.value.strip("/") in names:
+                hits.append((n.lineno, n.value))
+    return hits
+
+
+def test_run_file_names_are_spelled_by_their_owners_only():
+    """Outside ``training/rundir.py`` and ``training/checkpoint/``, no module spells a run-directory or checkpoint
+    file name as a string: readers and writers go through the owners (their functions and constants), so a file's
+    name and its reading rules (the cut-off metrics line, the manifest) have one home (DESIGN.md §12)."""
+    names = run_file_names()
+    assert {"config.yaml", "metrics.jsonl", "DONE", "checkpoints", "MANIFEST.json"} <= names
+    bad = []
+    for m, path in MODULES.items():
+        if any(m == o or m.startswith(o + ".") for o in RUN_FILE_OWNERS):
+            continue
+        for line, value in path_literals(path, names):
+            if not any((m == pkg or m.startswith(pkg + ".")) and value.strip("/") == name
+                       for pkg, name in OTHER_FILES_OF_THE_SAME_NAME):
+                bad.append(f"{m}:{line} spells {value!r}")
+    assert not bad, "run-file names outside rundir/checkpoint (use their constants or functions):\n" + "\n".join(bad)
+
+
+def test_path_literals_sees_paths_not_prose(tmp_path):
+    """The checker counts a name and an f-string's path piece, not a sentence or a docstring that mentions it."""
+    f = tmp_path / "probe.py"
+    f.write_text('"""Reads config.yaml."""\n'
+                 'def f(run):\n'
+                 '    """The DONE marker."""\n'
+                 '    a = run / "DONE"\n'
+                 '    b = f"{run}/metrics.jsonl"\n'
+                 '    raise ValueError(f"{run} has no config.yaml; pass a run")\n')
+    assert path_literals(f, {"config.yaml", "DONE", "metrics.jsonl"}) == [(4, "DONE"), (5, "/metrics.jsonl")]
 
 
 def test_cli_subcommands_resolve():

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from scalevec import MoEConfig, ScaleConfig, build_model
-from scalevec.bench import step_peak_bytes
-from scalevec.config import RunConfig, apply_overrides, checkpoint_blocks
+from scalevec.bench.memory import step_peak_bytes
+from scalevec.config import RunConfig, checkpoint_blocks
+from scalevec.config_codec import apply_overrides
 
 
 def _grads(cfg, strategy, blocks, chunk, x, y):

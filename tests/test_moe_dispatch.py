@@ -16,7 +16,8 @@ from scalevec import ModelConfig, ScaleConfig
 from scalevec.config import MoEConfig
 from scalevec.model.kernels import FAST
 from scalevec.model.moe import MoE, grouped_linear, grouped_linear_offsets
-from scalevec.model.scales import init_params, scale_plan
+from scalevec.model.params import init_params
+from scalevec.model.scales import scale_plan
 
 STRATEGIES = ["baseline", "hg+per_expert", "dp", "unified"]
 

@@ -17,18 +17,8 @@ from scalevec.model import moe as moe_module
 from scalevec.model import scales as scales_module
 from scalevec.model import transformer as model_module
 from scalevec.model.kernels import FAST
-from scalevec.model.params import SCALE_ROLES
-from scalevec.model.scales import (
-    PLAIN,
-    DirectScale,
-    ERScale,
-    ORScale,
-    fold_weight,
-    init_params,
-    norm_plan,
-    param_roles,
-    scale_plan,
-)
+from scalevec.model.params import SCALE_ROLES, init_params, param_roles
+from scalevec.model.scales import PLAIN, DirectScale, ERScale, ORScale, fold_weight, norm_plan, scale_plan
 from scalevec.training.optim import role_weight_decay
 
 EPS = 1e-6

@@ -11,16 +11,14 @@ from scalevec.config import PRESET_NAMES
 from scalevec.experiments.theory.magdir import make as make_scale_vector
 from scalevec.experiments.theory.magdir import perturb, preconditioner, predicted, spectrum
 from scalevec.model.kernels import FAST
+from scalevec.model.params import init_params, new_param, param_roles
 from scalevec.model.scales import (
     PLAIN,
     SCALE_KINDS,
     NormLinear,
     OutputNorm,
     ScaleVector,
-    init_params,
-    new_param,
     norm_plan,
-    param_roles,
     rms_norm,
     scale_plan,
     scale_vectors,

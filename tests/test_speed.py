@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from scalevec import ScaleConfig, build_model, get_preset
-from scalevec.config import MoEConfig, TrainConfig, from_dict, normalize_compile
+from scalevec.config import MoEConfig, TrainConfig, normalize_compile
+from scalevec.config_codec import from_dict
 from scalevec.model.flops import flops_per_token, matmul_params_per_token, peak_flops
 from scalevec.resolve import resolve_config
 from scalevec.training.autocompile import CUDA_MIN_STEPS, resolve
@@ -122,7 +123,8 @@ def test_bench_quiet_profiler_mfu_and_dense_twin(capfd):
     """``bench``: no ``USDT ... profiler_start`` lines from the memory pass (printed on fd 2 by kineto), an
     in-process matmul peak, MFU = achieved / peak per candidate, CPU-time ratios, and the ``dense-active``
     twin of an MoE preset doing the FLOPs of its active parameters (the router's aside)."""
-    from scalevec.bench import bench, dense_active
+    from scalevec.bench.candidates import dense_active
+    from scalevec.bench.step import bench
 
     r = bench("moe-tiny", "baseline,dense-active", batch_size=2, seq_len=16, steps=1, warmup=1, inference=False,
               threads=1)

@@ -8,8 +8,9 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.cli import main
+from scalevec.model.params import count_params
 from scalevec.resolve import resolve_config
-from scalevec.training import rundir
+from scalevec.training.checkpoint.run_model import load_model
 from scalevec.training.step import accumulate_gradients
 from scalevec.training.trainer import Trainer, TrainingDiverged, train
 
@@ -88,8 +89,8 @@ def test_run_directory_contents(tmp_path):
     assert on_disk["tokens"] == 6 * 4 * 32
     # bytes tokenizer: bits-per-byte is nats/token divided by ln 2
     assert summary["final_val_bpb"] == pytest.approx(summary["final_val_loss"] / math.log(2), rel=1e-9)
-    cfg, model, _ = rundir.load_model(run)
-    assert cfg.strategy == "hg" and model.num_params() == summary["params"]
+    cfg, model, _ = load_model(run)
+    assert cfg.strategy == "hg" and count_params(model)["params"] == summary["params"]
 
 
 @pytest.mark.slow  # 40 training steps
@@ -141,7 +142,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
         trainer.fit()
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
     assert not (run / "DONE").exists()
-    rundir.load_model(run)
+    load_model(run)
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -195,7 +196,7 @@ def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
 
 def test_config_diff_ignores_execution_fields(tmp_path):
     """Resuming may change how a run executes (dist, device, compile) but not what it computes."""
-    from scalevec.config import apply_overrides, config_diff
+    from scalevec.config_codec import apply_overrides, config_diff
 
     cfg = tiny_run(tmp_path)
     moved = apply_overrides(cfg, ["train.dist=ddp", "train.device=cpu", "train.compile=true", "train.threads=3"])
@@ -236,6 +237,23 @@ def test_tied_embeddings_checkpoint_and_resume_bitwise(tmp_path):
     assert train(cfg, split, stop_at=3, quiet=True) == {"stopped_at": 3}
     train(cfg, split, resume=True, quiet=True)
     assert [r["loss"] for r in read_metrics(straight)] == [r["loss"] for r in read_metrics(split)]
-    _, model, _ = rundir.load_model(split)
+    _, model, _ = load_model(split)
     tied = [n for n, p in model.named_parameters(remove_duplicate=False) if p is model.embed.weight]
     assert len(tied) == 2
+
+
+def test_meta_records_the_validation_split(tmp_path, capsys):
+    """meta.json names the validation split (rule, documents and tokens on each side, which documents), and the
+    run's first lines say how many documents the corpus gave and how: a strided split of a 20-document .txt."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n\n".join(f"document {i}: " + "words of text " * 20 for i in range(20)))
+    over = {"data.source": str(corpus), "data.val_split": "strided", "data.val_frac": 0.2, "train.eval_every": 2}
+    train(tiny_run(tmp_path, steps=2, **over), tmp_path / "run", quiet=False)
+    split = json.loads((tmp_path / "run" / "meta.json").read_text())["validation_split"]
+    assert (split["rule"], split["documents"], split["val_docs"], split["train_docs"]) == ("strided", 20, 4, 16)
+    assert (split["val_first_doc"], split["val_last_doc"]) == (4, 19)
+    # bytes tokenizer, ASCII text: tokens = characters + the 3-newline separators between documents
+    assert split["train_tokens"] == split["train_chars"] + 3 * 15 and split["val_tokens"] == split["val_chars"] + 3 * 3
+    out = capsys.readouterr().out
+    assert "20 documents (a .txt file: a new document after every run of 3+ newlines" in out
+    assert "split strided (every 5th document): 4 of 20 documents" in out

@@ -26,11 +26,14 @@ SUBCOMMANDS = [
      "rebuild report.md, results.csv and figures from a sweep's run directories"),
     ("theory", "scalevec.experiments.theory.lab",
      "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
+    ("convert", "scalevec.hf.convert",
+     "turn a Hugging Face model or a run into another strategy, no training: a run at step 0 or an export"),
     ("export", "scalevec.hf.export", "fold the scales and write a run as a Hugging Face checkpoint (--verify)"),
     ("generate", "scalevec.hf.generate", "sample text from a run directory or an exported Hugging Face directory"),
     ("eval", "scalevec.hf.evaluation",
      "score a run or an exported directory on lm-evaluation-harness tasks (eval.json)"),
-    ("bench", "scalevec.bench", "time a training step, peak memory and folded inference per strategy, vs HF Llama"),
+    ("bench", "scalevec.bench.command",
+     "time a training step, peak memory and folded inference per strategy, vs HF Llama"),
 ]
 
 

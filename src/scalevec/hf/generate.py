@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from scalevec.hf.sampling import CachedFn, LogitsFn, check_sampling, sample  # noqa: F401 (sample: the reference loop)
+from scalevec.training import rundir
 
 
 @dataclass
@@ -138,7 +139,7 @@ def check_hf_dir(hf_dir: str | Path, trust_remote_code: bool = False) -> bool:
     (``hf_import.weight_files``). Raises ``FileNotFoundError`` without safetensors (a pickled
     ``pytorch_model.bin`` is never loaded) and ``ValueError`` for a shard outside the directory or
     custom code that is not scalevec's and not trusted."""
-    from scalevec.hf.hf_import import weight_files
+    from scalevec.hf_format.hf_import import weight_files
 
     weight_files(hf_dir)
     return custom_code_trusted(hf_dir, trust_remote_code)
@@ -149,7 +150,7 @@ def load_text_model(path: str | Path, device: str = "cpu", trust_remote_code: bo
     (``config.json``, checked by ``check_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is
     neither, and as ``check_hf_dir``."""
     path = Path(path)
-    if (path / "config.yaml").is_file():
+    if rundir.has_config(path):
         return _run_text_model(path, device)
     if (path / "config.json").is_file():
         return _hf_text_model(path, device, trust_remote_code)
@@ -160,11 +161,11 @@ def load_text_model(path: str | Path, device: str = "cpu", trust_remote_code: bo
 def _run_text_model(run_dir: Path, device: str) -> TextModel:
     from scalevec.data.tokenizer import start_token
     from scalevec.model.transformer import KVCache
-    from scalevec.training.rundir import load_model, load_tokenizer
+    from scalevec.training.checkpoint.run_model import load_model
 
     cfg, model, _ = load_model(run_dir, device=device)  # verified against its manifest; a dead model is refused
     model.eval()
-    tok = load_tokenizer(run_dir)
+    tok = rundir.load_tokenizer(run_dir)
 
     def cached(x: Tensor, cache: KVCache | None) -> tuple[Tensor, KVCache]:
         cache = cache if cache is not None else KVCache(cfg.model.n_layers)
@@ -228,7 +229,7 @@ def load_generator(path: str | Path, device: str = "cpu", trust_remote_code: boo
     Raises ``FileNotFoundError`` when ``path`` is neither or has no tokenizer, ``rundir.RunDirError`` for
     a run without an intact, healthy checkpoint, and as ``check_hf_dir``."""
     path = Path(path)
-    if (path / "config.yaml").is_file():
+    if rundir.has_config(path):
         return _run_generator(path, device)
     if (path / "config.json").is_file():
         return _hf_generator(path, device, trust_remote_code)
@@ -249,11 +250,12 @@ def _run_generator(run_dir: Path, device: str) -> Generator:
 
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from scalevec.hf.export import REMOTE_FORMAT, plan_export, tokenizer_specials, write_tokenizer
-    from scalevec.training.rundir import load_model
+    from scalevec.hf.export import REMOTE_FORMAT, plan_export
+    from scalevec.hf.tokenizer_files import tokenizer_specials, write_tokenizer
+    from scalevec.training.checkpoint.run_model import load_model
 
     _, model, _ = load_model(run_dir)  # verified against its manifest; a dead model is refused
-    tok_dir = run_dir / "tokenizer"
+    tok_dir = rundir.tokenizer_dir(run_dir)
     if not (tok_dir / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{run_dir} has no tokenizer/tokenizer.json to encode the prompt with; generate from "
                                 f"a run directory that the trainer wrote")

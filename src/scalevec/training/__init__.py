@@ -5,8 +5,10 @@
 - ``schedule``: learning-rate schedules as pure functions of the step
 - ``distributed``: devices, DDP / FSDP2 wrapping and the sharded Muon
 - ``autocompile``: when ``train.compile: auto`` compiles the blocks
-- ``checkpoint``: saving and loading checkpoints (torch distributed checkpoint, atomic)
-- ``rundir``: the run directory's layout and every reader and writer of its files
+- ``rundir``: the run directory's own files (config, meta, metrics, summary, markers, lock) and their readers
+- ``checkpoint``: ``checkpoints/`` whole: names, manifest and integrity, train state, DCP save / load / resume,
+  the model of a run (``checkpoint.run_model.load_model``)
+- ``eval_results``: ``eval.json`` (the scores of ``scalevec eval``) and lm-eval's metric names
 - ``init_from``: ``train --init-from``, a run started from a Hugging Face model or a parent run
 - ``tracking``: TensorBoard / Weights & Biases mirrors of metrics.jsonl
 - ``probes``: scale-vector spectra and sharpness, for ``--probe-every`` / ``--sharpness-every``

@@ -27,18 +27,11 @@ compile from its checkpoint compute the same losses.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from scalevec.config import normalize_compile
 
 CUDA_MIN_STEPS = 1000
-
-
-def planned_steps(steps: int, tokens: int, batch_size: int, seq_len: int) -> int:
-    """Optimizer steps of a run: ``ceil(tokens / (batch_size · seq_len))`` if ``tokens`` > 0, else ``steps``."""
-    return math.ceil(tokens / (batch_size * seq_len)) if tokens > 0 else steps
 
 
 def resolve(value, device: torch.device | str, steps: int, double_backward: bool = False) -> tuple[bool, str]:
@@ -56,4 +49,4 @@ def resolve(value, device: torch.device | str, steps: int, double_backward: bool
     return True, f"auto: compiled ({kind}, {steps} steps >= {CUDA_MIN_STEPS})"
 
 
-__all__ = ["CUDA_MIN_STEPS", "planned_steps", "resolve"]
+__all__ = ["CUDA_MIN_STEPS", "resolve"]

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from pathlib import Path
+from dataclasses import replace
 
 import yaml
 
-from scalevec.config import RunConfig, config_fields, fit_vocab, load_yaml, replace, to_dict, usable_cpus
-from scalevec.resolve import resolve_config
+from scalevec.config import RunConfig
+from scalevec.config_codec import config_fields, load_yaml, to_dict
+from scalevec.resolve import fit_vocab, resolve_config
+from scalevec.run_budget import usable_cpus
 from scalevec.training import init_from, rundir
 from scalevec.training.exits import DIVERGED_EXIT, FAILED_EXIT, PREEMPTED_EXIT, Preempted  # the one contract
 from scalevec.training.trainer import TrainingDiverged, TrainingFailed, train
@@ -47,7 +49,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def fields_help() -> str:
     """Every config field as ``section.field  type  default  [--flag] description``, derived from the
-    dataclasses (``config.config_fields``; issue 26), one block per section. Defaults are those of a run
+    dataclasses (``config_codec.config_fields``; issue 26), one block per section. Defaults are those of a run
     with no options (preset small, strategy baseline); an optional section's (``model.moe``,
     ``model.rope_scaling``) are its class's."""
     flags = {key: "--" + name.replace("_", "-") for name, key in FLAG_FIELDS.items()}
@@ -151,7 +153,7 @@ def run(args) -> int:
         init = init_from.resolve(args.init_from, args.reset_optimizer, args.schedule_from)
         if init.kind == "hf" and args.preset:  # before init_from.base_sections reads the model's weights
             raise ValueError(preset_conflict(args.init_from))
-    if args.resume and args.out and not args.config and (Path(args.out) / "config.yaml").is_file():
+    if args.resume and args.out and not args.config and rundir.has_config(args.out):
         execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker",
                      "threads": "train.threads"}
         if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
@@ -171,6 +173,9 @@ def run(args) -> int:
     if getattr(args, "print_config", False):
         print_config(cfg)
         return 0
+    note = init_from.tokenizer_note(init, cfg) if init is not None else None
+    if note:  # even with --quiet: a default that the user did not see is the point
+        print(f"note: {note}", file=sys.stderr, flush=True)
     out = args.out or f"runs/{cfg.preset}-{cfg.strategy}-seed{cfg.train.seed}"
     try:
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, init=init)
@@ -188,7 +193,7 @@ def run(args) -> int:
 
 def print_config(cfg: RunConfig) -> None:
     """``--print-config``: ``cfg`` as the YAML of ``config.yaml``, with ``model.vocab_size`` fitted to the
-    tokenizer's declared size as the trainer fits it (``config.fit_vocab``; ``bpe:N``: N, an upper bound the
+    tokenizer's declared size as the trainer fits it (``resolve.fit_vocab``; ``bpe:N``: N, an upper bound the
     trained tokenizer may stay under, said in a comment). Reads a tokenizer.json at most; writes nothing."""
     from scalevec.data.tokenizer import declared_vocab_size
 

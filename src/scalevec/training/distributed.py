@@ -8,7 +8,7 @@ is wrapped in DDP (``train.dist=ddp``) or sharded with FSDP2 ``fully_shard`` per
 
 Data parallelism only: every rank runs the whole model on its slice of the global batch (experts
 included; FSDP2 shards expert banks by whole experts, but each rank computes with all of them).
-``ShardedMuon`` makes Muon work on FSDP2's sharded parameters; checkpoints live in ``checkpoint.py``.
+``ShardedMuon`` makes Muon work on FSDP2's sharded parameters; checkpoints live in the ``checkpoint`` package.
 """
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ def wrap(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
     ``cast_forward_inputs=False`` keeps the fp32 RoPE tables that blocks receive in fp32.
     ``fully_shard`` replaces the parameters with new (DTensor) ones: build optimizers after this.
     """
-    from scalevec.training.autocompile import planned_steps, resolve
+    from scalevec.run_budget import train_steps
+    from scalevec.training.autocompile import resolve
 
-    compiled, _ = resolve(cfg.compile, d.device, planned_steps(cfg.steps, cfg.tokens, cfg.batch_size, cfg.seq_len),
-                          double_backward=cfg.sharpness_every > 0)
+    compiled, _ = resolve(cfg.compile, d.device, train_steps(cfg), double_backward=cfg.sharpness_every > 0)
     if compiled:  # train.compile: auto | true | false (autocompile.py)
         for block in model.layers:
             block.compile()

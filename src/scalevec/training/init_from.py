@@ -20,15 +20,25 @@ restarts at step 0 (``--schedule-from restart``) or continues from the parent's 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from scalevec.config import RunConfig, from_dict, load_yaml, to_dict
-from scalevec.hf.hf_import import function_preserved, is_hf_dir, load_plain, plain_from_model, read_hf, read_hf_config
+from scalevec.config import RunConfig
+from scalevec.config_codec import to_dict
+from scalevec.hf_format.hf_import import (
+    function_preserved,
+    is_hf_dir,
+    load_plain,
+    plain_from_model,
+    read_hf,
+    read_hf_config,
+)
 from scalevec.presets import PRESETS
+from scalevec.training import rundir
+from scalevec.training.checkpoint import layout
+from scalevec.training.checkpoint.integrity import model_checkpoint
 
 SCHEDULE_FROM = ("restart", "continue")
 
@@ -58,8 +68,6 @@ class InitFrom:
 def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: str = "restart") -> InitFrom:
     """Classify ``source`` (module docstring). Raises ``FileNotFoundError`` for a missing or unknown
     directory and ``ValueError`` for a bad ``schedule_from`` or ``continue`` from a Hugging Face model."""
-    from scalevec.training.checkpoint import latest_checkpoint
-
     if schedule_from not in SCHEDULE_FROM:
         raise ValueError(f"--schedule-from {schedule_from!r} is unknown; use restart or continue")
     p = Path(source)
@@ -71,18 +79,17 @@ def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: st
             raise ValueError("--schedule-from continue needs a scalevec run to continue; a Hugging Face model "
                              "starts at step 0 (drop --schedule-from)")
         return InitFrom(p, "hf", reset_optimizer, schedule_from)
-    if (p / "config.yaml").is_file():
-        run_dir, ckpt = p, latest_checkpoint(p)
-    elif (p / "model.safetensors").is_file() and (p.parent.parent / "config.yaml").is_file():
+    if rundir.has_config(p):
+        run_dir, ckpt = p, model_checkpoint(p)[0]
+    elif (p / layout.MODEL_FILE).is_file() and rundir.has_config(p.parent.parent):
         run_dir, ckpt = p.parent.parent, p
     else:
         raise FileNotFoundError(f"--init-from {p} is neither a Hugging Face model (config.json + safetensors), a "
                                 f"scalevec run directory (config.yaml) nor one of its checkpoints/step_N")
-    m = re.fullmatch(r"step_(\d+)", ckpt.name)
-    if m is None:
+    if not layout.is_step_name(ckpt.name):
         raise FileNotFoundError(f"{ckpt} is not a checkpoint directory (step_N)")
-    parent = from_dict(RunConfig, load_yaml(run_dir / "config.yaml"))
-    return InitFrom(p, "run", reset_optimizer, schedule_from, run_dir, ckpt, int(m.group(1)), parent)
+    parent = rundir.load_config(run_dir)
+    return InitFrom(p, "run", reset_optimizer, schedule_from, run_dir, ckpt, layout.step_of(ckpt), parent)
 
 
 def base_sections(init: InitFrom, preset: str | None, strategy: str | None, tokenizer: str | None) -> dict:
@@ -112,6 +119,20 @@ def base_sections(init: InitFrom, preset: str | None, strategy: str | None, toke
     return data
 
 
+def tokenizer_note(init: InitFrom, cfg: RunConfig) -> str | None:
+    """The console line for a Hugging Face source without ``tokenizer.json`` whose run takes the default
+    tokenizer (issue 26: it trained silently with bytes on Shakespeare): which tokenizer and data the run
+    uses and how to choose others; ``None`` otherwise (a run source, the model's own tokenizer, or one the
+    user chose)."""
+    from scalevec.config import DataConfig
+
+    if init.kind != "hf" or (init.source / "tokenizer.json").is_file() or cfg.data.tokenizer != DataConfig.tokenizer:
+        return None
+    return (f"{init.source} holds no tokenizer.json, so this run uses the {cfg.data.tokenizer} tokenizer on "
+            f"{cfg.data.source}, not the model's own; pass --tokenizer PATH/tokenizer.json (the one the model was "
+            f"trained with) and --data SOURCE (your text)")
+
+
 def preset_label(init: InitFrom, preset: str | None, resolved: str) -> str:
     """The ``preset`` a run from ``init`` records: ``--preset`` if given, else ``hf-<family>`` for a Hugging
     Face model and the parent's for a branch (a label: the model section holds the shape)."""
@@ -126,7 +147,7 @@ def _parent_model(init: InitFrom):
     from scalevec.model.transformer import build_model
 
     model = build_model(init.parent.model, init.parent.scale, seed=0)
-    load_model(model, str(init.ckpt / "model.safetensors"))
+    load_model(model, str(init.ckpt / layout.MODEL_FILE))
     return model
 
 
@@ -215,7 +236,7 @@ def carry_optimizer(init: InitFrom, cfg: RunConfig, model, optimizers: list, dev
     """Load the parent's optimizer state into ``optimizers`` when allowed (module docstring); every
     group's hyperparameters (lr, betas, weight decay, ...) stay the new config's. Returns what was done:
     ``carried``, ``reset`` (``--reset-optimizer``) or ``fresh (why)``. All ranks call."""
-    from scalevec.training.checkpoint import load_checkpoint
+    from scalevec.training.checkpoint.save_load import load_checkpoint
 
     if init.kind != "run":
         return "fresh (a Hugging Face model has no optimizer state)"
@@ -225,6 +246,8 @@ def carry_optimizer(init: InitFrom, cfg: RunConfig, model, optimizers: list, dev
         return "fresh (the parameters differ from the parent's)"
     if init.parent.optim.name != cfg.optim.name:
         return f"fresh (the parent used {init.parent.optim.name})"
+    if init.step == 0:  # `scalevec convert`'s checkpoint: torch filled its untouched optimizer with a zero step
+        return "fresh (a step-0 checkpoint holds no optimizer state)"
     hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
     load_checkpoint(init.ckpt, model, optimizers, device)
     for opt, groups in zip(optimizers, hyper):
@@ -233,4 +256,5 @@ def carry_optimizer(init: InitFrom, cfg: RunConfig, model, optimizers: list, dev
     return "carried"
 
 
-__all__ = ["InitFrom", "SCHEDULE_FROM", "resolve", "base_sections", "preset_label", "load_weights", "carry_optimizer"]
+__all__ = ["InitFrom", "SCHEDULE_FROM", "resolve", "base_sections", "preset_label", "load_weights", "carry_optimizer",
+           "tokenizer_note"]

@@ -55,12 +55,16 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
 
 
 def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
-    """A one-line warning when the warmup does not fit the run (``lr_multiplier`` then rises over all of it and
-    never decays: a run of 40 steps under the default warmup of 50), else None (issue 12)."""
-    if cfg.name != "constant" and cfg.warmup_steps(total_steps) >= total_steps:
-        return (f"schedule.warmup={cfg.warmup_steps(total_steps)} is not below the run's {total_steps} steps: the lr "
-                f"rises for the whole run and never decays; pass --warmup N with N < {total_steps} "
-                f"(e.g. {max(1, total_steps // 10)}) or schedule.warmup_frac=0.05")
+    """A one-line warning when the warmup does not fit the run, else None (issue 12): ``lr_multiplier`` then
+    ramps over the run's own steps (the warmup is cut to the run: from 1/steps of the peak to the peak at the
+    last step) and never decays, and the warning names that ramp, not only the setting (issue 26)."""
+    warmup = cfg.warmup_steps(total_steps)
+    if cfg.name != "constant" and warmup >= total_steps:
+        setting = (f"schedule.warmup_frac={cfg.warmup_frac:g} ({warmup} steps)" if cfg.warmup_frac is not None
+                   else f"schedule.warmup={warmup}")
+        return (f"{setting} is not below the run's {total_steps} steps: the lr ramps over all {total_steps} steps "
+                f"(from 1/{total_steps} of its peak to the peak at the last step) and never decays; pass --warmup N "
+                f"with N < {total_steps} (e.g. {max(1, total_steps // 10)})")
     return None
 
 

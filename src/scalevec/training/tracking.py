@@ -18,11 +18,12 @@ run; set ``WANDB_MODE=offline`` to log without a network, ``WANDB_PROJECT`` to p
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import uuid
 from pathlib import Path
+
+from scalevec.training import rundir
 
 TRACKERS = ("none", "tensorboard", "wandb")
 
@@ -92,21 +93,17 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, run_dir: Path, config: dict, purge_step: int | None = None):
         SummaryWriter = _summary_writer()
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / rundir.TENSORBOARD), purge_step=purge_step)
         if not purge_step:
             import yaml
 
             self.writer.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
             return
         # the purge removes every event at step >= purge_step, also the eval/probe rows at exactly that
-        # step, which metrics.jsonl keeps (they belong to the checkpoint): write them again
-        metrics = Path(run_dir) / "metrics.jsonl"
-        for line in metrics.read_text().splitlines() if metrics.is_file() else []:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("step") == purge_step and row.get("kind") != "train":
+        # step, which metrics.jsonl keeps (they belong to the checkpoint): write them again (the trainer has
+        # cut metrics.jsonl back to its checkpoint before, so reading it finds no damage)
+        for row in rundir.read_metrics(run_dir):
+            if row["step"] == purge_step and row["kind"] != "train":
                 self.log(row)
 
     def log(self, row: dict) -> None:
@@ -128,7 +125,7 @@ class WandbTracker(Tracker):
     def __init__(self, run_dir: Path, config: dict, resume: bool = False):
         wandb = _wandb()
         run_dir = Path(run_dir)
-        id_file = run_dir / "wandb_id"
+        id_file = run_dir / rundir.WANDB_ID
         run_id = id_file.read_text().strip() if resume and id_file.is_file() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "scalevec"), name=run_dir.name, id=run_id,

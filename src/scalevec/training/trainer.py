@@ -10,9 +10,10 @@ checkpoint kept. Checkpoints are written atomically (temporary directory, then r
 model (safetensors), optimizer, step and RNG states; the data sampler is stateless (batch = f(seed,
 step)), so resume is exact. Only rank 0 writes.
 
-Run directory (its layout and readers: ``rundir``): ``config.yaml``, ``meta.json`` (``environment``),
-``optim_groups.txt``, ``metrics.jsonl`` (with ``telemetry``), ``summary.json``, ``tokenizer/``,
-``checkpoints/step_XXXXXXX/`` + ``checkpoints/latest``, ``DONE``. The command line: ``command``.
+Run directory (its files: ``rundir``; its checkpoints: the ``checkpoint`` package): ``config.yaml``,
+``meta.json`` (``environment``), ``optim_groups.txt``, ``metrics.jsonl`` (with ``telemetry``),
+``summary.json``, ``tokenizer/``, ``checkpoints/step_XXXXXXX/`` + ``checkpoints/latest``, ``DONE``. The
+command line: ``command``.
 """
 
 from __future__ import annotations
@@ -29,29 +30,23 @@ from pathlib import Path
 
 import torch
 
-from scalevec.config import (
-    RunConfig,
-    checkpoint_blocks,
-    config_diff,
-    fit_vocab,
-    format_diff,
-    run_tokens,
-    save_yaml,
-    to_dict,
-    tokens_per_step,
-    total_steps,
-)
+from scalevec.config import RunConfig, checkpoint_blocks
+from scalevec.config_codec import config_diff, format_diff, to_dict
 from scalevec.data.corpus import prepare_data
 from scalevec.data.sampler import TrainSampler, val_batches
 from scalevec.model.flops import flops_per_token, peak_flops
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
+from scalevec.resolve import fit_vocab
+from scalevec.run_budget import run_tokens, tokens_per_step, total_steps
 from scalevec.training import autocompile, distributed, init_from, rundir, tracking
-from scalevec.training.checkpoint import resume_checkpoint, save_checkpoint, writer_tag
+from scalevec.training.checkpoint import layout
+from scalevec.training.checkpoint.integrity import resumable_checkpoint
+from scalevec.training.checkpoint.save_load import point_latest, resume_checkpoint, save_checkpoint, writer_tag
 from scalevec.training.environment import run_meta
 from scalevec.training.exits import Preempted
 from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
-from scalevec.training.rundir import CKPT_DIR, RunDirError, check_out_dir, write_json
+from scalevec.training.rundir import RunDirError, check_out_dir
 from scalevec.training.schedule import lr_multiplier, warmup_warning
 from scalevec.training.step import accumulate_gradients
 from scalevec.training.telemetry import moe_stats, scale_stats
@@ -173,12 +168,12 @@ class Trainer:
         distributed.barrier()
         if self.dist.local_rank != 0:
             self.data = prepare_data(cfg.data)
-        # the stored config.yaml holds the grown vocabulary (config.fit_vocab: a preset's is a default)
+        # the stored config.yaml holds the grown vocabulary (resolve.fit_vocab: a preset's is a default)
         cfg.model.vocab_size = fit_vocab(cfg, self.data.tokenizer.vocab_size).model.vocab_size
         if resume:
             diff = config_diff(rundir.load_config(self.out), cfg)
             if diff:
-                raise ValueError(f"--resume with a config that differs from {self.out}/config.yaml in: "
+                raise ValueError(f"--resume with a config that differs from {self.out / rundir.CONFIG} in: "
                                  f"{format_diff(diff)}; "
                                  f"resume with the stored config (scalevec train --resume --out {self.out})")
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
@@ -297,7 +292,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         check_target(self.out, self.resume, self.overwrite)  # again, now that no other writer can change it
-        for name in rundir.clean_temporaries(self.out):
+        for name in rundir.clean_temporaries(self.out) + layout.clean_temporaries(self.out):
             self.notice(f"removed {name}, a temporary file left by an interrupted writer")
         if self.resume:
             return  # setup_run_dir resumes through resume_checkpoint (every rank), or restarts the run
@@ -315,17 +310,17 @@ class Trainer:
         self._write_run_files()
 
     def _write_run_files(self) -> None:
-        """``meta.json`` first (its format marker makes an interrupted set-up a recognized run, which
-        ``--overwrite`` may empty), then ``config.yaml``, ``optim_groups.txt`` and ``tokenizer/``."""
-        rundir.write_meta(self.out, {**run_meta(self.cfg), **({"init_from": self.init.info} if self.init else {})})
-        save_yaml(self.cfg, self.out / rundir.CONFIG)
-        rundir.write_atomic(self.out / rundir.GROUPS, group_table(self.groups) + "\n")
-        self.data.tokenizer.save(self.out / rundir.TOKENIZER)
+        """``rundir.write_run_files``: meta (with the ``--init-from`` source and the validation split's record,
+        ``split.SplitRecord``: which documents are validation), config, group table, tokenizer."""
+        split = self.data.meta.get("validation")
+        rundir.write_run_files(self.out, {**run_meta(self.cfg), **({"validation_split": split} if split else {}),
+                                          **({"init_from": self.init.info} if self.init else {})},
+                               self.cfg, group_table(self.groups), self.data.tokenizer)
 
     def load(self, state: dict) -> None:
         """Restore the trainer from a loaded checkpoint's train state (``resume_checkpoint`` loaded the
         model, optimizer and RNG states): step, best validation loss, time so far, the guard's state. The
-        step is the checkpoint's and within the run's steps (``rundir`` skips a checkpoint that is not)."""
+        step is the checkpoint's and within the run's steps (``integrity`` skips a checkpoint that is not)."""
         self.step = state["step"]
         self.best_val = state["extra"].get("best_val", math.inf)
         self.elapsed = state["extra"].get("elapsed_s", 0.0)
@@ -336,6 +331,14 @@ class Trainer:
         self.bad_since = guard.get("bad_since")
         # a checkpoint from before the blow-up rule: judge against ln V (its first loss is not known)
         self.reference = guard.get("reference") or math.log(self.cfg.model.vocab_size)
+        if self.step == 0:
+            # written before any step (`scalevec convert`): resume it as the fresh start it is. Its optimizer state
+            # is torch's, not a step's: get_state_dict fills an untouched optimizer with one zero-gradient step at lr
+            # 0, whose step count (1) would shrink AdamW's first update (bias correction); the guard's reference is
+            # the first loss, as in a new run
+            for opt in self.optimizers:
+                opt.state.clear()
+            self.reference = None
 
     def truncate_metrics(self, step: int) -> None:
         """Drop the metrics rows past ``step`` (and a cut-off last line, with a notice)."""
@@ -463,12 +466,12 @@ class Trainer:
         ``checkpoints/latest`` at it), then raise ``TrainingDiverged``."""
         kept = None
         if self.write:
-            ckpt, _ = rundir.resumable_checkpoint(self.out, before=first_bad)  # checkpoint N = the model used at step N
+            ckpt, _ = resumable_checkpoint(self.out, before=first_bad)  # checkpoint N = the model used at step N
             kept = ckpt.name if ckpt is not None else None
             rundir.mark_diverged(self.out, step, first_bad, reason, kept)
             if kept:
-                rundir.write_atomic(self.out / CKPT_DIR / rundir.LATEST, kept)
-        where = (f"the checkpoint from before it is kept: {self.out / CKPT_DIR / kept}" if kept else
+                point_latest(self.out, kept)
+        where = (f"the checkpoint from before it is kept: {self.out / layout.CKPT_DIR / kept}" if kept else
                  f"no checkpoint from before step {first_bad} was written (rerun with --overwrite)")
         raise TrainingDiverged(f"{reason}: {fix}; {where}; {self.out / rundir.DIVERGED} records it")
 
@@ -503,12 +506,12 @@ class Trainer:
     def _fit(self, stop_at: int | None) -> dict:
         if self.resume and rundir.is_done(self.out):
             self.say(f"{self.out} is already finished; nothing to resume")
-            return rundir.read_json(self.out / rundir.SUMMARY, fix="retrain the run with --overwrite")
+            return rundir.read_summary(self.out, fix="retrain the run with --overwrite")
         self.setup_run_dir()
         try:
             return self._train(stop_at)
         except OSError as e:  # a full disk, a read-only remount, a vanished mount: the run stays resumable
-            ckpts = rundir.checkpoint_dirs(self.out)
+            ckpts = layout.checkpoint_dirs(self.out)
             last = (f"its last checkpoint is {ckpts[0].name}" if ckpts else
                     "it has no checkpoint yet (resumes from step 0)")
             raise TrainingFailed(f"cannot write {e.filename or self.out} at step {self.step}: {e.strerror or e}; "
@@ -522,8 +525,10 @@ class Trainer:
         if note and self.step == 0 and self.write:
             print(f"warning: {note}", file=sys.stderr, flush=True)
         if self.step == 0 and self.write:
-            self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {self.model.num_params():,} params · "
+            params = count_params(self.model)["params"]
+            self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {params:,} params · "
                      f"{self.steps} steps × {per_step:,} tokens · {self.world} process(es) on {self.device}")
+            self.say(self.data.describe())  # how many documents the corpus gave and which are validation
             self.say(group_table(self.groups))
             self.say(f"compile: {'on' if self.compiled else 'off'} ({self.compile_why})")
         bar = None
@@ -541,7 +546,7 @@ class Trainer:
             return {"stopped_at": self.step}
         summary = self.summary(time.perf_counter() - t_start)
         if self.write:
-            write_json(self.out / rundir.SUMMARY, summary)
+            rundir.write_summary(self.out, summary)
             rundir.mark_done(self.out)
             self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} "
                      "bits/byte")
@@ -565,7 +570,7 @@ class Trainer:
                     self.checkpoint()
                 raise Preempted(f"SIGTERM: stopped after step {self.step}"
                                 + (f" with a checkpoint; continue with: scalevec train --resume --out {self.out}"
-                                   if rundir.checkpoint_dirs(self.out) else
+                                   if layout.checkpoint_dirs(self.out) else
                                    f" before any checkpoint; continue with: scalevec train --resume --out {self.out} "
                                    f"(starts at step 0)"))
             if interrupt["set"]:
@@ -636,7 +641,7 @@ class Trainer:
             self.log({"kind": "probe", "step": self.step, "tokens": self.step * tokens_per_step(self.cfg), **row})
 
     def checkpoint(self) -> None:
-        # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint.py). Pruning keeps
+        # every rank: DCP writes each rank's shards; rank 0 writes the rest (checkpoint/save_load.py). Pruning keeps
         # the checkpoint that DIVERGED would name: the newest one from before the current run of unhealthy
         # steps (bad_since), and as before the dead rule's look-back
         window = max(self.cfg.train.guard_dead_steps, 1,
