@@ -122,6 +122,7 @@ def test_a_request_that_fits_exactly_gives_no_length_warning(tmp_path, make_cfg,
 
     records = Records()
     logging.getLogger("transformers").addHandler(records)
+    logging.getLogger("lm_eval").addHandler(records)  # lm-eval's warning goes to its logger or to stderr
     try:
         evaluate(out, ["fits"], include_path=tasks, write=False)
         assert not any("longer than the specified maximum" in m for m in records.messages), records.messages
@@ -129,8 +130,10 @@ def test_a_request_that_fits_exactly_gives_no_length_warning(tmp_path, make_cfg,
         evaluate(out, ["cut"], include_path=tasks, write=False)
     finally:
         logging.getLogger("transformers").removeHandler(records)
+        logging.getLogger("lm_eval").removeHandler(records)
     assert any("(34 > 33)" in m for m in records.messages)  # past the window: transformers' warning, one token on
-    assert "exceeds model's maximum length (32). Truncating" in capfd.readouterr().err  # and lm-eval's own
+    lm_eval_said = capfd.readouterr().err + "\n".join(records.messages)  # and lm-eval's own
+    assert "exceeds model's maximum length (32). Truncating" in lm_eval_said
 
 
 def test_eval_errors_exit_2(tmp_path, capsys):

@@ -125,9 +125,11 @@ class _FakeLM:
     """Stands in for lm-eval's HFLM: records how it was asked to load the directory."""
 
     calls: list[dict] = []
+    max_length = 256  # what evaluation.fit_tokenizer_limit reads of a real HFLM
 
     def __init__(self, **kwargs):
         _FakeLM.calls.append(kwargs)
+        self.tokenizer = type("Tokenizer", (), {"model_max_length": 256})()
 
 
 class _FakeTasks:
