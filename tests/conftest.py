@@ -56,3 +56,23 @@ def _perturb(model: torch.nn.Module, seed: int = 0, spread: float = 0.5) -> None
 def perturb_scales():
     """``perturb_scales(model, seed=0)``: set every scale parameter to a reproducible non-trivial value."""
     return _perturb
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory):
+    """``(directory, model)``: a random Hugging Face Llama written by ``save_pretrained`` (byte vocabulary, GQA,
+    explicit head_dim 16, 2 layers), norm weights 1 ± 0.5 so that a conversion that drops a norm shows."""
+    import transformers  # a dev dependency: missing it fails the tests that use this, never skips
+
+    path = tmp_path_factory.mktemp("hf_llama") / "hf"
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64, initializer_range=0.1)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return path, model

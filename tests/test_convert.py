@@ -33,23 +33,6 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALEVEC_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.fixture(scope="module")
-def hf_llama(tmp_path_factory):
-    """``(directory, model)``: a random Llama over bytes, explicit head_dim, GQA, norm weights 1 ± 0.5."""
-    path = tmp_path_factory.mktemp("hf_llama") / "hf"
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=64, initializer_range=0.1)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.5 * torch.randn_like(p))
-    model.save_pretrained(path)
-    return path, model
-
-
 def convert(src, out, strategy, *extra) -> int:
     return main(["convert", str(src), "--strategy", strategy, "--out", str(out), "--threads", "1", *extra, *SMALL])
 

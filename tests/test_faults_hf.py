@@ -187,20 +187,14 @@ def test_a_pickled_checkpoint_is_refused_unread(tmp_path, make_cfg, capsys):
 
 
 @pytest.fixture(scope="module")
-def hf_llama(tmp_path_factory):
-    """A random Llama (byte vocabulary, head_dim 16, 2 layers) written by save_pretrained."""
-    path = tmp_path_factory.mktemp("hf_llama") / "hf"
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=64)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+def hf_dir(hf_llama):
+    """The directory of conftest's random Llama (these tests damage copies of its files)."""
+    return hf_llama[0]
 
 
-def _copy(hf_llama, tmp_path, **config_changes):
+def _copy(hf_dir, tmp_path, **config_changes):
     """A copy of the Llama directory with config.json fields replaced (a value None removes the field)."""
-    d = shutil.copytree(hf_llama, tmp_path / "src")
+    d = shutil.copytree(hf_dir, tmp_path / "src")
     conf = json.loads((d / "config.json").read_text())
     conf.update(config_changes)
     conf = {k: v for k, v in conf.items() if v is not None}
@@ -232,17 +226,17 @@ def _init_from(d, tmp_path, capsys) -> str:
     (dict(intermediate_size=64), "mlp.gate_proj.weight has shape (48, 32)"),
     (dict(num_key_value_heads=4), "self_attn.k_proj.weight has shape (32, 32)"),
 ])
-def test_bad_hf_config_is_one_line(tmp_path, hf_llama, capsys, changes, message):
+def test_bad_hf_config_is_one_line(tmp_path, hf_dir, capsys, changes, message):
     """A config.json with wrong types, impossible or absurd values, or sizes that its tensors do not have:
     one line naming the field, exit 2, before any model is built."""
-    err = _init_from(_copy(hf_llama, tmp_path, **changes), tmp_path, capsys)
+    err = _init_from(_copy(hf_dir, tmp_path, **changes), tmp_path, capsys)
     assert message in err
 
 
 @pytest.mark.parametrize("damage", ["truncated", "pickle", "empty"])
-def test_unreadable_safetensors_is_one_line(tmp_path, hf_llama, capsys, damage):
+def test_unreadable_safetensors_is_one_line(tmp_path, hf_dir, capsys, damage):
     """A truncated model.safetensors, a pickle under that name or an empty file: one line, not SafetensorError."""
-    d = _copy(hf_llama, tmp_path)
+    d = _copy(hf_dir, tmp_path)
     f = d / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes({"truncated": data[:len(data) // 2], "pickle": pickle.dumps({"w": torch.zeros(2)}),
@@ -250,10 +244,10 @@ def test_unreadable_safetensors_is_one_line(tmp_path, hf_llama, capsys, damage):
     assert "is not a readable safetensors file" in _init_from(d, tmp_path, capsys)
 
 
-def test_size_check_counts_the_model(hf_llama):
+def test_size_check_counts_the_model(hf_dir):
     """param_count is the Hugging Face model's parameter count; check_size refuses what memory cannot hold."""
-    fmt, cfg = model_config_from_hf(json.loads((hf_llama / "config.json").read_text()))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_llama)
+    fmt, cfg = model_config_from_hf(json.loads((hf_dir / "config.json").read_text()))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
     assert param_count(cfg) == sum(p.numel() for p in hf.parameters())
     check_size(cfg, memory=4 * param_count(cfg))
     with pytest.raises(ValueError, match="memory"):
@@ -263,10 +257,10 @@ def test_size_check_counts_the_model(hf_llama):
 # ------------------------------------------------------------------------------------------- shard paths
 
 
-def _sharded(hf_llama, tmp_path, shard_name):
+def _sharded(hf_dir, tmp_path, shard_name):
     """The Llama as one shard named ``shard_name`` in a model.safetensors.index.json (the file is moved
     there when the name points outside the directory)."""
-    d = _copy(hf_llama, tmp_path)
+    d = _copy(hf_dir, tmp_path)
     target = (d / shard_name) if not os.path.isabs(shard_name) else type(d)(shard_name)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(d / "model.safetensors", target)
@@ -279,26 +273,26 @@ def _sharded(hf_llama, tmp_path, shard_name):
 
 
 @pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
-def test_shards_outside_the_directory_are_refused(tmp_path, hf_llama, capsys, where):
+def test_shards_outside_the_directory_are_refused(tmp_path, hf_dir, capsys, where):
     """An index naming ../outside.safetensors, an absolute path, or a shard symlinked to a file outside:
     refused (ValueError, exit 2), not read."""
     outside = tmp_path / "elsewhere" / "outside.safetensors"
     if where == "symlink":
-        d = _sharded(hf_llama, tmp_path, "model-00001-of-00001.safetensors")
+        d = _sharded(hf_dir, tmp_path, "model-00001-of-00001.safetensors")
         outside.parent.mkdir()
         shutil.move(d / "model-00001-of-00001.safetensors", outside)
         (d / "model-00001-of-00001.safetensors").symlink_to(outside)
     else:
-        d = _sharded(hf_llama, tmp_path, "../elsewhere/outside.safetensors" if where == "parent" else str(outside))
+        d = _sharded(hf_dir, tmp_path, "../elsewhere/outside.safetensors" if where == "parent" else str(outside))
     assert outside.is_file()
     with pytest.raises(ValueError, match="outside"):
         read_hf(d)
     assert "lies outside" in _init_from(d, tmp_path, capsys)
 
 
-def test_shards_inside_the_directory_load(tmp_path, hf_llama):
+def test_shards_inside_the_directory_load(tmp_path, hf_dir):
     """A shard in a subfolder of the model directory is inside: it loads."""
-    d = _sharded(hf_llama, tmp_path, "shards/model-00001-of-00001.safetensors")
+    d = _sharded(hf_dir, tmp_path, "shards/model-00001-of-00001.safetensors")
     fmt, plain = read_hf(d)
     assert fmt == "llama" and plain.cfg.n_layers == 2
 

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import transformers  # a dev dependency: missing it fails these tests, never skips
 
 from scalevec.cli import main
 from scalevec.experiments.figures import parent_curves
@@ -28,23 +27,6 @@ def tiny_items(tmp_path, steps=6, **over):
              "train.log_every": 1, "train.eval_batch_size": 8, "data.val_tokens": 2048, "schedule.warmup": 2,
              "data.cache_dir": str(tmp_path / "cache"), "train.ckpt_every": 2, **over}
     return [f"{k}={v}" for k, v in items.items()]
-
-
-@pytest.fixture(scope="module")
-def hf_llama(tmp_path_factory):
-    """A random Llama with a byte vocabulary, explicit head_dim and norm weights away from 1, on disk."""
-    tmp_path = tmp_path_factory.mktemp("hf_llama")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=64, initializer_range=0.1)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.5 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / "hf")
-    return tmp_path / "hf", model
 
 
 def _hf_config(tmp_path, hf_dir, strategy):
