@@ -236,6 +236,35 @@ def test_runs_csv_and_report_name_the_machine(tmp_path):
     assert "AMD EPYC (AVX2), 1 thread(s), torch 2.9.0 (1 run(s))" in line
 
 
+
+def test_report_names_the_validation_split(tmp_path):
+    """report.md says which documents the runs validated on (the split record the trainer writes to meta.json as
+    ``validation_split``), and says so when runs of one report validated on different documents."""
+    from scalevec.data.split import split_documents
+    from scalevec.experiments.report import render_markdown
+    from scalevec.experiments.sweepdir import load_specs
+
+    runs = fabricate(tmp_path, {"base": {**BASE, "preset": "tiny"},
+                                "grid": {"strategy": ["baseline", "unified"], "seed": [0, 1]}})
+    docs = [f"document {i} " * (i + 1) for i in range(20)]
+    strided = split_documents(docs, 0.25, "strided")[2].as_dict()
+    for r in runs:
+        _set_meta(tmp_path / "runs" / r.name, validation_split=strided)
+
+    def split_line() -> str:
+        text = render_markdown(analyze(load_runs(tmp_path), load_specs(tmp_path)), tmp_path, [])
+        return next(ln for ln in text.splitlines() if ln.startswith("Validation split"))
+
+    line = split_line()
+    assert line.startswith("Validation split: `")
+    assert "strided (every 4th document): 5 of 20 documents" in line and "(4 run(s))" in line
+    assert strided["val_index_sha256"][:12] in line
+    other = split_documents(docs, 0.25, "random", seed=1)[2].as_dict()
+    _set_meta(tmp_path / "runs" / "unified_s1", validation_split=other)
+    line = split_line()
+    assert line.startswith("Validation splits: the runs validated on 2 different document sets")
+    assert "(3 run(s))" in line and "(1 run(s))" in line and other["val_index_sha256"][:12] in line
+
 def test_lr_sweep_plots_the_tuning_seeds_and_says_so(tmp_path):
     """lr_sweep.png's curve is the mean over the tuning seeds (what picked the lr), and its label names them: with
     seeds 1-2 added at baseline's pick far below seed 0, the curve there is seed 0's loss and the mean of all three

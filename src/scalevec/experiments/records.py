@@ -102,6 +102,21 @@ def machines(runs: list[RunRecord]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+def validation_splits(runs: list[RunRecord]) -> list[tuple[str, int]]:
+    """``[(split, number of runs)]`` over the runs whose meta.json records their validation split (the trainer's
+    ``validation_split``, ``split.SplitRecord.as_dict``), most runs first: the data source, the split's note
+    (rule, documents held out) and the first 12 hex digits of the hash of the validation document indices, so
+    two runs that name the same entry validated on the same documents."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        rec = r.meta.get("validation_split")
+        if isinstance(rec, dict) and rec.get("note"):
+            source = r.cfg.data.source
+            key = f"`{source}`: {rec['note']} (validation index sha256 {str(rec.get('val_index_sha256', '?'))[:12]})"
+            counts[key] = counts.get(key, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
 def load_runs(root: str | Path) -> list[RunRecord]:
     """Every run directory under ``root/runs/`` (or directly under ``root``), sorted by name.
 

@@ -25,7 +25,7 @@ from scalevec.experiments import sweepdir
 from scalevec.experiments.analysis import Analysis, analyze
 from scalevec.experiments.figures import plot_loss_curves, plot_lr_sweep, plot_scaling
 from scalevec.experiments.frames import results_frame, runs_frame, to_csv
-from scalevec.experiments.records import RunRecord, load_runs, machines
+from scalevec.experiments.records import RunRecord, load_runs, machines, validation_splits
 from scalevec.experiments.tables import (
     LEGEND,
     SCALING_LEGEND,
@@ -53,12 +53,27 @@ def machine_text(runs: list[RunRecord]) -> str:
             f"across them: {listed}{rest}.")
 
 
+def split_text(runs: list[RunRecord]) -> str:
+    """The report's line naming which documents the runs validated on (``records.validation_splits``), saying so
+    when runs of one report used different splits (their losses then measure different text)."""
+    found = validation_splits(runs)
+    unknown = len(runs) - sum(n for _, n in found)
+    rest = f"; {unknown} run(s) record no split (meta.json from before issue 26)" if unknown else ""
+    if not found:
+        return "Validation split: not recorded (no run's meta.json holds `validation_split`)."
+    if len(found) == 1:
+        return f"Validation split: {found[0][0]} ({found[0][1]} run(s){rest})."
+    listed = "; ".join(f"{s} ({n} run(s))" for s, n in found)
+    return f"Validation splits: the runs validated on {len(found)} different document sets: {listed}{rest}."
+
+
 def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:
     """The text of ``report.md``."""
     n_done = sum(r.done for r in a.runs)
     intro = (f"Rebuilt from {len(a.runs)} run directories in `{root}` ({n_done} finished) by "
              f"`scalevec report {root}`. Baseline: `{a.baseline}`.")
     out = [f"# scalevec report{': ' + a.name if a.name else ''}", "", intro, "", machine_text(a.runs), "",
+           split_text(a.runs), "",
            "## Final validation loss", "",
            LEGEND, ""]
     for cell in a.cells:
