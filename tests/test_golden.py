@@ -1,8 +1,8 @@
 """Golden losses: the numerics of training may change only on purpose (issue 16).
 
 Each case of ``tests/golden/generate.py`` trains ``tiny`` for 20 steps (one thread, fixed seed) and its
-per-step losses must equal the stored ones **bitwise** on a machine with the same torch version and
-CPU instruction set as a stored record. On another machine the fp32 kernels round differently, so
+per-step losses must equal the stored ones **bitwise** on a machine with the same torch version, CPU
+instruction set and CPU make as a stored record. On another machine the fp32 kernels round differently, so
 the check there (when no record of that machine kind is stored) is a tolerance: 2e-3 nats per step,
 far below what a changed formula moves (dropping the scale vectors alone moves the 20th-step loss by
 5e-3, `unified` vs `baseline` by 0.35) and above rounding drift between instruction sets for the dense
