@@ -6,7 +6,8 @@
 Each strategy's lr is predicted from the tuned lrs of every smaller rung of the same corpus that has reported
 (``ladder.predict_lr``: a line in log lr against log N) and its grid is 3 values ×√2 around the prediction
 (``study.lr_grids``; the study grows it at an edge as usual). ``--predicted-only``: the predicted lr alone, no
-tuning, for a rung too expensive to tune (the report then shows the lr as picked from one value). The file's
+tuning, for a rung too expensive to tune (the report then shows the lr as picked from one value); its seeds
+still grow toward the ±0.015-nat target unless ``--no-confirm``. The file's
 header records the points the prediction came from. Refuses to overwrite a study file whose folder has runs.
 """
 
@@ -28,11 +29,13 @@ STRATEGIES = ("baseline", "none", "unified")
 def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, max_seeds: int = 20, *,
          tuning_seeds: int = 2, lr_scale: float = 1.0, factor: float = ladder.GRID_FACTOR, tokens_per_param: float = 20,
          batch_size: int = 16, seq_len: int = 128, device: str = "cpu", confirm: bool = True,
-         val_tokens: int | None = None) -> str:
+         val_tokens: int | None = None, compile_blocks: bool = False) -> str:
     """The study YAML for ``rung`` on ``corpus``. ``ValueError`` when no smaller rung has reported.
 
     ``lr_scale`` multiplies every prediction (the GPU ladder's larger batch: √(batch ratio), Adam's square-root
-    rule, our choice); ``confirm=False`` adds no seeds after the tuning seeds (a budget-bound run)."""
+    rule, our choice); ``confirm=False`` adds no seeds after the tuning seeds (a budget-bound run);
+    ``compile_blocks`` sets ``train.compile: true`` for every run of the rung (long CPU runs: compiled steps take
+    ~0.85x the eager CPU time, deterministic run to run but not bitwise equal to eager; docs/performance.md)."""
     if rung not in ladder.RUNGS:
         raise ValueError(f"unknown rung {rung!r}; choose one of {', '.join(ladder.RUNGS)}")
     smaller = ladder.RUNGS[:ladder.RUNGS.index(rung)]
@@ -51,18 +54,19 @@ def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, ma
     union = sorted({x for g in grids.values() for x in g})
     seeds = list(range(tuning_seeds))
     lr_grids = "{" + ", ".join(f"{s}: {grids[s]}" for s in STRATEGIES) + "}"
-    if predicted_only or not confirm:
-        study = (f"{{extend: {factor:.8g}, max_extensions: {0 if predicted_only else 4}, confirm_seeds: [], "
+    extensions = 0 if predicted_only else 4
+    if not confirm:
+        study = f"{{extend: {factor:.8g}, max_extensions: {extensions}, confirm_seeds: [], lr_grids: {lr_grids}}}"
+    else:  # seeds 0..tuning_seeds-1 for every strategy first, so an interrupted rung already has paired seeds
+        study = (f"{{extend: {factor:.8g}, max_extensions: {extensions}, confirm_seeds: "
+                 f"{list(range(tuning_seeds, 6))}, target_halfwidth: 0.015, max_seeds: {max_seeds}, "
                  f"lr_grids: {lr_grids}}}")
-    else:
-        study = (f"{{extend: {factor:.8g}, max_extensions: 4, confirm_seeds: {list(range(tuning_seeds, 6))}, "
-                 f"target_halfwidth: 0.015, max_seeds: {max_seeds}, lr_grids: {lr_grids}}}")
-    how = ("the predicted lr only (no tuning: too expensive here)" if predicted_only else
-           f"3 values ×{factor:.3g} around the lr predicted from the smaller rungs, grown at an edge" +
+    how = (("the predicted lr only (no tuning: too expensive here)" if predicted_only else
+            f"3 values ×{factor:.3g} around the lr predicted from the smaller rungs, grown at an edge") +
            (f"; seeds added until each Δ's 95 % interval is planned at ±0.015 nats (at most {max_seeds} seeds)"
             if confirm else f"; {tuning_seeds} seed(s), no more"))
     flag = " --predicted-only" if predicted_only else ""
-    threads = "threads: 1" if device == "cpu" else f"device: {device}"
+    threads = ("threads: 1" if device == "cpu" else f"device: {device}") + (", compile: 'true'" if compile_blocks else "")
     head = textwrap.fill(f"Issue 23, the ladder in the 0.12B model's init regime (model.init_width 640 in the preset), "
                          f"warmup 5 % of the steps, {tokens_per_param:g} tokens per parameter. Written by "
                          f"scripts/ladder_plan.py {rung} {corpus}{flag}: each strategy's lrs are {how}. The "
@@ -106,6 +110,7 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--device", default="cpu", help="cpu (one thread a run) or cuda")
     p.add_argument("--val-tokens", type=int, help="validation tokens (default: data.val_tokens' 131,072)")
+    p.add_argument("--compile", action="store_true", help="compile every run's blocks (train.compile: true)")
     p.add_argument("--out", help="the study file (default sweeps/study-ladder-RUNG-CORPUS.yaml)")
     args = p.parse_args()
     out = Path(args.out or ROOT / "sweeps" / f"study-ladder-{args.rung}-{args.corpus}.yaml")
@@ -113,7 +118,8 @@ def main() -> int:
         text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds,
                     tuning_seeds=args.tuning_seeds, lr_scale=args.lr_scale, factor=args.grid_factor,
                     tokens_per_param=args.tokens_per_param, batch_size=args.batch_size, seq_len=args.seq_len,
-                    device=args.device, confirm=not args.no_confirm, val_tokens=args.val_tokens)
+                    device=args.device, confirm=not args.no_confirm, val_tokens=args.val_tokens,
+                    compile_blocks=args.compile)
     except ValueError as e:
         print(f"ladder_plan: {e}", file=sys.stderr)
         return 2

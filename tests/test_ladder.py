@@ -181,7 +181,7 @@ def fake_rungs(results, corpus: str, k: dict[str, float], exponent: float, seeds
 
 def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     """scripts/ladder_plan.py: per strategy, 3 lrs ×√2 around the smaller rungs' power law, a valid study file;
-    --predicted-only gives one lr each and no tuning; a rung with no smaller results is refused (exit 2)."""
+    --predicted-only gives one lr each and no tuning (seeds still grow unless --no-confirm); a rung with no smaller results is refused (exit 2)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -206,6 +206,9 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     assert run("cpu-550k", "kjv", "--predicted-only").returncode == 0
     spec, plan, _ = parse(load_yaml(out))
     assert all(len(g) == 1 for g in plan.lr_grids.values()) and plan.max_extensions == 0
+    assert plan.confirm_seeds == [2, 3, 4, 5] and plan.target_halfwidth == 0.015  # untuned, still seeded
+    assert run("cpu-550k", "kjv", "--predicted-only", "--no-confirm").returncode == 0
+    assert parse(load_yaml(out))[1].confirm_seeds == []
     bad = run("cpu-80k", "shakespeare")
     assert bad.returncode == 2 and "no smaller rung" in bad.stderr
 
