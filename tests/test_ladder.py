@@ -181,7 +181,8 @@ def fake_rungs(results, corpus: str, k: dict[str, float], exponent: float, seeds
 
 def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     """scripts/ladder_plan.py: per strategy, 3 lrs ×√2 around the smaller rungs' power law, a valid study file;
-    --predicted-only gives one lr each and no tuning (seeds still grow unless --no-confirm); a rung with no smaller results is refused (exit 2)."""
+    --predicted-only gives one lr each and no tuning (seeds still grow unless --no-confirm); a rung with no smaller
+    results is refused (exit 2)."""
     import subprocess
     import sys
     from pathlib import Path

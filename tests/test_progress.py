@@ -141,3 +141,26 @@ def test_sweep_prints_progress_and_the_log_holds_the_trainers_output(tmp_path, c
     assert "[1/1] baseline: val_loss" in out
     log = (tmp_path / "out" / "runs" / "baseline.log").read_text()
     assert "--quiet" not in log and "step      0 loss" in log and "done: val_loss" in log
+
+
+def test_study_scope_adds_the_whole_studys_bound(tmp_path):
+    """Inside a study a sub-sweep's line also shows the study's time left at most: 10 units of work to come at the
+    folder's 2 s per unit before this sub-sweep has its own rate (20 s), then at its own rate (20 s per unit after
+    half of its one unit in 10 s: 9.5 units left, 190 s); when it stops, its finished work leaves the bound and its
+    rate is kept for the next sub-sweep."""
+    from scalevec.experiments.progress import StudyScope
+
+    clock, scope = Clock(), StudyScope(left=10.0, rate=2.0)
+    p = GridProgress([("a", tmp_path / "a", 100, 1.0)], stream=io.StringIO(), tty=False, clock=clock, scope=scope)
+    p.started("a")
+    assert p.study_eta() == 20.0 and p.line().endswith("0% · ETA ? · study ≤ 20s")
+    write_rows(tmp_path / "a", [{"kind": "train", "step": 49, "loss": 2.0}])
+    clock.t += 10
+    assert p.line().endswith("50% · ETA 10s · study ≤ 3m10s") and p.study_eta() == 190.0  # line() reads the rows
+    write_rows(tmp_path / "a", [{"kind": "train", "step": 99, "loss": 1.9}])
+    p.finished("a")
+    p.stop()
+    p.stop()  # an interrupted sweep may stop twice: its work is taken off once
+    assert scope.left == 9.0 and scope.rate == 10.0  # 1 unit in 10 s: the next sub-sweep starts from it
+    assert GridProgress([("b", tmp_path / "b", 10, 1.0)], stream=io.StringIO(), tty=False, clock=Clock(),
+                        scope=StudyScope(left=5.0)).study_eta() is None  # no rate known yet: "?"

@@ -283,3 +283,21 @@ def test_the_own_corpus_example_runs(tmp_path):
     (cell,) = analyze(load_runs(tmp_path / "own"), load_specs(tmp_path / "own")).cells
     assert [r.strategy for r in cell.results] == ["baseline", "unified"] and all(len(r.runs) == 2 for r in cell.results)
     assert "Machine: " in (tmp_path / "own" / "report.md").read_text()
+
+
+@pytest.mark.slow  # a fake study with sleeping runs: ~15 s
+def test_study_progress_lines_carry_the_whole_studys_bound(tmp_path, monkeypatch, capsys):
+    """Every progress line of a study (each phase is a sub-sweep) ends with the whole study's bound, and the bound
+    starts at what --dry-run counts (study_scope = plan_text's FLOPs), shrinking as phases train."""
+    from scalevec.experiments.study import plan_text, study_scope
+
+    monkeypatch.setenv("SCALEVEC_PROGRESS_EVERY", "0.05")
+    monkeypatch.setenv("FAKE_SLEEP", "0.3")
+    spec, plan, stored = parse(STUDY)
+    out = tmp_path / "study"
+    flops = float(plan_text(spec, plan, out).splitlines()[-1].split("cell(s), ")[1].split(" FLOP")[0])
+    assert study_scope(spec, plan, out).left == pytest.approx(flops, rel=1e-2)  # the text rounds to 3 digits
+    assert run_study(spec, plan, stored, out, train_cmd=FAKE) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("progress [")]
+    assert len(lines) > 3 and all(" · study ≤ " in ln for ln in lines)
+    assert study_scope(spec, plan, out).left < flops  # phase 1 is done now: only later phases' bound is left

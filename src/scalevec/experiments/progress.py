@@ -17,10 +17,21 @@ ETA so falls by a second per second (issue 26: computed from the elapsed time al
 a staircase, since the work done only moves when a row arrives), for at most the longest gap seen between
 rows, after which it holds: a run that stopped writing rows is not counted down to 0. It is ``?`` until this
 session has done 1 % of the grid's work (before that, start-up time dominates the rate).
+
+Inside ``scalevec study`` each phase is a sub-sweep, so the grid's ETA covers one phase; a ``StudyScope`` adds the
+whole study's bound after it (issue 26)::
+
+    [0/6 done] none_lr0.002_s0 step 700/2241 | none_lr0.002_s1 step 690/2241 | 10% · ETA 12m05s · study ≤ 3h10m
+
+``study ≤`` is the study's work still to come at most (phase 1's runs left, later phases at their worst case, as
+``study --dry-run`` counts them, less what this session has trained since) at the same rate, or, until this
+sub-sweep has measured its own rate, at the previous sub-sweep's rate (at the start: the folder's finished runs'
+rate shared by the jobs).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -41,6 +52,21 @@ def format_seconds(s: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _seconds(s: float | None) -> str:
+    return "?" if s is None else format_seconds(s)
+
+
+@dataclass
+class StudyScope:
+    """The whole study around its sub-sweeps' progress lines (module docstring). ``left``: training FLOPs (6·N·D)
+    the study may still need, at most; each sub-sweep's finished runs are taken off it as it ends. ``rate``:
+    seconds per FLOP to assume before a sub-sweep has measured its own (NaN: none known); the last sub-sweep's
+    rate once one has measured it."""
+
+    left: float
+    rate: float = math.nan
 
 
 @dataclass
@@ -65,12 +91,14 @@ class GridProgress:
 
     ``started(name)`` / ``finished(name)`` are called by the sweep around each trainer; ``start()``
     begins the background redraw, ``stop()`` ends it. ``stream`` defaults to stdout; ``tty`` to
-    ``stream.isatty()``; ``clock`` is for tests.
+    ``stream.isatty()``; ``clock`` is for tests; ``scope`` adds the whole study's bound (``StudyScope``).
     """
 
     def __init__(self, runs: list[tuple[str, Path, int, float]], stream: TextIO | None = None,
-                 tty: bool | None = None, interval: float | None = None, clock=time.monotonic):
+                 tty: bool | None = None, interval: float | None = None, clock=time.monotonic,
+                 scope: StudyScope | None = None):
         self.runs = {name: _Run(name, Path(d), int(steps), float(weight)) for name, d, steps, weight in runs}
+        self.scope = scope
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval = 1.0 if self.tty else float(interval or os.environ.get("SCALEVEC_PROGRESS_EVERY") or 60)
@@ -109,22 +137,41 @@ class GridProgress:
         with self._lock:
             self.runs[name].state = "finished"
 
-    def eta(self) -> tuple[float, float | None]:
-        """``(fraction of the grid's work done, seconds left or None while unknown)`` (module docstring). Each
-        call that finds more work done than the last records when it saw it (the rate's end point)."""
+    def _session_work(self) -> float:
+        return sum(r.weight * max(0.0, r.frac - r.start_frac) for r in self.runs.values() if r.state != "waiting")
+
+    def _rate(self) -> tuple[float | None, float]:
+        """``(seconds per unit of work this session, or None while unknown; seconds since the newest row seen,
+        capped at the longest gap)``. Each call that finds more work done than the last records when it saw it
+        (the rate's end point)."""
         total = sum(r.weight for r in self.runs.values()) or 1.0
-        done = sum(r.weight * r.frac for r in self.runs.values())
-        session = sum(r.weight * max(0.0, r.frac - r.start_frac) for r in self.runs.values() if r.state != "waiting")
-        now = self.clock()
+        session, now = self._session_work(), self.clock()
         if session != self._work:  # a new row, a finished run (or a restarted one: less work): measure up to here
             if 0 < self._work < session:
                 self._gap = max(self._gap, now - self._seen)
             self._work, self._seen = session, now
+        lag = min(now - self._seen, self._gap)
         # start-up (imports, data, the first steps) dominates the first 1 %: no ETA from it (it read 14 h for 6)
-        if session < 0.01 * total:
+        return ((self._seen - self.t0) / session if session >= 0.01 * total else None), lag
+
+    def eta(self) -> tuple[float, float | None]:
+        """``(fraction of the grid's work done, seconds left or None while unknown)`` (module docstring)."""
+        total = sum(r.weight for r in self.runs.values()) or 1.0
+        done = sum(r.weight * r.frac for r in self.runs.values())
+        rate, lag = self._rate()
+        if rate is None:
             return done / total, None
-        left = (self._seen - self.t0) * (total - done) / session - min(now - self._seen, self._gap)
-        return done / total, max(0.0, left)
+        return done / total, max(0.0, rate * (total - done) - lag)
+
+    def study_eta(self) -> float | None:
+        """Seconds the whole study may still take, at most (module docstring); None without a scope or a rate."""
+        if self.scope is None:
+            return None
+        rate, lag = self._rate()
+        if rate is None:
+            rate, lag = self.scope.rate, 0.0
+        left = max(0.0, self.scope.left - self._session_work())
+        return max(0.0, rate * left - lag) if math.isfinite(rate) else None
 
     def line(self) -> str:
         """The status text: runs finished, each running run's step and loss, % of the grid and the ETA."""
@@ -139,7 +186,8 @@ class GridProgress:
                                     + (f" loss {r.loss:.4f}" if r.loss is not None else "")
                                     for r in running) or "starting")
             frac, left = self.eta()
-        return f"{' '.join(parts)} | {frac:.0%} · ETA {format_seconds(left) if left is not None else '?'}"
+            study = "" if self.scope is None else f" · study ≤ {_seconds(self.study_eta())}"
+        return f"{' '.join(parts)} | {frac:.0%} · ETA {_seconds(left)}{study}"
 
     # -- output --------------------------------------------------------------------------------------
 
@@ -182,6 +230,15 @@ class GridProgress:
         return self
 
     def stop(self) -> None:
+        """End the redraw; with a scope, take this sub-sweep's finished work off the study's bound and hand its
+        measured rate on to the next sub-sweep (which shows it until it has its own)."""
+        if self.scope is not None:
+            rate, _ = self._rate()
+            if rate is not None:
+                self.scope.rate = rate
+            self.scope.left = max(0.0, self.scope.left - self._session_work())
+            for r in self.runs.values():  # stop() may be called twice (an interrupted sweep): count once
+                r.start_frac = r.frac
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -190,4 +247,4 @@ class GridProgress:
             self._clear()
 
 
-__all__ = ["GridProgress", "format_seconds"]
+__all__ = ["GridProgress", "StudyScope", "format_seconds"]

@@ -37,34 +37,41 @@ from scalevec.experiments.tables import (
 )
 
 
+def _tally_text(found: list[tuple[str, int]], n_runs: int, *, none: str, one: str, many: str,
+                unrecorded: str) -> str:
+    """One sentence over ``found``, a tally ``[(value, runs)]`` of what ``n_runs`` runs record: ``none`` when no run
+    records it, ``one`` (fields ``value``, ``n``, ``rest``) when all that do agree, ``many`` (fields ``k``,
+    ``listed``, ``rest``) otherwise; ``rest`` counts the runs that record nothing, described by ``unrecorded``."""
+    unknown = n_runs - sum(n for _, n in found)
+    rest = f"; {unknown} run(s) {unrecorded}" if unknown else ""
+    if not found:
+        return none
+    if len(found) == 1:
+        return one.format(value=found[0][0], n=found[0][1], rest=rest)
+    return many.format(k=len(found), listed="; ".join(f"{v} ({n} run(s))" for v, n in found), rest=rest)
+
+
 def machine_text(runs: list[RunRecord]) -> str:
     """The report's line naming the machine(s) the runs were made on (``records.machines``: CPU kind, instruction
     set, threads, torch), saying so when there are several (their losses are then not bitwise comparable)."""
-    found = machines(runs)
-    unknown = len(runs) - sum(n for _, n in found)
-    rest = f"; {unknown} run(s) record no machine (no CPU in meta.json)" if unknown else ""
-    if not found:
-        return "Machine: not recorded (no run's meta.json names its CPU)."
-    if len(found) == 1:
-        return (f"Machine: {found[0][0]} ({found[0][1]} run(s){rest}); the losses reproduce bitwise on the same CPU "
-                f"kind, thread count and torch version.")
-    listed = "; ".join(f"{m} ({n} run(s))" for m, n in found)
-    return (f"Machines: the runs come from {len(found)} machines, so their losses are not bitwise comparable "
-            f"across them: {listed}{rest}.")
+    return _tally_text(
+        machines(runs), len(runs), none="Machine: not recorded (no run's meta.json names its CPU).",
+        one="Machine: {value} ({n} run(s){rest}); the losses reproduce bitwise on the same CPU kind, thread count "
+            "and torch version.",
+        many="Machines: the runs come from {k} machines, so their losses are not bitwise comparable across them: "
+             "{listed}{rest}.",
+        unrecorded="record no machine (no CPU in meta.json)")
 
 
 def split_text(runs: list[RunRecord]) -> str:
     """The report's line naming which documents the runs validated on (``records.validation_splits``), saying so
     when runs of one report used different splits (their losses then measure different text)."""
-    found = validation_splits(runs)
-    unknown = len(runs) - sum(n for _, n in found)
-    rest = f"; {unknown} run(s) record no split (meta.json from before issue 26)" if unknown else ""
-    if not found:
-        return "Validation split: not recorded (no run's meta.json holds `validation_split`)."
-    if len(found) == 1:
-        return f"Validation split: {found[0][0]} ({found[0][1]} run(s){rest})."
-    listed = "; ".join(f"{s} ({n} run(s))" for s, n in found)
-    return f"Validation splits: the runs validated on {len(found)} different document sets: {listed}{rest}."
+    return _tally_text(
+        validation_splits(runs), len(runs),
+        none="Validation split: not recorded (no run's meta.json holds `validation_split`).",
+        one="Validation split: {value} ({n} run(s){rest}).",
+        many="Validation splits: the runs validated on {k} different document sets: {listed}{rest}.",
+        unrecorded="record no split (meta.json from before issue 26)")
 
 
 def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:

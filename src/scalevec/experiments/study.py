@@ -48,7 +48,7 @@ from typing import Any
 
 from scalevec.config_codec import load_yaml
 from scalevec.experiments import stats, sweepdir
-from scalevec.experiments.progress import format_seconds
+from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.sweep import (
     Run,
     SweepSpec,
@@ -224,6 +224,47 @@ def measured_rate(runs_dir: Path) -> tuple[float, int]:
     return (seconds / flops, n) if n else (math.nan, 0)
 
 
+def _phases(spec: SweepSpec, plan: StudyPlan, runs_dir: Path):
+    """``(phase 1's runs, their statuses on disk, phases, cells)`` where each phase is ``(label, runs to train at
+    most, FLOPs at 6·N·D, is an upper bound)``: phase 1 as it stands on disk, later phases at their worst case
+    counted from scratch (``plan_text``)."""
+    first = phase1_runs(spec, plan)
+    statuses = [run_status(r, runs_dir) for r in first]
+    tuning = list(dict(spec.axes)[SEED])
+    work = {(_cell(r), r.cfg.strategy): 6.0 * run_params(r.cfg) * run_tokens(r.cfg) for r in first}  # one run's
+    n_pairs = len(work)  # (cell, strategy) pairs; lr and seed change neither N nor D
+    seeds0 = len(dict.fromkeys(tuning + plan.confirm_seeds))
+    # phase 4 adds seeds in cells with the baseline and another strategy, to each of them, up to max_seeds
+    cells = {c for c, _ in work}
+    p4_pairs = [(c, s) for c, s in work if spec.baseline in {x for cc, x in work if cc == c}
+                and sum(cc == c for cc, _ in work) > 1] if plan.target_halfwidth is not None else []
+    p4_each = max(0, plan.max_seeds - seeds0)
+    todo1 = [r for r, s in zip(first, statuses) if s not in ("done", "diverged")]
+    phases = [
+        ("phase 1, the grid" + (" (each strategy on its lr_grids)" if plan.lr_grids else ""), len(todo1),
+         sum(work[(_cell(r), r.cfg.strategy)] for r in todo1), False),
+        (f"phase 2, lr extensions (up to {plan.max_extensions} per strategy and cell, × {len(tuning)} tuning "
+         f"seed(s), only while a best lr sits at a grid edge)", plan.max_extensions * len(tuning) * n_pairs,
+         plan.max_extensions * len(tuning) * sum(work.values()), True),
+        (f"phase 3, confirmation seeds {plan.confirm_seeds} at each strategy's tuned lr",
+         len(plan.confirm_seeds) * n_pairs, len(plan.confirm_seeds) * sum(work.values()), True),
+    ]
+    if plan.target_halfwidth is not None:
+        phases.append((f"phase 4, seeds until a ±{plan.target_halfwidth:g}-nat interval (up to {plan.max_seeds} "
+                       f"per strategy and cell, {p4_each} past the first {seeds0})", p4_each * len(p4_pairs),
+                       p4_each * sum(work[k] for k in p4_pairs), True))
+    return first, statuses, phases, cells
+
+
+def study_scope(spec: SweepSpec, plan: StudyPlan, out: str | Path, jobs: int = 1) -> StudyScope:
+    """The whole study's bound for the live progress line (``progress.StudyScope``): the FLOPs ``plan_text``
+    counts, and the folder's measured rate shared by ``jobs`` (NaN when no run has finished)."""
+    runs_dir = Path(out) / "runs"
+    flops = sum(p[2] for p in _phases(spec, plan, runs_dir)[2])
+    rate, n = measured_rate(runs_dir)
+    return StudyScope(left=flops, rate=rate / jobs if n else math.nan)
+
+
 def plan_text(spec: SweepSpec, plan: StudyPlan, out: str | Path, step_time: float | None = None,
               jobs: int = 1) -> str:
     """The whole study before it runs (``study --dry-run``): phase 1's runs with their status on disk, then
@@ -237,31 +278,7 @@ def plan_text(spec: SweepSpec, plan: StudyPlan, out: str | Path, step_time: floa
     (an invalid grid, a run on disk made with another config)."""
     out = Path(out)
     runs_dir = out / "runs"
-    first = phase1_runs(spec, plan)
-    statuses = [run_status(r, runs_dir) for r in first]
-    tuning = list(dict(spec.axes)[SEED])
-    work = {(_cell(r), r.cfg.strategy): 6.0 * run_params(r.cfg) * run_tokens(r.cfg) for r in first}  # one run's
-    n_pairs = len(work)  # (cell, strategy) pairs; lr and seed change neither N nor D
-    seeds0 = len(dict.fromkeys(tuning + plan.confirm_seeds))
-    # phase 4 adds seeds in cells with the baseline and another strategy, to each of them, up to max_seeds
-    cells = {c for c, _ in work}
-    p4_pairs = [(c, s) for c, s in work if spec.baseline in {x for cc, x in work if cc == c}
-                and sum(cc == c for cc, _ in work) > 1] if plan.target_halfwidth is not None else []
-    p4_each = max(0, plan.max_seeds - seeds0)
-    todo1 = [r for r, s in zip(first, statuses) if s not in ("done", "diverged")]
-    phases = [  # (label, runs to train at most, FLOPs, is an upper bound)
-        ("phase 1, the grid" + (" (each strategy on its lr_grids)" if plan.lr_grids else ""), len(todo1),
-         sum(work[(_cell(r), r.cfg.strategy)] for r in todo1), False),
-        (f"phase 2, lr extensions (up to {plan.max_extensions} per strategy and cell, × {len(tuning)} tuning "
-         f"seed(s), only while a best lr sits at a grid edge)", plan.max_extensions * len(tuning) * n_pairs,
-         plan.max_extensions * len(tuning) * sum(work.values()), True),
-        (f"phase 3, confirmation seeds {plan.confirm_seeds} at each strategy's tuned lr",
-         len(plan.confirm_seeds) * n_pairs, len(plan.confirm_seeds) * sum(work.values()), True),
-    ]
-    if plan.target_halfwidth is not None:
-        phases.append((f"phase 4, seeds until a ±{plan.target_halfwidth:g}-nat interval (up to {plan.max_seeds} "
-                       f"per strategy and cell, {p4_each} past the first {seeds0})", p4_each * len(p4_pairs),
-                       p4_each * sum(work[k] for k in p4_pairs), True))
+    first, statuses, phases, cells = _phases(spec, plan, runs_dir)
     rate, source = math.nan, ""
     if step_time is not None and first:
         r0 = first[0]
@@ -305,22 +322,27 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     if dry_run:
         print(plan_text(spec, plan, out, step_time=step_time, jobs=jobs))
         return 0
-    if not quiet:  # the whole study's bound, before phase 1's own progress line (which covers phase 1 only)
+    if not quiet:  # the whole study's bound; every progress line then repeats what is left of it (``study ≤``)
         say(plan_text(spec, plan, out, step_time=step_time, jobs=jobs).splitlines()[-1])
+    scope = study_scope(spec, plan, out, jobs)
+
+    def train(sub: SweepSpec) -> int:  # one step of a phase, trained into the study's folder
+        return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False,
+                         scope=scope)
+
     out.mkdir(parents=True, exist_ok=True)
     sweepdir.write_spec(out, stored)
     runs_dir = out / "runs"
     rc = 0
     if plan.lr_grids is None:
-        rc = run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+        rc = train(spec)
     tuning = list(dict(spec.axes)[SEED])
     groups, examples, axis_value = grid_cells(spec)
     if plan.lr_grids is not None:  # phase 1, each strategy on its own lrs
         for cell, by_strategy in groups.items():
             for label in by_strategy:
                 by_strategy[label] = list(plan.lr_grids[label])
-                rc |= run_sweep(narrowed(spec, examples[cell], axis_value[label], by_strategy[label], tuning), out,
-                                jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+                rc |= train(narrowed(spec, examples[cell], axis_value[label], by_strategy[label], tuning))
     tuned: dict[tuple, dict[str, float]] = defaultdict(dict)  # cell -> strategy label -> its tuned lr
     for cell, by_strategy in groups.items():
         for label, lrs in by_strategy.items():
@@ -337,8 +359,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                 say(f"study: {label} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
                     f"{nxt:g}")
                 lrs.append(nxt)
-                rc |= run_sweep(narrowed(spec, examples[cell], strategy, [nxt], tuning), out, jobs=jobs,
-                                train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+                rc |= train(narrowed(spec, examples[cell], strategy, [nxt], tuning))
             losses = {lr: [_final(runs_dir, r.name)
                            for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
                       for lr in lrs}
@@ -350,13 +371,12 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                 continue
             tuned[cell][label] = best
             if plan.confirm_seeds:
-                rc |= run_sweep(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds), out,
-                                jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+                rc |= train(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds))
     if plan.target_halfwidth is not None:
         seeds = list(dict.fromkeys(tuning + plan.confirm_seeds))
         for cell, lr_of in tuned.items():
             rc |= _add_seeds(spec, plan, out, examples[cell], lr_of, {k: axis_value[k] for k in lr_of}, seeds,
-                             jobs, train_cmd, quiet, say)
+                             train, say)
     from scalevec.experiments.report import write_report
 
     try:
@@ -367,10 +387,11 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
 
 
 def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of: dict[str, float],
-               value_of: dict[str, Any], seeds: list[int], jobs: int, train_cmd, quiet: bool, say) -> int:
+               value_of: dict[str, Any], seeds: list[int], train, say) -> int:
     """Phase 4 for one cell: grow every strategy's seeds (at its tuned lr ``lr_of``) until the paired
     differences to the baseline plan a half-width of ``plan.target_halfwidth`` or ``plan.max_seeds`` is reached.
-    Deterministic from the results on disk, so a rerun makes the same decisions. Returns run_sweep's rc."""
+    ``train(sub_spec)`` trains a step into the study's folder (``run_study``'s). Deterministic from the results on
+    disk, so a rerun makes the same decisions. Returns ``run_sweep``'s rc."""
     if spec.baseline not in lr_of or len(lr_of) < 2:
         return 0
     rc, runs_dir = 0, out / "runs"
@@ -393,8 +414,7 @@ def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of:
         say(f"study: {len(seeds)} seeds plan a half-width above {plan.target_halfwidth:g} nats; adding seeds "
             f"{new[0]}-{new[-1]} ({need} in all)")
         for label, lr in lr_of.items():
-            rc |= run_sweep(narrowed(spec, example, value_of[label], [lr], new), out, jobs=jobs,
-                            train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False)
+            rc |= train(narrowed(spec, example, value_of[label], [lr], new))
         seeds = seeds + new
     return rc
 

@@ -484,17 +484,17 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
         return rc
 
 
-def live_progress(todo: list[tuple[Run, str]], runs_dir: Path):
+def live_progress(todo: list[tuple[Run, str]], runs_dir: Path, scope=None):
     """A started ``progress.GridProgress`` over the runs to train: each run's step and loss from its
     metrics.jsonl, an ETA for the grid weighted by 6·N·D (one refreshing line on a TTY, else a plain
-    line every minute)."""
+    line every minute), and with ``scope`` (a ``progress.StudyScope``) the whole study's bound."""
     from scalevec.experiments.progress import GridProgress
 
     items = []
     for run, _ in todo:
         items.append((run.name, runs_dir / run.name, total_steps(run.cfg),
                       6.0 * run_params(run.cfg) * run_tokens(run.cfg)))
-    return GridProgress(items).start()
+    return GridProgress(items, scope=scope).start()
 
 
 def _final_loss(run_dir: Path) -> str:
@@ -527,11 +527,12 @@ def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
 
 def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = False,
               train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False,
-              record_spec: bool = True) -> int:
+              record_spec: bool = True, scope=None) -> int:
     """Expand ``spec``, skip finished runs, train the rest ``jobs`` at a time, then write the report.
 
     ``record_spec=False`` trains into ``out`` without storing ``spec`` there (``study``: its narrowed
-    follow-up grids belong to the study's own spec, which is stored; ``sweepdir``).
+    follow-up grids belong to the study's own spec, which is stored; ``sweepdir``); ``scope`` (a
+    ``progress.StudyScope``) puts the whole study's time bound on the progress line.
 
     Everything is validated before anything is written. Returns 0 when every run finished, 1 when a run
     failed (the others still run; rerun the same command to retry). Raises ``ValueError`` for an invalid
@@ -571,7 +572,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
                 f"rerun this sweep when it is done")
     threads = max(1, usable_cpus() // jobs)  # each run gets an explicit share (train.threads), never torch's guess
     failed: list[str] = []
-    progress = None if quiet else live_progress(todo, runs_dir)
+    progress = None if quiet else live_progress(todo, runs_dir, scope)
     say = progress.say if progress else say
 
     def one(item: tuple[int, tuple[Run, str]]) -> None:
