@@ -66,7 +66,8 @@ def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, ma
            (f"; seeds added until each Δ's 95 % interval is planned at ±0.015 nats (at most {max_seeds} seeds)"
             if confirm else f"; {tuning_seeds} seed(s), no more"))
     flag = " --predicted-only" if predicted_only else ""
-    threads = ("threads: 1" if device == "cpu" else f"device: {device}") + (", compile: 'true'" if compile_blocks else "")
+    threads = "threads: 1" if device == "cpu" else f"device: {device}"
+    threads += ", compile: 'true'" if compile_blocks else ""
     head = textwrap.fill(f"Issue 23, the ladder in the 0.12B model's init regime (model.init_width 640 in the preset), "
                          f"warmup 5 % of the steps, {tokens_per_param:g} tokens per parameter. Written by "
                          f"scripts/ladder_plan.py {rung} {corpus}{flag}: each strategy's lrs are {how}. The "
