@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from scalevec.experiments import ladder  # noqa: E402
 from scalevec.experiments.claims import CLAIMS, scaling_size  # noqa: E402
+from scalevec.experiments.frames import MACHINE_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
 from scalevec.experiments.stats import (  # noqa: E402
     fit_power_law,
     fit_shared_power_law,
@@ -41,9 +43,8 @@ from scalevec.experiments.stats import (  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
 # columns every runs.csv has; any other non-metric column is a setting that names the arms
-STANDARD = {"run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
-            "final_val_bpb", "best_val_loss", "tokens", "steps", "params", "non_embedding_params",
-            "scale_params", "step_time_s", "wall_time_s", "cpu", "cpu_capability", "threads", "torch"}
+STANDARD = {"run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", *SUMMARY_COLUMNS,
+            *MACHINE_COLUMNS}  # runs.csv's columns that are not a setting (frames.runs_frame)
 
 
 def read_cell(folder: Path) -> list[dict]:
@@ -345,10 +346,13 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
               "strategy's, picked on the mean of seeds 0-1 (* = at the edge of the grid tried); Δ: strategy − "
               "baseline at each one's tuned lr, paired by seed, 95 % t interval; spread: the baseline's seed std; "
               "seeds to ±0.015: what `stats.seeds_for_halfwidth` plans from the per-seed differences so far, for the "
-              "wider of the two Δ (1001: more than 1000).", "",
+              "wider of the two Δ (1001: more than 1000); tok/s: the median run's training tokens per second of "
+              "wall clock (two runs at once on the two cores, one thread each, as the runs met the machine: a cell "
+              "that shared it with other work, such as the test suite, reads slower; `compiled`: blocks under "
+              "`torch.compile`); hours: the runs' wall clock added up (single-thread hours).", "",
               "| rung | corpus | N (non-emb.) | d_model | tokens | seeds | lr baseline / none / unified | "
-              "Δ none | Δ unified | spread | seeds to ±0.015 | hours |",
-              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+              "Δ none | Δ unified | spread | seeds to ±0.015 | tok/s | hours |",
+              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for rung in ladder.RUNGS:
         for corpus in ladder.CORPORA:
             got = {r.strategy: r for r in rows if r.rung == rung and r.corpus == corpus}
@@ -357,6 +361,9 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
             folder = ladder.folder(results, rung, corpus)
             runs = read_cell(folder) if (folder / "runs.csv").is_file() else []
             hours = sum(float(r["wall_time_s"] or 0) for r in runs) / 3600
+            rates = [float(r["tokens"]) / float(r["wall_time_s"]) for r in runs if r["wall_time_s"] and r["tokens"]]
+            compiled = " compiled" if any(r.get("compiled") == "True" for r in runs) else ""
+            tok_s = f"{statistics.median(rates):,.0f}{compiled}" if rates else "—"
             tokens = int(runs[0]["tokens"]) if runs else 0
             lrs = " / ".join(f"{got[s].lr:.3g}{'*' if got[s].at_edge else ''}" if s in got else "—"
                              for s in ("baseline", "none", "unified"))
@@ -375,7 +382,7 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
                     need.append(seeds_for_halfwidth(diffs, TARGET_HALFWIDTH) or 1001)
             lines.append(f"| {rung} | {corpus} | {got['baseline'].n:,} | {get_preset(rung).d_model} | {tokens:,} | "
                          f"{seeds} | {lrs} | {delta('none')} | {delta('unified')} | {got['baseline'].loss_std:.4f} | "
-                         f"{max(need) if need else '—'} | {hours:.2f} |")
+                         f"{max(need) if need else '—'} | {tok_s} | {hours:.2f} |")
     variants = [r for r in rows if r.strategy not in ("baseline", "none", "unified") and r.delta is not None]
     if variants:
         lines += ["", "**The suspects** (`sweeps/study-ladder-suspects-*.yaml`, in the rung's folder: its baseline "

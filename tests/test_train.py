@@ -243,13 +243,16 @@ def test_tied_embeddings_checkpoint_and_resume_bitwise(tmp_path):
 
 
 def test_meta_records_the_validation_split(tmp_path, capsys):
-    """meta.json names the validation split (rule, documents and tokens on each side, which documents), and the
-    run's first lines say how many documents the corpus gave and how: a strided split of a 20-document .txt."""
+    """meta.json records the compile decision and names the validation split (rule, documents and tokens on each
+    side, which documents), and the run's first lines say how many documents the corpus gave and how: a strided
+    split of a 20-document .txt."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n\n\n".join(f"document {i}: " + "words of text " * 20 for i in range(20)))
     over = {"data.source": str(corpus), "data.val_split": "strided", "data.val_frac": 0.2, "train.eval_every": 2}
     train(tiny_run(tmp_path, steps=2, **over), tmp_path / "run", quiet=False)
-    split = json.loads((tmp_path / "run" / "meta.json").read_text())["validation_split"]
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["compiled"] is False and meta["compile_why"].startswith("auto: eager on cpu")  # the compile decision
+    split = meta["validation_split"]
     assert (split["rule"], split["documents"], split["val_docs"], split["train_docs"]) == ("strided", 20, 4, 16)
     assert (split["val_first_doc"], split["val_last_doc"]) == (4, 19)
     # bytes tokenizer, ASCII text: tokens = characters + the 3-newline separators between documents

@@ -29,6 +29,8 @@ def to_csv(rows: list[dict]) -> str:
 
 # what a bitwise re-run needs besides the config, from each run's meta.json (records.describe_machine)
 MACHINE_COLUMNS = ("cpu", "cpu_capability", "threads", "torch")
+SUMMARY_COLUMNS = ("final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
+                   "non_embedding_params", "scale_params", "step_time_s", "wall_time_s", "compiled")  # summary.json's
 
 # keys that runs.csv names already (lr, seed) or that do not change the experiment (how a run executes)
 _NOT_SETTINGS = ("optim.lr", "train.seed", *EXECUTION_FIELDS)
@@ -57,9 +59,8 @@ def runs_frame(runs: list[RunRecord]) -> list[dict]:
         s = r.summary or {}
         rows.append({"run": r.name, "status": r.status, "preset": r.cfg.preset, "strategy": r.cfg.strategy,
                      "optimizer": r.cfg.optim.name, "schedule": r.cfg.schedule.name, "lr": r.cfg.optim.lr,
-                     "seed": r.seed, **{k: r.flat.get(k) for k in settings}, **{k: s.get(k, "") for k in (
-                         "final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
-                         "non_embedding_params", "scale_params", "step_time_s", "wall_time_s")},
+                     "seed": r.seed, **{k: r.flat.get(k) for k in settings},
+                     **{k: s.get(k, "") for k in SUMMARY_COLUMNS},
                      **{k: r.meta.get(k, "") for k in machine},
                      **eval_columns(r.path)})  # downstream scores of `scalevec eval` (eval.json), if any
     return rows
@@ -85,4 +86,4 @@ def results_frame(a: Analysis) -> list[dict]:
     return rows
 
 
-__all__ = ["MACHINE_COLUMNS", "results_frame", "runs_frame", "setting_columns", "to_csv"]
+__all__ = ["MACHINE_COLUMNS", "SUMMARY_COLUMNS", "results_frame", "runs_frame", "setting_columns", "to_csv"]

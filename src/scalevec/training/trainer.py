@@ -310,10 +310,13 @@ class Trainer:
         self._write_run_files()
 
     def _write_run_files(self) -> None:
-        """``rundir.write_run_files``: meta (with the ``--init-from`` source and the validation split's record,
-        ``split.SplitRecord``: which documents are validation), config, group table, tokenizer."""
+        """``rundir.write_run_files``: meta (with the compile decision, which changes the last bits of the losses,
+        the ``--init-from`` source and the validation split's record, ``split.SplitRecord``: which documents are
+        validation), config, group table, tokenizer."""
         split = self.data.meta.get("validation")
-        rundir.write_run_files(self.out, {**run_meta(self.cfg), **({"validation_split": split} if split else {}),
+        rundir.write_run_files(self.out, {**run_meta(self.cfg), "compiled": self.compiled,
+                                          "compile_why": self.compile_why,
+                                          **({"validation_split": split} if split else {}),
                                           **({"init_from": self.init.info} if self.init else {})},
                                self.cfg, group_table(self.groups), self.data.tokenizer)
 
