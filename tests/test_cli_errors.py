@@ -132,3 +132,22 @@ def test_compare_into_a_training_run_is_refused(tmp_path, capsys):
 def test_generate_bad_arguments(tmp_path, capsys, extra, words):
     """generate: zero new tokens or an unknown device exit 2 (checked before any model is loaded)."""
     fails(capsys, ["generate", str(tmp_path), "--prompt", "hi", *extra], *words)
+
+
+@pytest.mark.slow  # spawns the CLI: ~10-20 s
+def test_a_closed_pipe_ends_the_command_quietly():
+    """`scalevec study X --dry-run | head` whose reader is gone: no error line and no traceback, the exit code a
+    shell gives a program killed by SIGPIPE (141), not the bad-input code 2. The reader closes before the child
+    has imported torch, so the child's first write meets the closed pipe."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from scalevec.cli import BROKEN_PIPE_EXIT
+
+    example = Path(__file__).resolve().parents[1] / "sweeps" / "examples" / "study-own-corpus.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "scalevec", "study", str(example), "--dry-run"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == BROKEN_PIPE_EXIT and err == ""

@@ -171,8 +171,9 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # real trainer subprocesses: ~2 s
-def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path):
-    """A run stopped mid-way with a checkpoint gets --resume (not a restart) and ends with each step logged once."""
+def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path, capsys):
+    """A run stopped mid-way with a checkpoint gets --resume (not a restart) and ends with each step logged once;
+    the sweep's lines say it resumes and that its time counts from the resume."""
     from scalevec.training.trainer import train
 
     spec = spec_from_dict({"base": {"preset": "tiny", "data.val_tokens": 2048,
@@ -183,7 +184,10 @@ def test_checkpointed_run_is_resumed_by_the_real_trainer(tmp_path):
     runs_dir = tmp_path / "out" / "runs"
     train(run.cfg, runs_dir / run.name, stop_at=3, quiet=True)
     assert run_status(run, runs_dir) == "resume"
-    assert run_sweep(spec, tmp_path / "out", quiet=True, report=False) == 0
+    capsys.readouterr()
+    assert run_sweep(spec, tmp_path / "out", report=False) == 0
+    said = capsys.readouterr().out
+    assert "0 already done, 1 to train (1 resume from a checkpoint)" in said and " s since its resume)" in said
     assert "--resume" in (runs_dir / f"{run.name}.log").read_text()
     rows = [yaml.safe_load(x) for x in (runs_dir / run.name / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(6))

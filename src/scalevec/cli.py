@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # (name, module, help). Each module registers its own arguments; its work runs only for its subcommand.
@@ -37,6 +38,9 @@ SUBCOMMANDS = [
 ]
 
 
+BROKEN_PIPE_EXIT = 141  # what a shell reports for a process killed by SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scalevec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return importlib.import_module(args._module).run(args) or 0
+    except BrokenPipeError:  # the reader went away (`scalevec study X --dry-run | head`): stop quietly, as a
+        # program killed by SIGPIPE does (exit 128 + 13); stdout goes to /dev/null so the final flush cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
     except Preempted as e:  # SIGTERM to a sweep, compare or study: its trainers checkpointed; rerun to resume
         print(f"scalevec {args.command}: {e}", file=sys.stderr)
         return PREEMPTED_EXIT

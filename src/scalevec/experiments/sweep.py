@@ -562,10 +562,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     except OSError as e:
         raise unwritable(out, e) from None
     todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")]
-    n_div = statuses.count("diverged")
+    n_div, n_resume = statuses.count("diverged"), statuses.count("resume")
     say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
         f"{f'{n_div} diverged before (not retried; --overwrite or delete the run to retry), ' if n_div else ''}"
-        f"{len(todo)} to train ({jobs} at a time) in {runs_dir}")
+        f"{len(todo)} to train{f' ({n_resume} resume from a checkpoint)' if n_resume else ''} ({jobs} at a time) "
+        f"in {runs_dir}")
     for r, s in zip(runs, statuses):
         if s == "locked":
             say(f"skipped {r.name}: in use by process {rundir.locked_by(runs_dir / r.name)} (another sweep or train); "
@@ -585,7 +586,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             progress.finished(run.name)
         head = f"[{i + 1}/{len(todo)}] {run.name}:"
         if rc == 0 and rundir.is_done(runs_dir / run.name):
-            say(f"{head} {_final_loss(runs_dir / run.name)} ({time.perf_counter() - t0:.0f} s)")
+            took = f"{time.perf_counter() - t0:.0f} s" + (" since its resume" if status == "resume" else "")
+            say(f"{head} {_final_loss(runs_dir / run.name)} ({took})")
         elif rc == DIVERGED_EXIT and rundir.is_diverged(runs_dir / run.name):
             # a result (this lr is too high), not a failure
             div = rundir.read_diverged(runs_dir / run.name) or {}
