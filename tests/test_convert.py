@@ -121,6 +121,33 @@ def test_overwrite_replaces_only_what_scalevec_wrote(tmp_path, hf_llama):
     assert yaml.safe_load((run / "config.yaml").read_text())["strategy"] == "hg"
 
 
+def test_a_full_disk_leaves_no_run_to_train_from_random_weights(tmp_path, hf_llama, capsys, monkeypatch):
+    """A checkpoint that cannot be written (ENOSPC) ends convert with one line naming the cause and the fix, and
+    removes the run it set up: no config.yaml is left for `train --resume` to start from a random init, the new
+    folder is gone, and in an --overwrite folder the user's file stays."""
+    import errno
+
+    import scalevec.training.trainer as trainer_module
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    hf_dir, _ = hf_llama
+    monkeypatch.setattr(trainer_module, "save_checkpoint", full_disk)
+    assert convert(hf_dir, tmp_path / "new", "unified") == 2
+    err = capsys.readouterr().err  # the conversion's notes, then the error
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("scalevec convert: error: cannot write")
+    assert all(w in err for w in ("No space left on device", "free space", "partial run was removed"))
+    assert not (tmp_path / "new").exists()
+    monkeypatch.undo()
+    run = tmp_path / "run"
+    assert convert(hf_dir, run, "baseline") == 0
+    (run / "notes.txt").write_text("mine")
+    monkeypatch.setattr(trainer_module, "save_checkpoint", full_disk)
+    assert convert(hf_dir, run, "hg", "--overwrite") == 2
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "notes.txt"]
+
+
 def test_custom_code_needs_trust_and_never_runs(tmp_path, hf_llama, capsys):
     """An HF directory whose config.json names custom code is refused without --trust-remote-code; with it the
     weights convert, and the code (which would exit if imported) is not run."""

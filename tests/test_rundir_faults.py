@@ -625,6 +625,37 @@ def test_overwrite_deletes_only_what_scalevec_wrote(env, partial, capsys):
     assert "analysis, notes.txt" in notes[0]
 
 
+def test_overwrite_keeps_the_users_files_inside_checkpoints_and_tokenizer(tmp_path):
+    """--overwrite empties checkpoints/ and tokenizer/ file by file: scalevec's checkpoint folders (their dcp/,
+    model, train state, manifest), latest and temporaries, and the tokenizer's two files go; a user's file in
+    either folder, or inside a checkpoint folder, stays, is named with its path, and keeps its folder."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rundir.write_meta(run, {})
+    (run / "config.yaml").write_text("preset: tiny\n")
+    ckpts = run / "checkpoints"
+    for step in ("step_0000010", "step_0000020"):
+        (ckpts / step / "dcp").mkdir(parents=True)
+        for name in ("model.safetensors", "train_state.json", "MANIFEST.json", "dcp/__0_0.safetensors"):
+            (ckpts / step / name).write_text("x")
+    (ckpts / "latest").write_text("step_0000020")
+    (ckpts / ".tmp_step_0000030.7").mkdir()
+    (ckpts / "my_extra.txt").write_text("mine")
+    (ckpts / "step_0000020" / "mine").mkdir()
+    (ckpts / "step_0000020" / "mine" / "z.txt").write_text("mine")
+    (run / "tokenizer").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "my_vocab_notes.txt"):
+        (run / "tokenizer" / name).write_text("x")
+    notes: list[str] = []
+    left = rundir.remove_run(run, notice=notes.append)
+    assert left == ["checkpoints/my_extra.txt", "checkpoints/step_0000020/mine", "tokenizer/my_vocab_notes.txt"]
+    assert "checkpoints/my_extra.txt, checkpoints/step_0000020/mine, tokenizer/my_vocab_notes.txt" in notes[0]
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()) == [
+        "checkpoints/my_extra.txt", "checkpoints/step_0000020/mine/z.txt", "tokenizer/my_vocab_notes.txt"]
+    assert not (ckpts / "step_0000010").exists()  # emptied of scalevec's files: removed
+    assert not rundir.is_run(run)
+
+
 def test_dead_writers_temporaries_are_cleaned_in_the_run_and_its_checkpoints(tmp_path):
     """What the trainer removes under its lock before it writes: rundir.clean_temporaries, the run's own
     temporaries (write_atomic's ``.NAME.PID.tmp``); layout.clean_temporaries, a half-written checkpoint

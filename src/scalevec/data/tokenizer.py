@@ -27,6 +27,7 @@ from scalevec.data.documents import first_line
 
 BOS, EOS = "<|bos|>", "<|eos|>"  # special tokens of bpe:N tokenizers
 TOKENIZER_HELP = "use 'bytes', 'bpe:N' (e.g. bpe:4096) or a path to a tokenizer.json"
+SAVED_FILES = ("tokenizer.json", "tokenizer_config.json")  # what Tokenizer.save writes (--overwrite deletes those)
 
 
 # A tokenizer without special tokens (``bytes``) starts documents after this text: the training stream joins
@@ -92,13 +93,13 @@ class Tokenizer:
         ``transformers.PreTrainedTokenizerFast.from_pretrained(directory)`` and ``load_tokenizer_dir`` read them."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.hf.save(str(d / "tokenizer.json"))
+        self.hf.save(str(d / SAVED_FILES[0]))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "scalevec_tokenizer": self.spec}
         if self.bos_token:
             config["bos_token"] = self.bos_token
         if self.eos_token:
             config["eos_token"] = self.eos_token
-        (d / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (d / SAVED_FILES[1]).write_text(json.dumps(config, indent=2) + "\n")
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.spec!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"

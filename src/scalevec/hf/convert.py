@@ -107,14 +107,30 @@ def _trainer(cfg, out: Path, init, overwrite: bool = False) -> Trainer:
 
 def _write_run(cfg, out: Path, init, overwrite: bool) -> None:
     """The run directory of a step-0 trainer: its run files (``Trainer.setup_run_dir``: lock, the rundir
-    checks again, ``--overwrite``'s emptying) and one checkpoint, ``step_0000000``."""
+    checks again, ``--overwrite``'s emptying) and one checkpoint, ``step_0000000``. When the checkpoint cannot
+    be written (a full disk), the run this command set up is removed (scalevec's entries only, and the folder
+    if this command made it), so that no run without its converted weights is left to train from a random
+    init; ``OSError`` names the cause and the fix."""
+    created = not out.exists()
     trainer = _trainer(cfg, out, init, overwrite)
+    failed = None
     try:
-        trainer.setup_run_dir()
-        trainer.checkpoint()
+        trainer.setup_run_dir()  # from here the run is ours (locked): removing it on failure touches no other
+        try:
+            trainer.checkpoint()
+        except OSError as e:
+            failed = e
+            rundir.remove_run(out)
     finally:
         trainer.release()
         distributed.teardown(trainer.dist)
+    if failed is not None:
+        if created:
+            (out / rundir.LOCK).unlink(missing_ok=True)
+            if not any(out.iterdir()):
+                out.rmdir()
+        raise OSError(f"cannot write the converted run {out} ({rundir.one_line(failed)}); free space or choose "
+                      f"another --out, then convert again (the partial run was removed)") from None
 
 
 def _write_export(cfg, out: Path, init, verify: bool) -> str:

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalevec.training.checkpoint.layout import CKPT_DIR, checkpoint_dirs
+from scalevec.training.checkpoint.layout import CKPT_DIR, checkpoint_dirs, owned_entry
 
 CONFIG = "config.yaml"
 META = "meta.json"
@@ -543,28 +543,50 @@ def _written_by_scalevec(name: str) -> bool:
     return bool(m) and m.group(1) in RUN_ENTRIES
 
 
+def _remove_owned(folder: Path, owned, key=None) -> list[str]:
+    """Delete what ``owned(name)`` claims among ``folder``'s entries (in ``sorted`` order by ``key``): ``True``
+    deletes the entry whole (a symbolic link itself, never its target), a function empties that folder by the
+    same rule and removes it when nothing is left, ``False`` keeps it. Returns what is kept, as paths relative to
+    ``folder``."""
+    left = []
+    for p in sorted(folder.iterdir(), key=key):
+        rule = owned(p.name)
+        if rule is False:
+            left.append(p.name)
+        elif callable(rule) and p.is_dir() and not p.is_symlink():
+            kept = _remove_owned(p, rule)
+            left += [f"{p.name}/{k}" for k in kept]
+            if not kept:
+                p.rmdir()
+        elif p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return left
+
+
 def remove_run(path: str | Path, notice: Callable[[str], None] | None = None) -> list[str]:
     """Empty a scalevec run directory for ``--overwrite``: delete what scalevec writes there (``RUN_ENTRIES``,
-    damaged files set aside, temporaries; a symbolic link is removed, never what it points to), keep its
-    lock file (which the caller holds) and leave everything else. Returns the names left, which ``notice``
-    is told. Raises ``RunDirError`` when ``path`` is not a run directory (``is_run``, or a ``meta.json``
-    with ``RUN_FORMAT`` alone: a set-up interrupted before ``config.yaml``): nothing is deleted."""
+    damaged files set aside, temporaries; inside ``checkpoints/`` and ``tokenizer/`` only the files scalevec
+    writes there, ``layout.owned_entry`` and ``tokenizer.SAVED_FILES``; a symbolic link is removed, never what it
+    points to), keep its lock file (which the caller holds) and leave everything else. Returns the paths left
+    (relative to ``path``), which ``notice`` is told. Raises ``RunDirError`` when ``path`` is not a run directory
+    (``is_run``, or a ``meta.json`` with ``RUN_FORMAT`` alone: a set-up interrupted before ``config.yaml``): nothing
+    is deleted."""
     path = Path(path)
     why = _not_a_run(path, config=False)
     if why:
         raise RunDirError(f"{path} is not a scalevec run directory ({why}); --overwrite deletes only runs, "
                           f"choose a new or empty --out")
-    left = []
+    from scalevec.data.tokenizer import SAVED_FILES
+
+    folders = {CKPT_DIR: owned_entry, TOKENIZER: lambda name: name in SAVED_FILES}  # emptied entry by entry
+
+    def owned(name: str):  # the lock is kept (its holder is the caller) and so left out of what is named
+        return name != LOCK and (folders.get(name) or _written_by_scalevec(name))
+
     # meta.json last: an interrupted removal leaves a directory that is still recognized as a run
-    for p in sorted(path.iterdir(), key=lambda p: p.name == META):
-        if p.name == LOCK:
-            continue
-        if not _written_by_scalevec(p.name):
-            left.append(p.name)
-        elif p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+    left = [name for name in _remove_owned(path, owned, key=lambda p: p.name == META) if name != LOCK]
     if left and notice:
         notice(f"--overwrite left {len(left)} file(s) in {path} that scalevec did not write: {', '.join(sorted(left))}")
     return sorted(left)

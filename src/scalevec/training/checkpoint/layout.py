@@ -21,6 +21,8 @@ MANIFEST = "MANIFEST.json"  # size and SHA-256 of every other file; written last
 CKPT_FORMAT = "scalevec-checkpoint/2"  # the "format" of MANIFEST.json and train_state.json
 _STEP_RE = re.compile(r"step_(\d{7,})")
 _TMP_PREFIX = ".tmp_"  # a checkpoint being written: checkpoints/.tmp_step_XXXXXXX.TAG
+# what a checkpoint folder holds (train_state.pt: the pickled train state of older versions), for --overwrite
+CHECKPOINT_FILES = (DCP_DIR, MODEL_FILE, TRAIN_STATE, MANIFEST, "train_state.pt")
 
 
 def step_name(step: int) -> str:
@@ -62,6 +64,21 @@ def is_legacy(ckpt: Path) -> bool:
     return not (ckpt / MANIFEST).exists() and not (ckpt / TRAIN_STATE).exists()
 
 
+def _is_temporary(name: str) -> bool:
+    """A checkpoint being written (``.tmp_*``), a ``rundir.write_atomic`` temporary (``.NAME.PID.tmp``: ``latest``)
+    or the ``latest.tmp`` of older versions."""
+    return name.startswith(_TMP_PREFIX) or (name.startswith(".") and name.endswith(".tmp")) or name == LATEST + ".tmp"
+
+
+def owned_entry(name: str):
+    """``--overwrite``'s rule for an entry of ``checkpoints/`` (``rundir.remove_run``): ``True`` for what scalevec
+    writes whole (``latest``, temporaries), for a checkpoint folder the rule for its own entries
+    (``CHECKPOINT_FILES``), ``False`` for anything else, which is kept."""
+    if is_step_name(name):
+        return lambda entry: entry in CHECKPOINT_FILES
+    return name == LATEST or _is_temporary(name)
+
+
 def clean_temporaries(run_dir: str | Path) -> list[str]:
     """Remove what dead writers left in ``checkpoints/`` (call with the run's lock held): checkpoints being
     written (``.tmp_*``), the temporaries of ``rundir.write_atomic`` (``.NAME.PID.tmp``: ``latest``) and
@@ -72,8 +89,7 @@ def clean_temporaries(run_dir: str | Path) -> list[str]:
     if not root.is_dir() or root.is_symlink():
         return removed
     for p in root.iterdir():
-        if p.name.startswith(_TMP_PREFIX) or (p.name.startswith(".") and p.name.endswith(".tmp")) \
-                or p.name == LATEST + ".tmp":
+        if _is_temporary(p.name):
             shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
             removed.append(p.name)
     return removed
