@@ -151,3 +151,23 @@ def test_a_closed_pipe_ends_the_command_quietly():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == BROKEN_PIPE_EXIT and err == ""
+
+
+@pytest.mark.slow  # a real training subprocess
+def test_training_piped_into_head_finishes_its_run(tmp_path):
+    """`scalevec train ... | head -2`: once the reader is gone the run goes on without its progress lines and
+    finishes (exit 0, DONE), instead of stopping as if its run directory could not be written (exit 3)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    env = {**os.environ, "SCALEVEC_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "scalevec", "train", *TINY_RUN, "--out", str(out), *TINY_OVR,
+                             "train.steps=40", "train.log_every=1", "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    for _ in range(2):
+        proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert (out / "DONE").is_file() and "Traceback" not in err

@@ -79,6 +79,64 @@ def test_study_file_errors_name_the_fix(bad, match):
         parse({**STUDY, **bad})
 
 
+SEEDS_FIX = r"study\.confirm_seeds must be a list of distinct seeds >= 0, like \[1, 2\] \(or \[\]\); got "
+GRID_FIX = (r"study\.lr_grids\.baseline must be a non-empty list of distinct finite lrs > 0, "
+            r"like \[1\.0e-3, 2\.0e-3\]; got ")
+
+
+STRICT = [  # (the `study:` section, the error it gives)
+    ("confirm_seeds: 5", SEEDS_FIX + "5$"),
+    ("confirm_seeds: '12'", SEEDS_FIX + "'12'$"),
+    ("confirm_seeds: ab", SEEDS_FIX + "'ab'$"),
+    ("confirm_seeds: [1.5]", SEEDS_FIX + r"\[1\.5\]$"),
+    ("confirm_seeds: [1, 1]", SEEDS_FIX + r"\[1, 1\]$"),
+    ("confirm_seeds: [-1]", SEEDS_FIX + r"\[-1\]$"),
+    ("max_extensions: 1.5", r"study\.max_extensions must be a whole number >= 0, like 4; got 1\.5$"),
+    ("max_extensions: true", r"study\.max_extensions must be a whole number >= 0, like 4; got True$"),
+    ("max_extensions: x", r"study\.max_extensions must be a whole number >= 0, like 4; got 'x'$"),
+    ("extend: .inf", r"study\.extend must be > 1 and finite \(a number like 2\.0\); got inf$"),
+    ("extend: abc", r"study\.extend must be > 1 and finite \(a number like 2\.0\); got 'abc'$"),
+    ("target_halfwidth: x", r"study\.target_halfwidth must be > 0 and finite \(a number like 0\.015 nats\); got 'x'$"),
+    ("target_halfwidth: .inf", r"study\.target_halfwidth must be > 0 and finite .*; got inf$"),
+    ("max_seeds: x", r"study\.max_seeds must be a whole number >= 2, like 20; got 'x'$"),
+    ("max_seeds: 2.5", r"study\.max_seeds must be a whole number >= 2, like 20; got 2\.5$"),
+    ("target_halfwidth: 0.01, max_seeds: 2", r"study\.max_seeds must be >= the 3 seeds the study runs anyway "
+                                             r"\(grid seeds \[0\] \+ confirm_seeds \[1, 2\]\), like 20; got 2$"),
+    ("bogus: 1", r"study has unknown key\(s\) bogus; use keys among extend, max_extensions, "),
+    ("lr_grids: {baseline: [1.0e-3]}", r"study\.lr_grids must map every strategy of the grid \(baseline, unified\) "
+                                       r"and no other to its lrs, like \{baseline: .*; missing unified$"),
+    ("lr_grids: {baseline: [1.0e-3], unified: [1.0e-3], bogus: [1.0e-3]}", r"; bogus not a strategy of the grid$"),
+    ("lr_grids: {baseline: abc, unified: [1.0e-3]}", GRID_FIX + "'abc'$"),
+    ("lr_grids: {baseline: [1.0e-3, .inf], unified: [1.0e-3]}", GRID_FIX + r"\[0\.001, inf\]$"),
+    ("lr_grids: {baseline: [true], unified: [1.0e-3]}", GRID_FIX + r"\[True\]$"),
+    ("lr_grids: {baseline: [1.0e-3, 1.0e-3], unified: [1.0e-3]}", GRID_FIX + r"\[0\.001, 0\.001\]$"),
+]
+
+
+@pytest.mark.parametrize("section, match", STRICT, ids=[section for section, _ in STRICT])
+def test_study_section_values_are_checked_strictly(tmp_path, capsys, section, match):
+    """A bad `study:` value is one error line naming study.KEY, the value and what it must be (exit 2 from --dry-run):
+    no traceback, no value cut or converted in silence, no plan that only fails in a later phase."""
+    import re
+
+    from scalevec.cli import main
+
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({k: v for k, v in STUDY.items() if k != "study"}) + f"study: {{{section}}}\n")
+    assert main(["study", str(spec_file), "--dry-run", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"scalevec study: error: {spec_file}.study") and "\n" not in err, err
+    assert re.search(match, err), err
+
+
+def test_study_numbers_may_be_written_with_exponents():
+    """YAML 1.1 reads `1.5e-2` without a dot as text: the study reads it as the number, as a grid does."""
+    text = "{extend: 2e0, target_halfwidth: 1.5e-2, lr_grids: {baseline: [7e-3, 1.0e-2], unified: [2e-2]}}"
+    plan = parse({**STUDY, "study": yaml.safe_load(text)})[1]
+    assert plan.extend == 2.0 and plan.target_halfwidth == 0.015
+    assert plan.lr_grids == {"baseline": [7e-3, 1e-2], "unified": [2e-2]}
+
+
 def test_specs_of_several_sweeps_share_a_folder(tmp_path):
     """A second sweep into a folder keeps the first one's spec; the report reads both; disagreement is an error."""
     write_spec(tmp_path, {"name": "a", "tune": ["optim.lr"], "baseline": "baseline",

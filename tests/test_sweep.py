@@ -98,6 +98,34 @@ def test_dry_run_prints_budget_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_folder_of_the_users_is_refused_before_anything_is_written(tmp_path, capsys):
+    """--out holding the user's report.md / results.csv (no runs/, no sweep.yaml) or a sweep.yaml that is not a
+    sweep's: sweep, compare and study refuse it in one line before training or writing, and the files stay."""
+    from test_cli_errors import fails
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my report")
+    (mine / "results.csv").write_text("a,b\n")
+    spec = spec_from_dict(SPEC)
+    with pytest.raises(FileExistsError, match="holds files that are not a scalevec sweep's .report.md, results.csv"):
+        run_sweep(spec, mine, train_cmd=FAKE)
+    fails(capsys, ["compare", "--preset", "tiny", "--strategies", "baseline", "--lr", "1e-2", "--seeds", "1",
+                   "--steps", "3", "--out", str(mine)], "not a scalevec sweep's", "choose a new or empty --out")
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({"name": "s", "base": {"preset": "tiny", "train": {"steps": 3}},
+                                     "grid": {"strategy": ["baseline"], "lr": [1e-3], "seed": [0]},
+                                     "study": {"confirm_seeds": []}}))
+    fails(capsys, ["study", str(study), "--out", str(mine)], "not a scalevec sweep's")
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md", "results.csv"]
+    assert (mine / "report.md").read_text() == "my report"
+    (mine / "sweep.yaml").write_text("- a list\n")
+    with pytest.raises(ValueError, match="not a scalevec sweep's spec"):
+        run_sweep(spec, mine, train_cmd=FAKE)
+    (tmp_path / "empty").mkdir()
+    assert run_sweep(spec, tmp_path / "empty", dry_run=True) == 0  # a new or empty folder passes
+
+
 @pytest.mark.slow  # end-to-end sweep or every shipped file expanded
 def test_sweep_runs_all_then_skips_done(tmp_path, monkeypatch):
     """A sweep trains every run once; running it again trains nothing (DONE runs are skipped)."""

@@ -58,6 +58,8 @@ from scalevec.experiments.sweep import (
     run_status,
     run_sweep,
     spec_from_dict,
+    strategy_label,
+    yaml_number,
 )
 from scalevec.run_budget import run_tokens, total_steps
 from scalevec.training import rundir
@@ -79,46 +81,94 @@ class StudyPlan:
     lr_grids: dict[str, list[float]] | None = None  # strategy label -> its phase-1 lrs
 
 
+def _int(plan: dict, key: str, default: int, least: int, where: str) -> int:
+    """``plan[key]`` (else ``default``): a whole number >= ``least``; not a bool, a float or text."""
+    v = plan.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ValueError(f"{where}.study.{key} must be a whole number >= {least}, like {default}; got {v!r}")
+    return v
+
+
+def _positive(v: Any, above: float = 0) -> float | None:
+    """``v`` as a finite number > ``above``, else None. YAML 1.1 reads ``1e-3`` as text: that is the number, as in
+    a grid (``sweep.yaml_number``)."""
+    x = yaml_number(v)
+    ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > above
+    return float(x) if ok else None
+
+
+def _float(v: Any, key: str, above: float, like: str, where: str) -> float:
+    """``study.key`` = ``v``: a finite number > ``above``."""
+    x = _positive(v, above)
+    if x is None:
+        raise ValueError(f"{where}.study.{key} must be > {above:g} and finite (a number like {like}); got {v!r}")
+    return x
+
+
+def _seeds(plan: dict, key: str, default: list[int], where: str) -> list[int]:
+    """``plan[key]`` (else ``default``): a list of distinct whole numbers >= 0."""
+    v = plan.get(key, default)
+    if (not isinstance(v, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in v)
+            or len(set(v)) < len(v)):
+        raise ValueError(f"{where}.study.{key} must be a list of distinct seeds >= 0, like [1, 2] (or []); got {v!r}")
+    return list(v)
+
+
+def _lr_grids(grids: Any, labels: list[str], where: str) -> dict[str, list[float]]:
+    """``lr_grids``: every strategy label of the grid to a non-empty list of distinct finite lrs > 0."""
+    like = "{" + ", ".join(f"{s}: [1.0e-3, 2.0e-3]" for s in labels) + "}"
+    named = sorted(map(str, grids)) if isinstance(grids, dict) else []
+    missing, extra = sorted(set(labels) - set(named)), sorted(set(named) - set(labels))
+    if not isinstance(grids, dict) or missing or extra:
+        got = (f"got {grids!r}" if not isinstance(grids, dict) else f"missing {', '.join(missing)}" if missing
+               else f"{', '.join(extra)} not a strategy of the grid")
+        raise ValueError(f"{where}.study.lr_grids must map every strategy of the grid ({', '.join(labels)}) and no "
+                         f"other to its lrs, like {like}; {got}")
+    out = {}
+    for k, lrs in grids.items():
+        out[str(k)] = [_positive(x) for x in lrs] if isinstance(lrs, list) else []
+        if not out[str(k)] or None in out[str(k)] or len(set(out[str(k)])) < len(lrs):
+            raise ValueError(f"{where}.study.lr_grids.{k} must be a non-empty list of distinct finite lrs > 0, like "
+                             f"[1.0e-3, 2.0e-3]; got {lrs!r}")
+    return out
+
+
 def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]:
-    """Split a study mapping into its sweep spec, its plan and the mapping to store. ``ValueError`` on a
-    bad key, a missing ``lr``/``seed`` axis, or a factor <= 1."""
+    """Split a study mapping into its sweep spec, its plan and the mapping to store. ``ValueError`` (one line naming
+    ``study.KEY``, the value and what it must be) on an unknown key, a value of the wrong kind or out of range, a
+    missing ``lr``/``seed``/``strategy`` axis, or confirmation seeds among the tuning seeds."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a mapping (a sweep file with a 'study' section)")
-    plan_data = data.get("study") or {}
-    if not isinstance(plan_data, dict) or set(plan_data) - set(STUDY_KEYS):
-        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}")
+    plan_data = data.get("study")
+    plan_data = {} if plan_data is None else plan_data
+    if not isinstance(plan_data, dict):
+        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}; got {plan_data!r}")
+    unknown = sorted(map(str, set(plan_data) - set(STUDY_KEYS)))
+    if unknown:
+        raise ValueError(f"{where}.study has unknown key(s) {', '.join(unknown)}; use keys among "
+                         f"{', '.join(STUDY_KEYS)}")
     spec = spec_from_dict({k: v for k, v in data.items() if k != "study"}, where)
     target = plan_data.get("target_halfwidth")
-    plan = StudyPlan(float(plan_data.get("extend", 2.0)), int(plan_data.get("max_extensions", 4)),
-                     [int(s) for s in plan_data.get("confirm_seeds", [1, 2])],
-                     None if target is None else float(target), int(plan_data.get("max_seeds", 20)))
-    if plan.target_halfwidth is not None and not plan.target_halfwidth > 0:
-        raise ValueError(f"{where}.study.target_halfwidth={plan.target_halfwidth} must be > 0 (nats, e.g. 0.015)")
-    if plan.max_seeds < 2:
-        raise ValueError(f"{where}.study.max_seeds={plan.max_seeds} must be >= 2")
+    plan = StudyPlan(_float(plan_data.get("extend", 2.0), "extend", 1, "2.0", where),
+                     _int(plan_data, "max_extensions", 4, 0, where), _seeds(plan_data, "confirm_seeds", [1, 2], where),
+                     None if target is None else _float(target, "target_halfwidth", 0, "0.015 nats", where),
+                     _int(plan_data, "max_seeds", 20, 2, where))
     grids = plan_data.get("lr_grids")
     if grids is not None:
-        labels = [str(v.get("name") or v.get("strategy")) if isinstance(v, dict) else str(v)
-                  for v in dict(spec.axes).get(STRATEGY, [])]
-        if (not isinstance(grids, dict) or sorted(map(str, grids)) != sorted(labels)
-                or not all(isinstance(v, list) and v and all(isinstance(x, (int, float)) and x > 0 for x in v)
-                           for v in grids.values())):
-            raise ValueError(f"{where}.study.lr_grids must map every strategy of the grid ({', '.join(labels)}) to a "
-                             f"non-empty list of positive lrs")
-        plan.lr_grids = {str(k): [float(x) for x in v] for k, v in grids.items()}
-    if not plan.extend > 1:
-        raise ValueError(f"{where}.study.extend={plan.extend} must be > 1 (e.g. 2)")
-    if plan.max_extensions < 0:
-        raise ValueError(f"{where}.study.max_extensions={plan.max_extensions} must be >= 0")
+        plan.lr_grids = _lr_grids(grids, [strategy_label(v) for v in dict(spec.axes).get(STRATEGY, [])], where)
     keys = [k for k, _ in spec.axes]
     for key, alias in ((LR, "lr"), (SEED, "seed"), (STRATEGY, "strategy")):
         if key not in keys:
             raise ValueError(f"{where}.grid needs a '{alias}' axis for a study (e.g. {alias}: [...])")
     if spec.tune not in ([], [LR]) or (spec.tune == [] and len(dict(spec.axes)[LR]) > 1):
         raise ValueError(f"{where}.tune must be [optim.lr] for a study")
-    tuning = set(dict(spec.axes)[SEED])
-    if tuning & set(plan.confirm_seeds):
+    tuning = list(dict(spec.axes)[SEED])
+    if set(tuning) & set(plan.confirm_seeds):
         raise ValueError(f"{where}.study.confirm_seeds {plan.confirm_seeds} overlap the grid's seeds; use other seeds")
+    n_seeds = len(tuning) + len(plan.confirm_seeds)
+    if plan.target_halfwidth is not None and plan.max_seeds < n_seeds:
+        raise ValueError(f"{where}.study.max_seeds must be >= the {n_seeds} seeds the study runs anyway (grid seeds "
+                         f"{tuning} + confirm_seeds {plan.confirm_seeds}), like 20; got {plan.max_seeds}")
     spec = replace(spec, tune=[LR])
     stored_plan = {"extend": plan.extend, "max_extensions": plan.max_extensions, "confirm_seeds": plan.confirm_seeds}
     if plan.target_halfwidth is not None:
@@ -330,6 +380,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False,
                          scope=scope)
 
+    sweepdir.check_folder(out)  # before the study's spec is written there
     out.mkdir(parents=True, exist_ok=True)
     sweepdir.write_spec(out, stored)
     runs_dir = out / "runs"

@@ -113,7 +113,7 @@ def canonical_key(key: str) -> str:
     return "model." + key if key == "moe" or key.startswith("moe.") else key
 
 
-def _number(v: Any) -> Any:
+def yaml_number(v: Any) -> Any:
     """YAML 1.1 reads ``1e-3`` as a string; turn numeric strings into numbers, leave the rest."""
     if isinstance(v, str):
         try:
@@ -139,7 +139,7 @@ def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
         if (full in SECTIONS or full == "model.moe") and isinstance(value, dict):
             out.update(flatten(value, f"{where}.{full}", full + "."))
         else:
-            out[full] = _number(value)
+            out[full] = yaml_number(value)
     return out
 
 
@@ -167,7 +167,7 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
                        **flatten({k: x for k, x in v.items() if k != "name"}, f"{where}.grid.{key}")} for v in values]
             axes.append((str(key), values))
         else:
-            values = [_number(v) for v in values]
+            values = [yaml_number(v) for v in values]
             dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
             if dup is not None:
                 raise ValueError(f"{where}.grid.{key} lists {dup!r} twice; give each value once")
@@ -548,6 +548,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
     if rundir.has_config(out):
         raise FileExistsError(f"{out} is a single training run (config.yaml), not a sweep folder; choose another --out")
+    sweepdir.check_folder(out)
     runs = expand(spec)
     runs_dir = out / "runs"
     statuses = [run_status(r, runs_dir) for r in runs]
@@ -664,15 +665,16 @@ def run(args: argparse.Namespace) -> int:
 __all__ = [
     "Run",
     "SweepSpec",
+    "assigned_config",
     "baseline_params",
     "canonical_key",
     "dry_run_text",
     "expand",
     "load_spec",
-    "spec_paths",
     "name_part",
-    "assigned_config",
     "run_status",
     "run_sweep",
     "spec_from_dict",
+    "spec_paths",
+    "yaml_number",
 ]

@@ -42,6 +42,35 @@ def spec_path(out: Path, name: str) -> Path:
     return out / MORE_SPECS / (re.sub(r"[^A-Za-z0-9._+-]+", "-", name) + ".yaml")
 
 
+RUNS = "runs"  # OUT/runs/NAME/: the run directories
+
+
+def check_folder(out: Path) -> None:
+    """Refuse an ``--out`` that holds files but is not a sweep folder (no ``runs/`` and no readable
+    ``sweep.yaml``): a sweep writes ``report.md``, ``results.csv``, ``runs.csv``, figures and specs there, which
+    would replace a user's files of those names. A new or empty folder, or a sweep folder, passes. Raises
+    ``FileExistsError`` naming a few of the files and the fix, or ``ValueError`` for a ``sweep.yaml`` that is not
+    a sweep's."""
+    out = Path(out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if (out / SPEC_FILE).is_file():
+        fix = f"choose another --out (a sweep writes its own {SPEC_FILE} there)"
+        try:
+            spec = load_yaml(out / SPEC_FILE)
+        except ValueError as e:
+            raise ValueError(f"{e}: not a scalevec sweep's spec; {fix}") from None
+        if "grid" not in spec:
+            raise ValueError(f"{out / SPEC_FILE} has no grid: not a scalevec sweep's spec; {fix}")
+        return
+    if (out / RUNS).is_dir():
+        return
+    names = sorted(p.name for p in out.iterdir())
+    raise FileExistsError(f"--out {out} holds files that are not a scalevec sweep's ({', '.join(names[:4])}"
+                          f"{', ...' if len(names) > 4 else ''}); choose a new or empty --out (a sweep writes "
+                          f"report.md, results.csv, runs.csv and figures there)")
+
+
 def write_spec(out: Path, spec: dict) -> Path:
     """Store ``spec`` (a sweep mapping with a ``name``) in ``out`` without touching other sweeps' specs."""
     path = spec_path(out, str(spec.get("name") or "sweep"))

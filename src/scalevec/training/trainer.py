@@ -19,6 +19,7 @@ command line: ``command``.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import statistics
 import sys
@@ -370,8 +371,14 @@ class Trainer:
             self.tracker = None
 
     def say(self, msg: str) -> None:
+        """A progress line on stdout from rank 0 unless quiet. A reader that went away (`train ... | head`) ends
+        the lines, not the run: its files are the record (metrics.jsonl), and a broken pipe is no write error."""
         if self.write and not self.quiet:
-            print(msg, flush=True)
+            try:
+                print(msg, flush=True)
+            except BrokenPipeError:
+                self.quiet = True
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush must not fail
 
     # -- the step ---------------------------------------------------------------------------------------
 
