@@ -171,3 +171,24 @@ def test_training_piped_into_head_finishes_its_run(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0, err
     assert (out / "DONE").is_file() and "Traceback" not in err
+
+
+def test_a_dashed_config_field_gets_a_hint(capsys):
+    """`train --moe.n_experts=4` (a config field written as a flag): argparse's error names the fix, the field
+    without its dashes."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--moe.n_experts=4", "--print-config"])
+    assert e.value.code == 2
+    assert "(a config field is set as moe.n_experts=4, without the dashes)" in capsys.readouterr().err
+
+
+def test_ctrl_c_before_the_command_runs_prints_no_traceback(capsys, monkeypatch):
+    """Ctrl-C while the subcommands' modules import (torch takes seconds): one line and exit 130."""
+    import importlib
+
+    def interrupted(name, *args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    assert main(["train", "--print-config"]) == 130
+    assert capsys.readouterr().err == "scalevec: interrupted\n"

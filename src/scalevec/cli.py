@@ -42,6 +42,14 @@ BROKEN_PIPE_EXIT = 141  # what a shell reports for a process killed by SIGPIPE
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the command's modules (torch) still import: no traceback
+        print("scalevec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="scalevec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module, help_text in SUBCOMMANDS:
@@ -53,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        dashed = [e for e in extra if e.startswith("--") and "." in e.split("=")[0]]
+        hint = f" (a config field is set as {dashed[0][2:]}, without the dashes)" if dashed else ""
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     from scalevec.training.exits import PREEMPTED_EXIT, Preempted
 
     try:

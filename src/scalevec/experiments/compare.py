@@ -238,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     for w in analysis.warnings:
         print(f"warning: {w}")
     out = Path(args.out)
-    print(f"\nwrote {out / 'report.md'}, {out / 'results.csv'}, {out / 'loss_curves.png'}")
+    written = ("report.md", "results.csv", "runs.csv", "loss_curves.png")
+    print(f"\nwrote {', '.join(str(out / name) for name in written)}")
     return rc
 
 
