@@ -192,3 +192,8 @@ def test_ctrl_c_before_the_command_runs_prints_no_traceback(capsys, monkeypatch)
     monkeypatch.setattr(importlib, "import_module", interrupted)
     assert main(["train", "--print-config"]) == 130
     assert capsys.readouterr().err == "scalevec: interrupted\n"
+
+
+def test_a_negative_step_count_is_named_not_the_warmup_it_implies(capsys):
+    """`train --steps -1` names train.steps (the default warmup, 10 % of the steps, used to be -1 and was named)."""
+    fails(capsys, ["train", "--steps", "-1", "--print-config"], "train.steps=-1", "positive")

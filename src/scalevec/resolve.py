@@ -81,8 +81,9 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
 
 def default_warmup(steps: int) -> int:
     """The warmup of a run of ``steps`` steps that sets none (module docstring): ``min(50, steps // 10)``, the
-    cap being ``ScheduleConfig``'s default; 0 (no warmup) below 10 steps."""
-    return min(ScheduleConfig.warmup, steps // 10)
+    cap being ``ScheduleConfig``'s default; 0 (no warmup) below 10 steps (and for a bad step count, which
+    ``validate`` then names itself, not as a negative warmup)."""
+    return max(0, min(ScheduleConfig.warmup, steps // 10))
 
 
 def warmup_given(schedule_section: Any, overrides: list[str] | Mapping[str, Any] | None) -> bool:
