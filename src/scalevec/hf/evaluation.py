@@ -6,8 +6,10 @@ custom architecture for what cannot fold) and an exported directory is used as i
 Hugging Face backend (``HFLM``) then runs the tasks. So a run and its export are scored by the same
 code on the same weights, and what ``scalevec eval`` reports is what ``lm_eval --model hf --model_args
 pretrained=DIR,trust_remote_code=True`` reports. An exported directory is checked first
-(``generate.check_hf_dir``): safetensors weights only, and custom code only when it is byte for byte
-the code this scalevec ships, or with ``--trust-remote-code``. The export declares the BOS/pad/prefix
+(``generate.check_hf_dir``): safetensors weights only, each whole, and custom code only when it is byte for
+byte the code this scalevec ships, or with ``--trust-remote-code``; then loaded once by ``generate.load_hf_dir``,
+which refuses a bad tokenizer and weights that config.json does not describe (lm-eval would score the
+randomly initialised model), before lm-eval loads it again. The export declares the BOS/pad/prefix
 tokens lm-eval needs, also for the ``bytes`` tokenizer (``tokenizer_files.tokenizer_specials``).
 
 Scores are merged into ``eval.json`` in the evaluated directory (one entry per task: every metric and
@@ -26,7 +28,7 @@ local UTF-8 text file, or of the validation split of a ``scalevec prepare-data``
 (``training.perplexity``: the trainer's validation windows and definitions) with the model's own tokenizer
 (``tokenizer/`` of a run, the tokenizer files of an export; both are ``data.tokenizer.Tokenizer``, so a run
 and its export see the same ids). The logits come from ``generate.load_text_model`` (our ``Transformer`` for
-a run, transformers for an export, after ``check_hf_dir``). Printed only, nothing written.
+a run, transformers for an export, through ``load_hf_dir``'s checks). Printed only, nothing written.
 """
 
 from __future__ import annotations
@@ -133,9 +135,11 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
     written to a temporary directory when asked for; ``include_path`` adds a folder of user task YAMLs.
     The directory is checked first (``generate.check_hf_dir``): custom code that is not scalevec's runs
     only with ``trust_remote_code``. Raises ``ValueError`` without lm-eval, for a task name lm-eval does
-    not know or for untrusted custom code, and ``FileNotFoundError`` for a directory without safetensors.
+    not know, for untrusted custom code, a truncated safetensors file, a bad tokenizer or weights that
+    config.json does not describe (``generate.load_hf_dir``), and ``FileNotFoundError`` for a directory
+    without safetensors.
     """
-    from scalevec.hf.generate import check_hf_dir
+    from scalevec.hf.generate import check_hf_dir, load_hf_dir
 
     trust = check_hf_dir(hf_dir, trust_remote_code)  # before lm-eval or transformers touch the directory
     lm_eval, HFLM, TaskManager = _import_lm_eval()
@@ -156,6 +160,10 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
         if unknown:
             raise ValueError(f"lm-eval knows no task {', '.join(unknown)}; see `lm_eval ls tasks` (standard: "
                              f"{STANDARD_TASKS}; offline: {SHAKESPEARE_TASK}), or pass --include-path DIR")
+        # lm-eval loads the model itself and keeps transformers' loading report to a log: a model_type or size
+        # edited in config.json would be scored as a randomly initialised model. Load it once through the
+        # checked loader (refused there, one line); the result is dropped, freed before lm-eval loads its copy.
+        load_hf_dir(hf_dir, trust)
         # use_safetensors (passed on to from_pretrained): never fall back to unpickling a pytorch_model.bin
         lm = HFLM(pretrained=str(hf_dir), trust_remote_code=trust, dtype="float32", device=device,
                   batch_size=batch_size, use_safetensors=True)

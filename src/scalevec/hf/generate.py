@@ -30,6 +30,13 @@ in config.json or tokenizer_config.json, which transformers imports and runs) on
 file it names, and every ``.py`` file in the directory, is byte-identical (sha256) to the code this
 scalevec ships (``scalevec/hf/remote``): scalevec's own custom-code exports load as they are, anything
 else needs ``--trust-remote-code``. A directory without custom code needs no trust.
+
+What is checked when it loads (``load_hf_dir``, the one loader of both commands): every safetensors file
+must be whole (its header read by ``hf_import.tensor_shapes``, the check ``scalevec convert`` applies), the
+tokenizer files must be readable (a bad one is named), and transformers must load exactly the weights that
+config.json describes: a tensor of another shape, one the model needs and the directory lacks (transformers
+would initialise it at random: a ``model_type`` or size edited in config.json) or one the model has no place
+for is refused, since the model would run and compute garbage.
 """
 
 from __future__ import annotations
@@ -73,6 +80,15 @@ def shipped_code_hashes() -> dict[str, str]:
     return {name: hashlib.sha256(src.joinpath(name).read_bytes()).hexdigest() for name in REMOTE_FILES}
 
 
+def _read_json(f: Path):
+    """The parsed JSON of ``f`` (config.json, a tokenizer file). Raises ``ValueError`` naming ``f`` when it
+    is not JSON."""
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{f} is not valid JSON ({e}); fix it or export the model again") from None
+
+
 def _auto_map_refs(hf_dir: Path) -> list[tuple[str, str]]:
     """``(file, class reference)`` of every ``auto_map`` entry of config.json and tokenizer_config.json:
     what transformers would import from the directory. Raises ``ValueError`` for a file that is not JSON
@@ -82,10 +98,7 @@ def _auto_map_refs(hf_dir: Path) -> list[tuple[str, str]]:
         f = hf_dir / name
         if not f.is_file():
             continue
-        try:
-            conf = json.loads(f.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise ValueError(f"{f} is not valid JSON ({e}); fix it or export the model again") from None
+        conf = _read_json(f)
         auto_map = conf.get("auto_map") if isinstance(conf, dict) else None
         if not auto_map:
             continue
@@ -136,19 +149,20 @@ def custom_code_trusted(hf_dir: str | Path, trust_remote_code: bool = False) -> 
 def check_hf_dir(hf_dir: str | Path, trust_remote_code: bool = False) -> bool:
     """Check an exported Hugging Face directory before transformers loads anything from it; return the
     ``trust_remote_code`` to load it with (``custom_code_trusted``). Its weights must be safetensors
-    (``hf_import.weight_files``). Raises ``FileNotFoundError`` without safetensors (a pickled
-    ``pytorch_model.bin`` is never loaded) and ``ValueError`` for a shard outside the directory or
-    custom code that is not scalevec's and not trusted."""
-    from scalevec.hf_format.hf_import import weight_files
+    (``hf_import.weight_files``), each whole: its header is read (``hf_import.tensor_shapes``, as
+    ``scalevec convert`` does), no tensor. Raises ``FileNotFoundError`` without safetensors (a pickled
+    ``pytorch_model.bin`` is never loaded) and ``ValueError`` for a shard outside the directory, a file
+    that is truncated or not safetensors, or custom code that is not scalevec's and not trusted."""
+    from scalevec.hf_format.hf_import import tensor_shapes, weight_files
 
-    weight_files(hf_dir)
+    tensor_shapes(weight_files(hf_dir))  # else transformers fails deep inside with a SafetensorError traceback
     return custom_code_trusted(hf_dir, trust_remote_code)
 
 
 def load_text_model(path: str | Path, device: str = "cpu", trust_remote_code: bool = False) -> TextModel:
     """A ``TextModel`` for a scalevec run directory (``config.yaml``) or an exported HF directory
-    (``config.json``, checked by ``check_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is
-    neither, and as ``check_hf_dir``."""
+    (``config.json``, checked and loaded by ``load_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is
+    neither, and as ``load_hf_dir``."""
     path = Path(path)
     if rundir.has_config(path):
         return _run_text_model(path, device)
@@ -175,25 +189,96 @@ def _run_text_model(run_dir: Path, device: str) -> TextModel:
                      bos_id=start_token(tok), eos_id=tok.eos_id, context=cfg.model.max_seq_len, cached=cached)
 
 
-def _load_hf_dir(hf_dir: Path, trust_remote_code: bool):
-    """An exported directory's model (float32, safetensors only) and tokenizer, after the trust rule
-    (``check_hf_dir``). ``FileNotFoundError`` without a ``tokenizer.json``."""
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
+def load_hf_dir(hf_dir: str | Path, trust_remote_code: bool = False):
+    """``(model, tokenizer)`` of an exported directory, the one loader of ``generate`` and ``eval``: the
+    directory checked (``check_hf_dir``), its tokenizer (``load_hf_tokenizer``) and its model in float32
+    from safetensors only, refused unless it holds the weights config.json describes (``load_hf_model``).
+    Raises as those."""
+    hf_dir = Path(hf_dir)
     trust = check_hf_dir(hf_dir, trust_remote_code)
+    tok = load_hf_tokenizer(hf_dir)  # before the model: a bad tokenizer is refused without the long load
+    return load_hf_model(hf_dir, trust), tok
+
+
+def load_hf_tokenizer(hf_dir: Path):
+    """The ``PreTrainedTokenizerFast`` of an exported directory. Raises ``FileNotFoundError`` without a
+    ``tokenizer.json`` and ``ValueError`` naming the tokenizer file that is not JSON, or tokenizer.json
+    when it is JSON but no tokenizer."""
+    from transformers import PreTrainedTokenizerFast
+
+    from scalevec.hf.tokenizer_files import TOKENIZER_FILES
+
     if not (hf_dir / "tokenizer.json").is_file():
         raise FileNotFoundError(f"{hf_dir} has no tokenizer.json; export with the run's tokenizer (scalevec export "
                                 "RUN_DIR)")
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+    except Exception as e:  # a JSON error, a KeyError for JSON that is no tokenizer, the Rust tokenizer's own
+        for name in TOKENIZER_FILES:  # transformers' message does not say which file: find the one that is not JSON
+            if (hf_dir / name).is_file():
+                _read_json(hf_dir / name)
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{hf_dir / 'tokenizer.json'} is not a tokenizer transformers can read ({type(e).__name__}: "
+                         f"{why}); export the model again with its tokenizer") from None
+
+
+def load_hf_model(hf_dir: Path, trust: bool):
+    """The model of a checked directory (``check_hf_dir``'s ``trust``), float32, from safetensors only.
+
+    transformers builds the model config.json describes and fills it with the directory's tensors; what
+    does not fit is only a warning there: a tensor of another shape, or one the model needs and the
+    directory lacks, is initialised at random, and a tensor the model has no place for is dropped. Such a
+    model runs and computes garbage (config.json's ``model_type`` or sizes edited, another model's
+    weights), so its loading report (``output_loading_info``) must be empty. Raises ``ValueError`` naming
+    the directory and the first tensor of each kind."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()
-    # use_safetensors: transformers must never fall back to unpickling a pytorch_model.bin
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, trust_remote_code=trust,
-                                                 use_safetensors=True)
-    return model, PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its report is a table of every such tensor: the one line below replaces it
+    try:
+        # use_safetensors: transformers must never fall back to unpickling a pytorch_model.bin;
+        # ignore_mismatched_sizes: a shape mismatch lands in the report (refused below), not in a RuntimeError
+        model, info = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, trust_remote_code=trust,
+                                                           use_safetensors=True, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    problems = loading_problems(info)
+    if problems:
+        raise ValueError(f"{hf_dir}'s weights do not match its config.json (model_type "
+                         f"{model.config.model_type!r}, {type(model).__name__}): {problems}; fix config.json, or "
+                         f"export the model again")
+    return model
+
+
+def loading_problems(info: dict) -> str:
+    """What a transformers loading report (``from_pretrained(..., output_loading_info=True)``) says does
+    not fit, one clause per kind naming its first tensor; empty when the weights are exactly the model's."""
+
+    def more(keys) -> str:
+        return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+
+    problems = []
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda m: m[0])
+    if mismatched:
+        key, shape_ckpt, shape_model = mismatched[0]
+        problems.append(f"the directory's {key} has shape {tuple(shape_ckpt)}, config.json's model needs "
+                        f"{tuple(shape_model)}{more(mismatched)}")
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        problems.append(f"config.json's model needs {missing[0]}{more(missing)}, which the directory does not hold "
+                        f"(transformers would initialise it at random)")
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        problems.append(f"the directory holds {unexpected[0]}{more(unexpected)}, which config.json's model has no "
+                        f"place for")
+    return "; ".join(problems)
 
 
 def _hf_text_model(hf_dir: Path, device: str, trust_remote_code: bool = False) -> TextModel:
-    model, tok = _load_hf_dir(hf_dir, trust_remote_code)
+    model, tok = load_hf_dir(hf_dir, trust_remote_code)
     model = model.to(device).eval()
     # transformers 5 names the cache `cache`, 4.x `past_key_values` (input and output alike)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -225,9 +310,9 @@ class Generator:
 
 def load_generator(path: str | Path, device: str = "cpu", trust_remote_code: bool = False) -> Generator:
     """A ``Generator`` for a scalevec run directory (``config.yaml``: its final checkpoint converted in
-    memory, ``_run_generator``) or an exported HF directory (``config.json``, checked by ``check_hf_dir``).
-    Raises ``FileNotFoundError`` when ``path`` is neither or has no tokenizer, ``rundir.RunDirError`` for
-    a run without an intact, healthy checkpoint, and as ``check_hf_dir``."""
+    memory, ``_run_generator``) or an exported HF directory (``config.json``, checked and loaded by
+    ``load_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is neither or has no tokenizer,
+    ``rundir.RunDirError`` for a run without an intact, healthy checkpoint, and as ``load_hf_dir``."""
     path = Path(path)
     if rundir.has_config(path):
         return _run_generator(path, device)
@@ -278,7 +363,7 @@ def _run_generator(run_dir: Path, device: str) -> Generator:
 
 
 def _hf_generator(hf_dir: Path, device: str, trust_remote_code: bool = False) -> Generator:
-    return _generator(*_load_hf_dir(hf_dir, trust_remote_code), device)
+    return _generator(*load_hf_dir(hf_dir, trust_remote_code), device)
 
 
 def hf_sample(g: Generator, prompt: list[int], max_new_tokens: int, temperature: float = 1.0,
@@ -343,8 +428,9 @@ def generate_ids(path: str | Path, prompt: str, max_new_tokens: int = 200, tempe
                  stop: tuple[str, ...] | list[str] = ()) -> tuple[list[int], Generator]:
     """``(new token ids, the Generator)`` generated after ``[BOS] + encode(prompt)`` from the model at
     ``path`` (run or exported HF dir); see ``hf_sample``. Raises ``ValueError`` for bad sampling arguments
-    (before loading anything) or custom code that is not scalevec's without ``trust_remote_code``
-    (``check_hf_dir``), and ``FileNotFoundError`` for a path that holds no model."""
+    (before loading anything), custom code that is not scalevec's without ``trust_remote_code``
+    (``check_hf_dir``) or an exported directory whose files are damaged or do not match its config.json
+    (``load_hf_dir``), and ``FileNotFoundError`` for a path that holds no model."""
     check_sampling(max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop)
     g = load_generator(path, device, trust_remote_code)
     ids = ([g.bos_id] if g.bos_id is not None else []) + g.tokenizer.encode(prompt, add_special_tokens=False)
