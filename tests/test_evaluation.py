@@ -296,3 +296,11 @@ def test_text_errors_exit_2_with_one_line(tmp_path, make_cfg, export_fixtures, c
         assert len(errors) == 1 and errors[0].startswith("scalevec eval: error: ") and message in errors[0], err
     assert main(["eval", str(tmp_path / "plain"), "--text", str(tmp_path / "ok.txt")]) == 2
     assert "neither a scalevec run directory" in capsys.readouterr().err
+
+
+def test_an_include_path_that_is_no_folder_is_refused(tmp_path):
+    """eval --include-path naming no folder is refused in one line (lm-eval would ignore it silently)."""
+    from scalevec.hf.evaluation import evaluate_hf_dir
+
+    with pytest.raises(FileNotFoundError, match="--include-path .*missing is not a folder"):
+        evaluate_hf_dir(tmp_path / "hf", ["scalevec_shakespeare"], include_path=tmp_path / "missing")

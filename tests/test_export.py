@@ -255,3 +255,14 @@ def test_existing_out_is_never_overwritten(tmp_path, make_cfg):
     (out / "keep.txt").write_text("mine")
     assert main(["export", str(run), "--out", str(out)]) == 2
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("size", ["abc", "0", "-5GB", ""])
+def test_a_bad_max_shard_size_names_the_flag(tmp_path, size):
+    """--max-shard-size that huggingface_hub cannot read, or that is not positive, is refused naming the flag,
+    before any model is loaded (the run directory here does not even exist)."""
+    from scalevec.hf.export import export_run
+
+    with pytest.raises(ValueError, match="--max-shard-size .* is not a size; use bytes or a number with KB, MB"):
+        export_run(tmp_path / "no-run", tmp_path / "out", max_shard_size=size)
+    assert not (tmp_path / "out").exists()

@@ -296,9 +296,11 @@ def test_top_p_restricts_the_choices(tmp_path, model, capsys):
     ("--top-p", "-0.1", "must be in (0, 1]"), ("--top-p", "nan", "must be in (0, 1]"),
     ("--repetition-penalty", "0", "--repetition-penalty=0.0 must be > 0"),
     ("--repetition-penalty", "-1", "must be > 0"), ("--stop", "", "--stop '' is empty"),
+    ("--repetition-penalty", "inf", "must be > 0 and finite"), ("--temperature", "inf", "must be >= 0 and finite"),
 ])
 def test_bad_generation_flags_are_one_line_errors(tmp_path, model, capsys, flag, value, needle):
-    """top-p outside (0, 1], a penalty <= 0 and an empty stop string exit 2 with one line on stderr."""
+    """top-p outside (0, 1], a penalty <= 0 or infinite, an infinite temperature and an empty stop string exit 2
+    with one line on stderr."""
     run = _run_dir(tmp_path / "run", model)
     assert main(["generate", str(run), "--prompt", "x", "--temperature", "0", flag, value]) == 2
     captured = capsys.readouterr()

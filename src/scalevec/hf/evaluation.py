@@ -141,6 +141,9 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
     """
     from scalevec.hf.generate import check_hf_dir, load_hf_dir
 
+    if include_path is not None and not Path(include_path).is_dir():
+        raise FileNotFoundError(f"--include-path {include_path} is not a folder; pass a folder of lm-eval task YAML "
+                                f"files")
     trust = check_hf_dir(hf_dir, trust_remote_code)  # before lm-eval or transformers touch the directory
     lm_eval, HFLM, TaskManager = _import_lm_eval()
     from transformers.utils import logging as hf_logging

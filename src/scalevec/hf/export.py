@@ -441,6 +441,22 @@ def _make_ordinary(out: Path) -> None:
 # --------------------------------------------------------------------------------------------- command
 
 
+def check_shard_size(max_shard_size: int | str) -> None:
+    """Refuse a ``--max-shard-size`` that huggingface_hub cannot read (it would fail after the model loaded,
+    naming a unit, not the flag) or that is not positive. ``ValueError`` naming the flag and the fix."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    text = str(max_shard_size).strip()
+    ok = text.strip("0") != "" and not text.startswith("-")  # huggingface_hub takes 0 and -5GB
+    try:
+        split_torch_state_dict_into_shards({}, max_shard_size=int(text) if text.isdigit() else text)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"--max-shard-size {max_shard_size!r} is not a size; use bytes or a number with KB, MB, "
+                         f"GB or TB, like 5GB or 500MB")
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", dtype: str = "float32",
                check: bool = False, max_shard_size: int | str = "5GB") -> Path:
     """Export the final checkpoint of run ``run_dir`` (``run_model.load_model``: verified against its
@@ -450,6 +466,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", d
     from scalevec.training import rundir
     from scalevec.training.checkpoint.run_model import load_model
 
+    check_shard_size(max_shard_size)
     check_out_dir(out_dir)
     cfg, model, _ = load_model(run_dir)
     run_dir = Path(run_dir)

@@ -21,19 +21,20 @@ CachedFn = Callable[[Tensor, object], tuple[Tensor, object]]
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float = 1.0,
                    repetition_penalty: float = 1.0, stop: tuple[str, ...] | list[str] = ()) -> None:
-    """Raise ``ValueError`` for ``max_new_tokens < 1``, ``temperature < 0`` (or NaN), ``top_k < 1``,
+    """Raise ``ValueError`` for ``max_new_tokens < 1``, ``temperature < 0`` (or NaN, or infinite), ``top_k < 1``,
     ``top_p`` outside (0, 1], ``repetition_penalty <= 0`` (or NaN, or infinite) or an empty stop string."""
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens={max_new_tokens} must be >= 1 (default 200)")
-    if not temperature >= 0:
-        raise ValueError(f"--temperature={temperature} must be >= 0 (0 = greedy)")
+    if not 0 <= temperature < float("inf"):
+        raise ValueError(f"--temperature={temperature} must be >= 0 and finite (0 = greedy; an infinite one samples "
+                         f"uniformly)")
     if top_k is not None and top_k < 1:
         raise ValueError(f"--top-k={top_k} must be >= 1 (or leave it out for the full distribution)")
     if not 0 < top_p <= 1:
         raise ValueError(f"--top-p={top_p} must be in (0, 1] (1 = the full distribution, the default)")
     if not 0 < repetition_penalty < float("inf"):
-        raise ValueError(f"--repetition-penalty={repetition_penalty} must be > 0 (1 = none, the default; > 1 "
-                         f"discourages repeating tokens)")
+        raise ValueError(f"--repetition-penalty={repetition_penalty} must be > 0 and finite (1 = none, the default; "
+                         f"> 1 discourages repeating tokens)")
     if any(not st for st in stop):
         raise ValueError("--stop '' is empty and would stop before the first token; pass a non-empty string")
 
