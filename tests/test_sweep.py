@@ -124,6 +124,10 @@ def test_a_folder_of_the_users_is_refused_before_anything_is_written(tmp_path, c
         run_sweep(spec, mine, train_cmd=FAKE)
     (tmp_path / "empty").mkdir()
     assert run_sweep(spec, tmp_path / "empty", dry_run=True) == 0  # a new or empty folder passes
+    beside = tmp_path / "beside"  # or one that holds only the sweep's own file (scripts/gpu_ladder.sh's layout)
+    beside.mkdir()
+    (beside / "s.yaml").write_text(yaml.safe_dump(SPEC))
+    assert run_sweep(load_spec(beside / "s.yaml"), beside, dry_run=True) == 0
 
 
 @pytest.mark.slow  # end-to-end sweep or every shipped file expanded

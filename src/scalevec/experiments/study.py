@@ -380,7 +380,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False,
                          scope=scope)
 
-    sweepdir.check_folder(out)  # before the study's spec is written there
+    sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
     out.mkdir(parents=True, exist_ok=True)
     sweepdir.write_spec(out, stored)
     runs_dir = out / "runs"

@@ -548,7 +548,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
     if rundir.has_config(out):
         raise FileExistsError(f"{out} is a single training run (config.yaml), not a sweep folder; choose another --out")
-    sweepdir.check_folder(out)
+    sweepdir.check_folder(out, spec.file)
     runs = expand(spec)
     runs_dir = out / "runs"
     statuses = [run_status(r, runs_dir) for r in runs]

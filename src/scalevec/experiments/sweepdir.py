@@ -45,14 +45,16 @@ def spec_path(out: Path, name: str) -> Path:
 RUNS = "runs"  # OUT/runs/NAME/: the run directories
 
 
-def check_folder(out: Path) -> None:
+def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
     """Refuse an ``--out`` that holds files but is not a sweep folder (no ``runs/`` and no readable
     ``sweep.yaml``): a sweep writes ``report.md``, ``results.csv``, ``runs.csv``, figures and specs there, which
-    would replace a user's files of those names. A new or empty folder, or a sweep folder, passes. Raises
-    ``FileExistsError`` naming a few of the files and the fix, or ``ValueError`` for a ``sweep.yaml`` that is not
-    a sweep's."""
+    would replace a user's files of those names. A new or empty folder, one that holds only ``spec_file`` (the
+    sweep's own file kept beside its results, as ``scripts/gpu_ladder.sh`` does), or a sweep folder passes.
+    Raises ``FileExistsError`` naming a few of the files and the fix, or ``ValueError`` for a ``sweep.yaml`` that
+    is not a sweep's."""
     out = Path(out)
-    if not out.is_dir() or not any(out.iterdir()):
+    own = Path(spec_file).resolve() if spec_file else None
+    if not out.is_dir() or all(p.resolve() == own for p in out.iterdir()):
         return
     if (out / SPEC_FILE).is_file():
         fix = f"choose another --out (a sweep writes its own {SPEC_FILE} there)"
@@ -65,7 +67,7 @@ def check_folder(out: Path) -> None:
         return
     if (out / RUNS).is_dir():
         return
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.iterdir() if p.resolve() != own)
     raise FileExistsError(f"--out {out} holds files that are not a scalevec sweep's ({', '.join(names[:4])}"
                           f"{', ...' if len(names) > 4 else ''}); choose a new or empty --out (a sweep writes "
                           f"report.md, results.csv, runs.csv and figures there)")
