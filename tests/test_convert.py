@@ -169,7 +169,7 @@ def test_custom_code_needs_trust_and_never_runs(tmp_path, hf_llama, capsys):
     ("hf out exists, --overwrite", ["never deletes one"]),
     ("overwrite a non-run", ["is not a scalevec run directory"]),
     ("unknown strategy", ["strategy"]),
-    ("missing source", ["does not exist"]),
+    ("missing source", ["SRC ", "does not exist"]),
     ("verify a run", ["--verify checks a Hugging Face export"]),
 ])
 def test_bad_inputs_exit_2_and_write_nothing(tmp_path, hf_llama, capsys, case, words):

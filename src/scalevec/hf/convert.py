@@ -74,7 +74,7 @@ def convert(args: argparse.Namespace) -> Path:
         raise ValueError("--verify checks a Hugging Face export: pass --format hf, or verify a run's export with "
                          "scalevec export RUN --out DIR --verify")
     check_paths(source, out, args.format, args.overwrite)
-    init = init_from.resolve(source)
+    init = init_from.resolve(source, flag="SRC")
     if init.kind == "hf":
         from scalevec.hf.generate import custom_code_trusted
 

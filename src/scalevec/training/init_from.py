@@ -65,14 +65,16 @@ class InitFrom:
         return self.step if self.schedule_from == "continue" else 0
 
 
-def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: str = "restart") -> InitFrom:
+def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: str = "restart",
+            flag: str = "--init-from") -> InitFrom:
     """Classify ``source`` (module docstring). Raises ``FileNotFoundError`` for a missing or unknown
-    directory and ``ValueError`` for a bad ``schedule_from`` or ``continue`` from a Hugging Face model."""
+    directory (naming ``source`` as ``flag``: ``convert`` calls it SRC) and ``ValueError`` for a bad
+    ``schedule_from`` or ``continue`` from a Hugging Face model."""
     if schedule_from not in SCHEDULE_FROM:
         raise ValueError(f"--schedule-from {schedule_from!r} is unknown; use restart or continue")
     p = Path(source)
     if not p.is_dir():
-        raise FileNotFoundError(f"--init-from {p} does not exist (give a Hugging Face model directory, a run "
+        raise FileNotFoundError(f"{flag} {p} does not exist (give a Hugging Face model directory, a run "
                                 f"directory or RUN/checkpoints/step_N)")
     if is_hf_dir(p):
         if schedule_from == "continue":
@@ -84,7 +86,7 @@ def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: st
     elif (p / layout.MODEL_FILE).is_file() and rundir.has_config(p.parent.parent):
         run_dir, ckpt = p.parent.parent, p
     else:
-        raise FileNotFoundError(f"--init-from {p} is neither a Hugging Face model (config.json + safetensors), a "
+        raise FileNotFoundError(f"{flag} {p} is neither a Hugging Face model (config.json + safetensors), a "
                                 f"scalevec run directory (config.yaml) nor one of its checkpoints/step_N")
     if not layout.is_step_name(ckpt.name):
         raise FileNotFoundError(f"{ckpt} is not a checkpoint directory (step_N)")
