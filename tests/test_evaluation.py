@@ -284,6 +284,7 @@ def test_text_errors_exit_2_with_one_line(tmp_path, make_cfg, export_fixtures, c
     (tmp_path / "ok.txt").write_text(HELD_OUT)
     cases = [(["--text", str(tmp_path / "missing.txt")], "no such file"),
              (["--text", str(tmp_path / "empty.txt")], "is empty"),
+             (["--text", "/dev/null"], "/dev/null is empty"),  # a device, not a missing file
              (["--text", str(tmp_path / "garbage.bin")], "is not UTF-8 text"),
              (["--text", str(tmp_path / "nul.bin")], "NUL bytes"),
              (["--text", str(tmp_path / "plain")], "not a `scalevec prepare-data` output"),

@@ -210,9 +210,9 @@ def read_text(path: str | Path) -> str:
     """The text of a held-out file: ``FileNotFoundError`` when missing, ``ValueError`` when empty, not UTF-8
     (binary data) or holding NUL bytes; a UTF-8 byte-order mark is dropped."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"--text {path}: no such file (pass a UTF-8 text file or a prepare-data folder)")
-    data = path.read_bytes()
+    data = path.read_bytes()  # a device (/dev/null) reads as it is: empty, and so refused below
     if not data:
         raise ValueError(f"--text {path} is empty (0 bytes); pass a file with text")
     try:
