@@ -1003,3 +1003,20 @@ def test_guard_never_fires_on_a_healthy_run(env):
     assert not (env["root"] / "healthy-on" / "DIVERGED").exists()
     assert losses(env["root"] / "healthy-on") == losses(env["root"] / "healthy-off")
     assert on["final_val_loss"] == off["final_val_loss"]
+
+
+def test_export_of_a_run_training_before_its_first_checkpoint_says_so(tmp_path, capsys):
+    """export and generate on a run whose trainer holds the lock but has written no checkpoint yet: one line
+    naming the process and "wait", not "train it first"."""
+    from scalevec.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rundir.write_meta(run, {})
+    (run / "config.yaml").write_text("preset: tiny\n")
+    with rundir.RunLock(run):
+        for argv in (["export", str(run), "--out", str(tmp_path / "hf")], ["generate", str(run), "--prompt", "a"]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and f"is being trained by process {os.getpid()}" in err, err
+            assert "wait for its first one" in err and "train it first" not in err

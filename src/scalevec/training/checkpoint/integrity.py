@@ -35,7 +35,7 @@ from scalevec.training.checkpoint.layout import (
     is_step_name,
     step_of,
 )
-from scalevec.training.rundir import CONFIG, RunDirError, load_config, one_line, read_diverged
+from scalevec.training.rundir import CONFIG, RunDirError, load_config, locked_by, one_line, read_diverged
 
 
 class CorruptCheckpoint(RunDirError):
@@ -252,6 +252,10 @@ def model_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
         if div:
             raise RunDirError(f"{run_dir} diverged at step {div['step']} ({div['reason']}) and has no checkpoint "
                               f"from before step {before}; there is no healthy model to use, retrain with a lower lr")
+        holder = locked_by(run_dir)
+        if holder:  # training now, before its first checkpoint: waiting is the fix, not training it
+            raise RunDirError(f"{run_dir} is being trained by process {holder} and has no checkpoint yet; wait for "
+                              f"its first one (train.ckpt_every) or for the run to finish")
         raise RunDirError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/step_*); train it first (or --resume it)")
     ckpt = ckpts[0]
     if ckpt.is_symlink():
