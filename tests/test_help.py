@@ -182,3 +182,21 @@ def test_print_config_is_what_a_run_stores(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
     assert main(["train", *argv, "--quiet"]) == 0
     assert printed == to_dict(rundir.load_config(tmp_path / "run"))
+
+
+def test_print_config_of_a_hugging_face_start_is_a_config(tmp_path, hf_llama, capsys):
+    """A run from a Hugging Face model records preset ``hf-llama`` (a label, not a preset): its printed config
+    is a ``--config`` that resolves to itself (the model section holds the shape), while a label without a
+    model section, or given as ``--preset``, is refused naming the presets."""
+    hf_dir, _ = hf_llama
+    text = print_config(capsys, ["--init-from", str(hf_dir), "--steps", "3", "--seq-len", "32"])
+    data = yaml.safe_load(text)
+    assert data["preset"] == "hf-llama" and data["model"]["d_model"] == 32 and data["model"]["head_dim"] == 16
+    (tmp_path / "printed.yaml").write_text(text)
+    again = print_config(capsys, ["--config", str(tmp_path / "printed.yaml")])
+    assert again == text
+    (tmp_path / "label.yaml").write_text("preset: hf-llama\n")
+    for argv in (["--config", str(tmp_path / "label.yaml")], ["--preset", "hf-llama"]):
+        assert main(["train", *argv, "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert "unknown preset 'hf-llama'" in err and "cpu-10k" in err

@@ -111,6 +111,24 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+LABEL_PREFIX = "hf-"  # init_from.preset_label: a run from a Hugging Face model records preset hf-<family>
+LABEL_BASE = "small"  # the preset a label's model section is laid over (the section holds the whole shape)
+
+
+def model_base(name: str, has_model_section: bool) -> str:
+    """The preset whose model a config with ``preset: name`` starts from: ``name`` itself, or ``LABEL_BASE``
+    for a label (``hf-<family>``, written by a run initialized from a Hugging Face model) whose config carries
+    its model section, so that a run's ``--print-config`` output is a valid ``--config``. Raises
+    ``ValueError`` naming the known presets for any other unknown name (a label without a model section
+    too: it names no shape)."""
+    if name in PRESETS:
+        return name
+    if name.startswith(LABEL_PREFIX) and has_model_section:
+        return LABEL_BASE
+    get_preset(name)  # raises, naming the presets
+    return name
+
+
 def get_preset(name: str) -> ModelConfig:
     """A fresh copy of preset ``name``. Raises ``ValueError`` naming the known presets."""
     if name not in PRESETS:
@@ -118,4 +136,4 @@ def get_preset(name: str) -> ModelConfig:
     return dataclasses.replace(PRESETS[name], moe=dataclasses.replace(PRESETS[name].moe) if PRESETS[name].moe else None)
 
 
-__all__ = ["PRESETS", "get_preset", "MoEConfig"]
+__all__ = ["PRESETS", "get_preset", "model_base", "MoEConfig"]

@@ -32,7 +32,7 @@ from typing import Any
 
 from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig, ScheduleConfig
 from scalevec.config_codec import apply_overrides, from_dict, to_dict
-from scalevec.presets import get_preset
+from scalevec.presets import get_preset, model_base
 from scalevec.run_budget import train_steps
 
 WSD_FLOOR = "schedule.min_lr_ratio=0.0"  # DESIGN.md §7: WSD decays to 0
@@ -56,9 +56,12 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
             raise ValueError("resolve_config: give preset/strategy or a base config, not both")
         data = to_dict(base)
     else:
+        # a preset named in the sections may be a label (hf-llama) whose model section holds the shape
+        shape = (model_base(str(data_in["preset"]), isinstance(data_in.get("model"), Mapping))
+                 if not preset and data_in.get("preset") else None)
         preset = preset or data_in.get("preset") or "small"
         strategy = strategy or data_in.get("strategy") or "baseline"
-        data = to_dict(RunConfig(preset=str(preset), strategy=str(strategy), model=get_preset(str(preset)),
+        data = to_dict(RunConfig(preset=str(preset), strategy=str(strategy), model=get_preset(shape or str(preset)),
                                  scale=_strategy_scales(str(strategy), data_in.get("scale"))))
     data_in.pop("preset", None)
     data_in.pop("strategy", None)

@@ -35,7 +35,6 @@ from scalevec.hf_format.hf_import import (
     read_hf,
     read_hf_config,
 )
-from scalevec.presets import PRESETS
 from scalevec.training import rundir
 from scalevec.training.checkpoint import layout
 from scalevec.training.checkpoint.integrity import model_checkpoint
@@ -104,9 +103,7 @@ def base_sections(init: InitFrom, preset: str | None, strategy: str | None, toke
     Raises ``ValueError`` / ``FileNotFoundError`` naming what is wrong with a Hugging Face directory.
     """
     if init.kind == "run":
-        data = to_dict(init.parent)
-        if data["preset"] not in PRESETS:  # e.g. hf-llama: the model section holds the shape
-            data["preset"] = "small"
+        data = to_dict(init.parent)  # a label preset (hf-llama) is read by presets.model_base
         if strategy:
             data.pop("scale")
             data.pop("strategy")
