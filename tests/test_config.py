@@ -115,6 +115,19 @@ def test_overrides_set_typed_values():
     assert RunConfig().model.d_model == 128  # the input config is not mutated
 
 
+@pytest.mark.parametrize("item", ["train.tokens=-5", "train.micro_batch_size=-1", "train.ckpt_every=-1",
+                                  "train.seed=-1", "train.probe_every=-2", "train.sharpness_every=-3",
+                                  "moe.n_shared_experts=-1", "moe.first_dense=-1", "moe.lb_coef=-0.5",
+                                  "moe.z_loss_coef=nan"])
+def test_a_negative_field_is_named_alone(item):
+    """A negative value of a field where 0 means off is refused naming that field and its value, and no other."""
+    cfg = apply_overrides(RunConfig(), ["moe.n_experts=4", item])
+    with pytest.raises(ValueError) as err:
+        cfg.validate()
+    key, value = item.split("=")
+    assert str(err.value) == f"{key}={float(value) if '.' in value or value == 'nan' else int(value)!r} must be >= 0"
+
+
 @pytest.mark.parametrize("item, message", [
     ("model.d_model", "key=value"),
     ("model.width=3", "model.width"),

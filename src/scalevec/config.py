@@ -45,10 +45,7 @@ class MoEConfig:
         _positive(self, "n_experts", "d_expert", "top_k")
         if self.top_k > self.n_experts:
             raise ValueError(f"moe.top_k={self.top_k} exceeds moe.n_experts={self.n_experts}; use top_k <= n_experts")
-        if self.n_shared_experts < 0 or self.first_dense < 0:
-            raise ValueError("moe.n_shared_experts and moe.first_dense must be >= 0")
-        if self.lb_coef < 0 or self.z_loss_coef < 0:
-            raise ValueError("moe.lb_coef and moe.z_loss_coef must be >= 0")
+        _nonnegative(self, "n_shared_experts", "first_dense", "lb_coef", "z_loss_coef")
 
 
 @dataclass
@@ -524,13 +521,9 @@ class TrainConfig:
         _positive(self, "steps", "batch_size", "seq_len", "eval_every", "eval_batch_size", "log_every")
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"train.loss_chunk_tokens={self.loss_chunk_tokens} must be >= 0 (0: off; try 4096)")
-        if self.tokens < 0 or self.micro_batch_size < 0 or self.ckpt_every < 0:
-            raise ValueError("train.tokens, train.micro_batch_size and train.ckpt_every must be >= 0")
+        _nonnegative(self, "tokens", "micro_batch_size", "ckpt_every", "seed", "probe_every", "sharpness_every")
         if self.threads < 0:
             raise ValueError(f"train.threads={self.threads} must be >= 0 (0: every CPU this process may use)")
-        if self.seed < 0 or self.probe_every < 0 or self.sharpness_every < 0:
-            raise ValueError(f"train.seed={self.seed}, train.probe_every={self.probe_every} and "
-                             f"train.sharpness_every={self.sharpness_every} must be >= 0")
         mb = self.micro_batch_size or self.batch_size
         if self.batch_size % mb:
             raise ValueError(f"train.batch_size={self.batch_size} is not a multiple of train.micro_batch_size={mb}")
@@ -626,6 +619,15 @@ def _positive(obj: Any, *names: str) -> None:
         value = getattr(obj, name)
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{section}.{name}={value!r} must be a positive integer")
+
+
+def _nonnegative(obj: Any, *names: str) -> None:
+    """Raise naming the first of ``names`` below 0 (0 means off or automatic for each of them)."""
+    section = type(obj).__name__.replace("Config", "").lower()
+    for name in names:
+        value = getattr(obj, name)
+        if not value >= 0:  # NaN too
+            raise ValueError(f"{section}.{name}={value!r} must be >= 0")
 
 
 __all__ = [
