@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   "reason": "non-finite loss or gradient norm at step 3"}))
         print("non-finite loss or gradient norm at step 3", file=sys.stderr)
         return 3
+    if float(cfg["optim"]["lr"]) >= float(os.environ.get("FAKE_FAIL_LR", "inf")):  # a failure, as the CLI reports one
+        print("loading 3 documents\nscalevec train: error: the fake trainer fails at this lr", file=sys.stderr)
+        return 2
     sleep = float(os.environ.get("FAKE_SLEEP", "0"))
     if sleep and any(d.is_dir() and (d / "DONE").exists() for d in out.parent.iterdir()):
         out.mkdir(parents=True, exist_ok=True)  # a partial run directory, as a killed trainer leaves it

@@ -156,6 +156,35 @@ def test_diverged_run_is_not_retried(tmp_path, monkeypatch, capsys):
     assert log.read_text().split() == ["tiny_baseline_lr0.003", "tiny_baseline_lr0.01"]
 
 
+def test_a_failed_run_is_named_with_its_cause(tmp_path, monkeypatch, capsys):
+    """A run that fails is named on the sweep's line with the error line of its log, the others still run, and
+    the sweep exits 1."""
+    monkeypatch.setenv("FAKE_FAIL_LR", "0.01")
+    spec = spec_from_dict({**SPEC, "grid": {"preset": ["tiny"], "strategy": ["baseline"], "lr": [3e-3, 1e-2]}})
+    assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, report=False) == 1
+    out = capsys.readouterr().out
+    log = tmp_path / "out" / "runs" / "tiny_baseline_lr0.01.log"
+    assert f"tiny_baseline_lr0.01: FAILED (exit 2): the fake trainer fails at this lr; see {log}" in out
+    assert run_status(expand(spec)[0], tmp_path / "out" / "runs") == "done"
+
+
+def test_a_missing_data_source_stops_the_sweep_and_its_dry_run(tmp_path, capsys):
+    """A --data that does not exist (or a folder without text, a file of another type) fails the sweep and its
+    dry run in one line before anything is written, not every run; a finished run's source is not re-checked."""
+    for source, message in [(tmp_path / "gone.txt", "does not exist"), (tmp_path, "has no .txt files"),
+                            (Path(__file__), "unsupported type '.py'")]:
+        spec = spec_from_dict({**SPEC, "base": {**SPEC["base"], "data.source": str(source)}})
+        for dry in (True, False):
+            with pytest.raises((FileNotFoundError, ValueError), match=f"run tiny_baseline_lr0.001_s0: .*{message}"):
+                run_sweep(spec, tmp_path / "out", dry_run=dry, train_cmd=FAKE)
+            assert not (tmp_path / "out").exists()
+    (tmp_path / "corpus.txt").write_text("some text\n" * 50)
+    spec = spec_from_dict({**SPEC, "base": {**SPEC["base"], "data.source": str(tmp_path / "corpus.txt")}})
+    assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, report=False, quiet=True) == 0
+    (tmp_path / "corpus.txt").unlink()  # every run is done: the sweep still reads as finished
+    assert run_sweep(spec, tmp_path / "out", dry_run=True, train_cmd=FAKE) == 0
+
+
 @pytest.mark.slow  # end-to-end sweep or every shipped file expanded
 def test_changed_config_of_finished_run_is_an_error(tmp_path):
     """Rerunning into a folder whose finished run has another config fails before writing anything."""

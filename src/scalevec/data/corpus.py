@@ -2,6 +2,7 @@
 
     prepare_data(DataConfig)          -> TokenData   train / val token streams as memmaps, cached on disk
                                                      (or a `prepare-data` folder's shards: prepared.py)
+    check_source(DataConfig)          -> None        what prepare_data checks before it reads any text
 
 Token streams: every document is ``[BOS] + encode(doc) + [EOS]`` where the tokenizer has those tokens.
 A tokenizer without EOS (``bytes``) sees documents joined by ``DOC_SEP``, so the byte stream of a
@@ -19,9 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import DataConfig
+from scalevec.data import documents
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import DOC_SEP, load_documents, source_note
-from scalevec.data.prepared import is_prepared, load_prepared
+from scalevec.data.prepared import is_prepared, load_prepared, read_manifest
 from scalevec.data.split import split_documents
 from scalevec.data.tokenizer import Tokenizer, load_tokenizer
 from scalevec.data.tokens import TokenData, token_dtype
@@ -66,6 +68,17 @@ def prepare_data(cfg: DataConfig) -> TokenData:
              "validation": record.as_dict(len(train), len(val))}
     return TokenData(train=train, val=val, tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta, cache_path=path,
                      from_cache=from_cache)
+
+
+def check_source(cfg: DataConfig) -> None:
+    """The checks ``prepare_data`` makes on ``cfg.source`` before it reads any text: a prepared folder's
+    manifest (``prepared.read_manifest``), else the path and type (``documents.check_source``). Cheap: what a
+    sweep runs on each source before its first run trains (a missing file would fail every run). Raises
+    ``FileNotFoundError`` / ``ValueError`` naming the source and the fix."""
+    if is_prepared(cfg.source):
+        read_manifest(cfg.source)
+    else:
+        documents.check_source(cfg.source)
 
 
 def _write_cache(path: Path, train_docs: list[str], val_docs: list[str], tok: Tokenizer, meta: dict) -> None:

@@ -3,6 +3,7 @@
     iter_documents(source)   -> Iterator[str]  bundled corpus, .txt, folder, .jsonl, .parquet, hf:NAME, streamed
     load_documents(source)   -> list[str]      the same stream, collected (the in-memory path)
     source_note(source)      -> str            how that source is cut into documents, for the load-time line
+    check_source(source)     -> files | None   the path and type checks alone, before anything is read
 
 ``prepare-data`` streams (``iter_documents``); ``train --data FILE`` collects (``load_documents``): both read
 every format through the same function, so they see the same documents, in the same order, with the same
@@ -50,28 +51,41 @@ def iter_documents(source: str, hf_streaming: bool = True) -> Iterator[str]:
     line, a missing ``text`` field or column, non-string text, a missing optional package, and, at the
     end, a source that held no text at all.
     """
+    files = check_source(source)
     if source in BUNDLED:
         raw = (resources.files("scalevec.data") / "corpora" / f"{source}.txt.gz").read_bytes()
         docs: Iterable[str] = _split_txt([gzip.decompress(raw).decode("utf-8")])
     elif source.startswith("hf:"):
         docs = _hf_documents(source, hf_streaming)
+    elif files is not None:
+        docs = (_read_utf8(f) for f in files)
     else:
         path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"data source {source!r} does not exist; {SOURCE_HELP}")
-        if path.is_dir():
-            files = sorted(f for f in path.rglob("*.txt") if f.is_file())
-            if not files:
-                raise ValueError(f"folder {path} has no .txt files; put one document per .txt file in it")
-            docs = (_read_utf8(f) for f in files)
-        else:
-            read = {".txt": _txt_documents, ".jsonl": _jsonl_documents, ".parquet": _parquet_documents}.get(path.suffix)
-            if read is None:
-                raise ValueError(f"data file {path} has unsupported type {path.suffix!r}; {SOURCE_HELP}")
-            if path.stat().st_size == 0:
-                raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
-            docs = read(path)
+        docs = {".txt": _txt_documents, ".jsonl": _jsonl_documents, ".parquet": _parquet_documents}[path.suffix](path)
     return _non_blank(docs, source)
+
+
+def check_source(source: str) -> list[Path] | None:
+    """The checks ``iter_documents`` makes before it reads a byte: the path exists, a file's type is one it
+    reads and the file is not empty, a folder holds .txt files (returned, sorted; ``None`` for any other
+    source); a bundled or ``hf:`` name passes (a dataset is only checked when it is read). What a sweep runs
+    on every source before it trains (``corpus.check_source``). Raises ``FileNotFoundError`` / ``ValueError``
+    as ``iter_documents`` does."""
+    if source in BUNDLED or source.startswith("hf:"):
+        return None
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"data source {source!r} does not exist; {SOURCE_HELP}")
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*.txt") if f.is_file())
+        if not files:
+            raise ValueError(f"folder {path} has no .txt files; put one document per .txt file in it")
+        return files
+    if path.suffix not in (".txt", ".jsonl", ".parquet"):
+        raise ValueError(f"data file {path} has unsupported type {path.suffix!r}; {SOURCE_HELP}")
+    if path.stat().st_size == 0:
+        raise ValueError(f"data file {path} is empty (0 bytes); point --data at a file with text")
+    return None
 
 
 def load_documents(source: str) -> list[str]:

@@ -508,6 +508,39 @@ def _final_loss(run_dir: Path) -> str:
 # ----------------------------------------------------------------------------------------- the sweep
 
 
+def check_sources(runs: list[Run]) -> None:
+    """Check each distinct data source of ``runs`` as its trainer would before reading it
+    (``corpus.check_source``), so that a missing or unreadable ``--data`` stops the sweep (and its dry run)
+    with one line instead of failing every run. Raises ``FileNotFoundError`` / ``ValueError`` naming the
+    first run with that source."""
+    from scalevec.data.corpus import check_source
+
+    first: dict[str, Run] = {}
+    for r in runs:
+        first.setdefault(r.cfg.data.source, r)
+    for r in first.values():
+        try:
+            check_source(r.cfg.data)
+        except (OSError, ValueError) as e:
+            raise type(e)(f"run {r.name}: {e}") from None
+
+
+def failure_cause(log: Path, tail_bytes: int = 16384) -> str:
+    """The last line of a failed run's log that names its error (the CLI's ``scalevec …: error: …`` line or a
+    traceback's last line), shortened to 200 characters; ``""`` when the log holds none or cannot be read."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        line = line.strip()
+        if ": error: " in line or re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line):
+            return line.split(": error: ", 1)[-1][:200]
+    return ""
+
+
 def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
     """The run list with status, lr, steps, tokens and parameters, and the total token budget."""
     lines = [f"{'run':<48} {'status':<8} {'lr':>9} {'steps':>7} {'tokens':>12} {'params':>12}"]
@@ -552,6 +585,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     runs = expand(spec)
     runs_dir = out / "runs"
     statuses = [run_status(r, runs_dir) for r in runs]
+    check_sources([r for r, s in zip(runs, statuses) if s not in ("done", "diverged")])
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     if dry_run:
         print(dry_run_text(runs, statuses))
@@ -599,7 +633,9 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             say(f"{head} skipped: in use by process {rundir.locked_by(runs_dir / run.name)}; rerun this sweep later")
         else:
             failed.append(run.name)
-            say(f"{head} FAILED (exit {rc}); see {runs_dir / (run.name + '.log')}")
+            log = runs_dir / (run.name + ".log")
+            cause = failure_cause(log)
+            say(f"{head} FAILED (exit {rc}){f': {cause}' if cause else ''}; see {log}")
 
     stopped_by: list[int] = []  # the first signal decides the exit code: 75 for SIGTERM, 130 for Ctrl-C
 
