@@ -4,6 +4,7 @@ deltas, token efficiency, scaling fits."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -56,7 +57,18 @@ def test_report_tables_match_run_summaries(tmp_path):
     assert float(rows["unified"]["delta"]) == pytest.approx(np.mean(uni) - np.mean(base), abs=1e-12)
     assert float(rows["unified"]["step_time_ratio"]) == pytest.approx(fakerun.STEP_TIME["unified"] / 0.10)
     assert rows["baseline"]["delta"] == ""
+    assert {r["step_time_clock"] for r in rows.values()} == {"wall"}  # the fake runs log no CPU time
     assert len(read_csv(tmp_path / "runs.csv")) == 9
+    for d in (tmp_path / "runs").iterdir():  # every run with CPU time: results.csv averages it, and says so
+        if (d / "summary.json").is_file():
+            s = json.loads((d / "summary.json").read_text())
+            (d / "summary.json").write_text(json.dumps({**s, "cpu_time_s": 2 * s["step_time_s"] + 1}))
+    write_report(tmp_path, quiet=True)
+    rows = {r["strategy"]: r for r in read_csv(tmp_path / "results.csv")}
+    assert rows["baseline"]["step_time_clock"] == "cpu" and float(rows["baseline"]["step_time_s"]) == pytest.approx(1.2)
+    per_run = {r["run"]: r for r in read_csv(tmp_path / "runs.csv")}
+    assert float(per_run["baseline_s0"]["cpu_time_s"]) == pytest.approx(1.2)
+    assert float(per_run["baseline_s0"]["step_time_s"]) == pytest.approx(0.1)
     text = (tmp_path / "report.md").read_text()
     assert "| unified |" in text and "![loss_curves.png](loss_curves.png)" in text
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000

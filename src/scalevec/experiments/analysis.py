@@ -42,6 +42,7 @@ class StrategyResult:
     scale_params: int = 0
     extra_params: int = 0
     step_time_s: float = math.nan
+    step_time_clock: str = "wall"  # what step_time_s measured: "cpu" (process time) or "wall" (older runs)
     step_time_ratio: float = math.nan
 
     @property
@@ -143,6 +144,7 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     done = [r.summary for r in runs if r.done]
     key = "cpu_time_s" if done and all(math.isfinite(d.get("cpu_time_s", math.nan)) for d in done) else "step_time_s"
     res.step_time_s = float(np.mean([d[key] for d in done]))
+    res.step_time_clock = "cpu" if key == "cpu_time_s" else "wall"
     return res
 
 

@@ -30,7 +30,8 @@ def to_csv(rows: list[dict]) -> str:
 # what a bitwise re-run needs besides the config, from each run's meta.json (records.describe_machine)
 MACHINE_COLUMNS = ("cpu", "cpu_capability", "threads", "torch")
 SUMMARY_COLUMNS = ("final_val_loss", "final_val_bpb", "best_val_loss", "tokens", "steps", "params",
-                   "non_embedding_params", "scale_params", "step_time_s", "wall_time_s", "compiled")  # summary.json's
+                   "non_embedding_params", "scale_params", "step_time_s", "cpu_time_s", "wall_time_s",
+                   "compiled")  # summary.json's: step_time_s wall clock, cpu_time_s process time (median per step)
 
 # keys that runs.csv names already (lr, seed) or that do not change the experiment (how a run executes)
 _NOT_SETTINGS = ("optim.lr", "train.seed", *EXECUTION_FIELDS)
@@ -82,7 +83,8 @@ def results_frame(a: Analysis) -> list[dict]:
                          "token_efficiency_is_lower_bound": r.token_efficiency_is_bound,
                          "params": r.params, "non_embedding_params": r.non_embedding_params,
                          "scale_params": r.scale_params, "extra_params": r.extra_params,
-                         "step_time_s": r.step_time_s, "step_time_ratio": r.step_time_ratio})
+                         "step_time_s": r.step_time_s, "step_time_clock": r.step_time_clock,
+                         "step_time_ratio": r.step_time_ratio})
     return rows
 
 
