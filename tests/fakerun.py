@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         print("non-finite loss or gradient norm at step 3", file=sys.stderr)
         return 3
     if float(cfg["optim"]["lr"]) >= float(os.environ.get("FAKE_FAIL_LR", "inf")):  # a failure, as the CLI reports one
-        print("loading 3 documents\nscalevec train: error: the fake trainer fails at this lr", file=sys.stderr)
+        if not os.environ.get("FAKE_FAIL_QUIET"):  # quiet: dies without a word, as a killed process does
+            print("loading 3 documents\nscalevec train: error: the fake trainer fails at this lr", file=sys.stderr)
         return 2
     sleep = float(os.environ.get("FAKE_SLEEP", "0"))
     if sleep and any(d.is_dir() and (d / "DONE").exists() for d in out.parent.iterdir()):

@@ -198,3 +198,12 @@ def test_an_explicit_lr_keeps_the_tuned_cells_protocol_and_short_runs_warn(tmp_p
                  str(tmp_path / "c"), "--dry-run")
     compare.run(args)
     assert "schedule.warmup=50 is not below the run's 30 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("item, flag", [("train.seed=abc", "--seeds"), ("seed=3", "--seeds"), ("lr=0.1", "--lr"),
+                                        ("optim.lr=0.1", "--lr"), ("strategy=dp", "--strategies")])
+def test_an_override_of_what_the_grid_sets_is_refused(item, flag):
+    """key=value of a field compare's grid sets per run (strategy, lr, seed) would be dropped silently: refused,
+    naming the flag to use."""
+    with pytest.raises(ValueError, match=f"set per run by compare; use {flag} instead of {item}"):
+        compare.build_spec(parse("--lr", "0.01", "--steps", "3", item))

@@ -128,6 +128,19 @@ def test_a_negative_field_is_named_alone(item):
     assert str(err.value) == f"{key}={float(value) if '.' in value or value == 'nan' else int(value)!r} must be >= 0"
 
 
+def test_a_seed_beyond_64_bits_is_refused():
+    with pytest.raises(ValueError, match=r"^train.seed=99999999999999999999 must be below 2\*\*63"):
+        apply_overrides(RunConfig(), ["train.seed=99999999999999999999"]).validate()
+    apply_overrides(RunConfig(), [f"train.seed={2**63 - 1}"]).validate()
+
+
+@pytest.mark.parametrize("item", ["moe.lb_coef=.inf", "moe.z_loss_coef=1e400"])
+def test_an_infinite_coefficient_is_refused(item):
+    cfg = apply_overrides(RunConfig(), ["moe.n_experts=4", item])
+    with pytest.raises(ValueError, match=rf"^{item.split('=')[0]}=inf must be finite$"):
+        cfg.validate()
+
+
 @pytest.mark.parametrize("item, message", [
     ("model.d_model", "key=value"),
     ("model.width=3", "model.width"),

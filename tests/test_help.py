@@ -195,8 +195,16 @@ def test_print_config_of_a_hugging_face_start_is_a_config(tmp_path, hf_llama, ca
     (tmp_path / "printed.yaml").write_text(text)
     again = print_config(capsys, ["--config", str(tmp_path / "printed.yaml")])
     assert again == text
-    (tmp_path / "label.yaml").write_text("preset: hf-llama\n")
-    for argv in (["--config", str(tmp_path / "label.yaml")], ["--preset", "hf-llama"]):
-        assert main(["train", *argv, "--print-config"]) == 2
+    for i, (text, message) in enumerate([
+            ("preset: hf-llama\n", "missing: d_model, n_layers, n_heads, d_ff, vocab_size"),
+            ("preset: hf-llama\nmodel: {}\n", "missing: d_model, n_layers, n_heads, d_ff, vocab_size"),
+            ("preset: hf-llama\nmodel: {d_model: 32, n_layers: 2}\n", "missing: n_heads, d_ff, vocab_size"),
+            ("preset: hf-\nmodel: {d_model: 32}\n", "unknown preset 'hf-'"),
+            ("preset: 0\n", "preset: 0 is not a name"), ("strategy: ''\n", "strategy: '' is not a name")]):
+        (tmp_path / f"label{i}.yaml").write_text(text)
+        assert main(["train", "--config", str(tmp_path / f"label{i}.yaml"), "--print-config"]) == 2
         err = capsys.readouterr().err
-        assert "unknown preset 'hf-llama'" in err and "cpu-10k" in err
+        assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert main(["train", "--preset", "hf-llama", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'hf-llama'" in err and "cpu-10k" in err

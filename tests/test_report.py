@@ -66,9 +66,23 @@ def test_report_tables_match_run_summaries(tmp_path):
     write_report(tmp_path, quiet=True)
     rows = {r["strategy"]: r for r in read_csv(tmp_path / "results.csv")}
     assert rows["baseline"]["step_time_clock"] == "cpu" and float(rows["baseline"]["step_time_s"]) == pytest.approx(1.2)
+    assert float(rows["unified"]["step_time_ratio"]) == pytest.approx((2 * fakerun.STEP_TIME["unified"] + 1) / 1.2)
+    # one run of the cell without CPU time: the whole cell falls back to the wall clock, no ratio across clocks
+    s = json.loads((tmp_path / "runs" / "baseline_s1" / "summary.json").read_text())
+    (tmp_path / "runs" / "baseline_s1" / "summary.json").write_text(json.dumps({**s, "cpu_time_s": math.nan}))
+    write_report(tmp_path, quiet=True)
+    rows = {r["strategy"]: r for r in read_csv(tmp_path / "results.csv")}
+    assert {r["step_time_clock"] for r in rows.values()} == {"wall"}
+    assert float(rows["unified"]["step_time_ratio"]) == pytest.approx(fakerun.STEP_TIME["unified"] / 0.10)
     per_run = {r["run"]: r for r in read_csv(tmp_path / "runs.csv")}
     assert float(per_run["baseline_s0"]["cpu_time_s"]) == pytest.approx(1.2)
     assert float(per_run["baseline_s0"]["step_time_s"]) == pytest.approx(0.1)
+    for d in (tmp_path / "runs").iterdir():  # runs too short to time (under 6 steps): no clock, no ratio, no warning
+        if (d / "summary.json").is_file():
+            s = json.loads((d / "summary.json").read_text())
+            (d / "summary.json").write_text(json.dumps({**s, "cpu_time_s": math.nan, "step_time_s": math.nan}))
+    a = analyze(load_runs(tmp_path), yaml.safe_load((tmp_path / "sweep.yaml").read_text()))
+    assert {r.step_time_clock for r in a.cells[0].results} == {""} and not any("plausible" in w for w in a.warnings)
     text = (tmp_path / "report.md").read_text()
     assert "| unified |" in text and "![loss_curves.png](loss_curves.png)" in text
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000

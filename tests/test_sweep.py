@@ -166,18 +166,31 @@ def test_a_failed_run_is_named_with_its_cause(tmp_path, monkeypatch, capsys):
     log = tmp_path / "out" / "runs" / "tiny_baseline_lr0.01.log"
     assert f"tiny_baseline_lr0.01: FAILED (exit 2): the fake trainer fails at this lr; see {log}" in out
     assert run_status(expand(spec)[0], tmp_path / "out" / "runs") == "done"
+    monkeypatch.setenv("FAKE_FAIL_QUIET", "1")  # the retry dies without a word: the first attempt's error is not its
+    assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, report=False) == 1
+    assert f"tiny_baseline_lr0.01: FAILED (exit 2); see {log}" in capsys.readouterr().out
 
 
 def test_a_missing_data_source_stops_the_sweep_and_its_dry_run(tmp_path, capsys):
     """A --data that does not exist (or a folder without text, a file of another type) fails the sweep and its
     dry run in one line before anything is written, not every run; a finished run's source is not re-checked."""
     for source, message in [(tmp_path / "gone.txt", "does not exist"), (tmp_path, "has no .txt files"),
-                            (Path(__file__), "unsupported type '.py'")]:
+                            (Path(__file__), "unsupported type '.py'"), ("hf:", "names no dataset")]:
         spec = spec_from_dict({**SPEC, "base": {**SPEC["base"], "data.source": str(source)}})
         for dry in (True, False):
             with pytest.raises((FileNotFoundError, ValueError), match=f"run tiny_baseline_lr0.001_s0: .*{message}"):
                 run_sweep(spec, tmp_path / "out", dry_run=dry, train_cmd=FAKE)
             assert not (tmp_path / "out").exists()
+    from test_cli_errors import fails
+
+    study = tmp_path / "s.yaml"  # a study too, its dry run included, before its spec is written
+    study.write_text(yaml.safe_dump({"name": "s", "base": {"preset": "tiny", "train": {"steps": 3},
+                                                           "data": {"source": str(tmp_path / "gone.txt")}},
+                                     "grid": {"strategy": ["baseline"], "lr": [1e-3], "seed": [0]},
+                                     "study": {"confirm_seeds": []}}))
+    for dry in ([], ["--dry-run"]):
+        fails(capsys, ["study", str(study), "--out", str(tmp_path / "out"), *dry], "gone.txt' does not exist")
+        assert not (tmp_path / "out").exists()
     (tmp_path / "corpus.txt").write_text("some text\n" * 50)
     spec = spec_from_dict({**SPEC, "base": {**SPEC["base"], "data.source": str(tmp_path / "corpus.txt")}})
     assert run_sweep(spec, tmp_path / "out", train_cmd=FAKE, report=False, quiet=True) == 0
@@ -329,7 +342,8 @@ def test_relative_data_paths_resolve_beside_the_sweep_file(tmp_path, monkeypatch
     """A relative data.source / data.tokenizer in a sweep file names the path beside that file, from any working
     directory (it used to be read from the shell's); a path found only from the working directory (a file under
     sweeps/ written for the repo root) is kept as written; named corpora and hf: stay names; a path in neither
-    place is an error naming both; run names come from the values as written."""
+    place is read beside the file (a run still to train is then refused, naming it); run names come from the
+    values as written."""
     from scalevec.data.tokenizer import ByteTokenizer
 
     studies, shell = tmp_path / "studies", tmp_path / "shell"
@@ -355,10 +369,10 @@ def test_relative_data_paths_resolve_beside_the_sweep_file(tmp_path, monkeypatch
     for name in ("shakespeare", "hf:someone/corpus"):
         assert data_of(name)[1].source == name
     assert data_of(str(studies / "corpus.txt"))[1].source == str(studies / "corpus.txt")
-    with pytest.raises(ValueError, match=r"data.source='missing.txt' in .*s.yaml exists neither beside that "
-                                         r"file \(.*studies/missing.txt\) nor in the working directory "
-                                         r"\(.*shell/missing.txt\)"):
-        data_of("missing.txt")
+    assert data_of("missing.txt")[1].source == str(studies / "missing.txt")  # neither: beside, refused to train
+    with pytest.raises(FileNotFoundError, match=r"run baseline_missing.txt: data source '.*studies/missing.txt' does "
+                                                r"not exist"):
+        run_sweep(load_spec(studies / "s.yaml"), tmp_path / "out", dry_run=True)
     assert spec_from_dict({"grid": {"strategy": ["baseline"], "data.source": ["corpus.txt"]}}).file is None
 
 

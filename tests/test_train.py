@@ -215,8 +215,9 @@ def test_cli_resume_uses_stored_config(tmp_path, capsys, monkeypatch):
     assert main(["train", "--out", str(run), *common]) == 0
     (run / "DONE").unlink()  # pretend it stopped early: resume re-runs nothing but must accept the config
     assert main(["train", "--out", str(run), "--resume", "--device", "cpu", "--quiet"]) == 0
-    assert main(["train", "--out", str(run), "--resume", "--lr", "0.1"]) == 2
-    assert "--resume continues the stored config" in capsys.readouterr().err
+    for flags in (["--lr", "0.1"], ["--strategy", "dp"], ["--preset", "small"]):  # none of them silently ignored
+        assert main(["train", "--out", str(run), "--resume", *flags]) == 2
+        assert "--resume continues the stored config" in capsys.readouterr().err
 
 
 def test_overrides_between_flags_are_applied(tmp_path, capsys):

@@ -522,6 +522,8 @@ class TrainConfig:
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"train.loss_chunk_tokens={self.loss_chunk_tokens} must be >= 0 (0: off; try 4096)")
         _nonnegative(self, "tokens", "micro_batch_size", "ckpt_every", "seed", "probe_every", "sharpness_every")
+        if self.seed >= 2**63:  # torch's generators take a 64-bit seed; derived seeds stay below the bound
+            raise ValueError(f"train.seed={self.seed} must be below 2**63 = {2**63:,}")
         if self.threads < 0:
             raise ValueError(f"train.threads={self.threads} must be >= 0 (0: every CPU this process may use)")
         mb = self.micro_batch_size or self.batch_size
@@ -622,12 +624,14 @@ def _positive(obj: Any, *names: str) -> None:
 
 
 def _nonnegative(obj: Any, *names: str) -> None:
-    """Raise naming the first of ``names`` below 0 (0 means off or automatic for each of them)."""
+    """Raise naming the first of ``names`` below 0, NaN or infinite (0 means off or automatic for each)."""
     section = type(obj).__name__.replace("Config", "").lower()
     for name in names:
         value = getattr(obj, name)
         if not value >= 0:  # NaN too
             raise ValueError(f"{section}.{name}={value!r} must be >= 0")
+        if value == math.inf:
+            raise ValueError(f"{section}.{name}={value!r} must be finite")
 
 
 __all__ = [

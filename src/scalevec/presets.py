@@ -56,6 +56,8 @@ The paper-scale ones keep the Llama family rule (head_dim 64, vocab 50304); ``mo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from scalevec.config import ModelConfig, MoEConfig
 
@@ -115,16 +117,27 @@ LABEL_PREFIX = "hf-"  # init_from.preset_label: a run from a Hugging Face model 
 LABEL_BASE = "small"  # the preset a label's model section is laid over (the section holds the whole shape)
 
 
-def model_base(name: str, has_model_section: bool) -> str:
+LABEL_SHAPE = ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size")  # what a label's model section must give
+
+
+def model_base(name: str, model_section: Any = None) -> str:
     """The preset whose model a config with ``preset: name`` starts from: ``name`` itself, or ``LABEL_BASE``
-    for a label (``hf-<family>``, written by a run initialized from a Hugging Face model) whose config carries
-    its model section, so that a run's ``--print-config`` output is a valid ``--config``. Raises
-    ``ValueError`` naming the known presets for any other unknown name (a label without a model section
-    too: it names no shape)."""
+    for a label (``hf-<family>``, written by a run initialized from a Hugging Face model) whose model section
+    gives the shape (``LABEL_SHAPE``, as every stored config does), so that a run's ``--print-config`` output
+    is a valid ``--config``; a model section that is not a mapping passes on to the section check, which names
+    it. Raises ``ValueError`` naming the known presets for any other unknown name, and the missing fields for a
+    label without the shape."""
     if name in PRESETS:
         return name
-    if name.startswith(LABEL_PREFIX) and has_model_section:
-        return LABEL_BASE
+    if name.startswith(LABEL_PREFIX) and len(name) > len(LABEL_PREFIX):
+        if model_section is not None and not isinstance(model_section, Mapping):
+            return LABEL_BASE
+        missing = [k for k in LABEL_SHAPE if k not in (model_section or {})]
+        if not missing:
+            return LABEL_BASE
+        raise ValueError(f"preset {name!r} is a label (a run from a Hugging Face model records it), not a preset: "
+                         f"its config must give the model's shape in a model section (missing: {', '.join(missing)}); "
+                         f"or choose a preset: {', '.join(PRESETS)}")
     get_preset(name)  # raises, naming the presets
     return name
 

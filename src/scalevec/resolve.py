@@ -56,9 +56,12 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
             raise ValueError("resolve_config: give preset/strategy or a base config, not both")
         data = to_dict(base)
     else:
+        for key in ("preset", "strategy"):
+            if key in data_in and not (isinstance(data_in[key], str) and data_in[key]):
+                raise ValueError(f"{key}: {data_in[key]!r} is not a name; give a {key} name "
+                                 f"(`scalevec info` lists them)")
         # a preset named in the sections may be a label (hf-llama) whose model section holds the shape
-        shape = (model_base(str(data_in["preset"]), isinstance(data_in.get("model"), Mapping))
-                 if not preset and data_in.get("preset") else None)
+        shape = model_base(data_in["preset"], data_in.get("model")) if not preset and "preset" in data_in else None
         preset = preset or data_in.get("preset") or "small"
         strategy = strategy or data_in.get("strategy") or "baseline"
         data = to_dict(RunConfig(preset=str(preset), strategy=str(strategy), model=get_preset(shape or str(preset)),

@@ -68,10 +68,15 @@ def iter_documents(source: str, hf_streaming: bool = True) -> Iterator[str]:
 def check_source(source: str) -> list[Path] | None:
     """The checks ``iter_documents`` makes before it reads a byte: the path exists, a file's type is one it
     reads and the file is not empty, a folder holds .txt files (returned, sorted; ``None`` for any other
-    source); a bundled or ``hf:`` name passes (a dataset is only checked when it is read). What a sweep runs
-    on every source before it trains (``corpus.check_source``). Raises ``FileNotFoundError`` / ``ValueError``
-    as ``iter_documents`` does."""
-    if source in BUNDLED or source.startswith("hf:"):
+    source); a bundled name passes, and ``hf:NAME`` when it names a dataset (the dataset itself is checked
+    when it is read). What a sweep runs on every source before it trains (``corpus.check_source``). Raises
+    ``FileNotFoundError`` / ``ValueError`` as ``iter_documents`` does."""
+    if source in BUNDLED:
+        return None
+    if source.startswith("hf:"):
+        if not source[len("hf:"):].partition(":")[0]:
+            raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], e.g. "
+                             "hf:roneneldan/TinyStories")
         return None
     path = Path(source).expanduser()
     if not path.exists():
@@ -231,10 +236,7 @@ def _parquet_documents(path: Path) -> Iterator[str]:
 def _hf_documents(source: str, streaming: bool) -> Iterator[str]:
     """Column ``text`` of split ``train`` of a Hugging Face dataset: rows streamed
     (``load_dataset(..., streaming=True)``) or the loaded dataset's column (``streaming=False``)."""
-    name, _, config = source[len("hf:"):].partition(":")
-    if not name:
-        raise ValueError(f"data source {source!r} names no dataset; use hf:NAME[:CONFIG], e.g. "
-                         "hf:roneneldan/TinyStories")
+    name, _, config = source[len("hf:"):].partition(":")  # a name: check_source
     try:
         import datasets
     except ImportError:

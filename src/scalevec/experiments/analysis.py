@@ -42,7 +42,8 @@ class StrategyResult:
     scale_params: int = 0
     extra_params: int = 0
     step_time_s: float = math.nan
-    step_time_clock: str = "wall"  # what step_time_s measured: "cpu" (process time) or "wall" (older runs)
+    step_time_clock: str = ""  # what step_time_s measured: "cpu" (process time), "wall" or "" (no run timed)
+    step_times: dict[str, float] = field(default_factory=dict)  # clock -> mean seconds per step (nan: not logged)
     step_time_ratio: float = math.nan
 
     @property
@@ -138,13 +139,11 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     s = finished[0].summary
     res.params, res.non_embedding_params = int(s["params"]), int(s["non_embedding_params"])
     res.scale_params = int(s.get("scale_params", 0))
-    # step time does not depend on lr or seed: average every finished run of the strategy in the cell
-    # CPU (process) time per step where every run logged it (issue 17): wall clock on a shared machine measures
-    # the neighbours too (it showed `none` 0.35x); older runs without cpu_time_s fall back to wall clock
+    # step time does not depend on lr or seed: average every finished run of the strategy in the cell, on both
+    # clocks; _compare_to_baseline picks one clock for the whole cell (a nan: a run that logged none)
     done = [r.summary for r in runs if r.done]
-    key = "cpu_time_s" if done and all(math.isfinite(d.get("cpu_time_s", math.nan)) for d in done) else "step_time_s"
-    res.step_time_s = float(np.mean([d[key] for d in done]))
-    res.step_time_clock = "cpu" if key == "cpu_time_s" else "wall"
+    res.step_times = {clock: float(np.mean([d.get(key, math.nan) for d in done]))
+                      for clock, key in (("cpu", "cpu_time_s"), ("wall", "step_time_s"))}
     return res
 
 
@@ -159,11 +158,17 @@ def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: li
     base_curve = mean_curve(base.runs)
     t_base = stats.tokens_to_reach(*base_curve, base.loss_mean) if base_curve[0].size else math.nan
     base_by_seed = {r.seed: r.final_loss for r in base.runs}
+    # one clock for the cell: CPU (process) time per step where every run logged it (issue 17: wall clock on a
+    # shared machine measures the neighbours too, it showed `none` 0.35x); else the wall clock (older runs)
+    clock = next((c for c in ("cpu", "wall") if all(math.isfinite(r.step_times.get(c, math.nan)) for r in results)),
+                 "")
     for res in results:
         res.extra_params = res.params - base.params
-        res.step_time_ratio = res.step_time_s / base.step_time_s
+        res.step_time_s = res.step_times.get(clock, math.nan)
+        res.step_time_clock = clock
+        res.step_time_ratio = res.step_time_s / base.step_time_s if base.step_time_s > 0 else math.nan
         lo, hi = PLAUSIBLE_STEP_RATIO
-        if res is not base and not lo <= res.step_time_ratio <= hi:
+        if res is not base and clock and not lo <= res.step_time_ratio <= hi:
             warnings.append(f"[{label}] {res.strategy}: step time {res.step_time_ratio:.2f}x the baseline's is not "
                             f"plausible for a scale-vector strategy (the machine was oversubscribed while they ran?); "
                             f"not shown; rerun with fewer --jobs or --threads, or measure with `scalevec bench`")

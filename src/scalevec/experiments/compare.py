@@ -27,7 +27,7 @@ import yaml
 
 from scalevec.config import ScaleConfig
 from scalevec.experiments.report import write_report
-from scalevec.experiments.sweep import run_sweep, spec_from_dict
+from scalevec.experiments.sweep import canonical_key, run_sweep, spec_from_dict
 from scalevec.experiments.tables import LEGEND, cell_rows, text_table
 
 # The main job (`scalevec compare` with no arguments): 3 strategies × 3 seeds of `cpu-80k` at 20 tokens
@@ -152,6 +152,9 @@ def tuned_lrs(args: argparse.Namespace, strategies: list[str], tpp: float | None
     return {s: table[s] for s in strategies}
 
 
+GRID_FLAGS = {"strategy": "--strategies", "optim.lr": "--lr", "train.seed": "--seeds"}  # keys compare's grid sets
+
+
 def build_spec(args: argparse.Namespace) -> dict:
     """The sweep mapping of a compare command line. Raises ``ValueError`` for bad values."""
     strategies = _list(args.strategies, "strategies")
@@ -185,6 +188,9 @@ def build_spec(args: argparse.Namespace) -> dict:
         if "=" not in item:
             raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.qk_norm=true)")
         key, value = item.split("=", 1)
+        flag = GRID_FLAGS.get(canonical_key(key.strip()))
+        if flag:  # the grid sets it per run: the override would be dropped without a word
+            raise ValueError(f"{key.strip()} is set per run by compare; use {flag} instead of {item}")
         base[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     grid: dict = {}
     if str(args.lr).strip() == "tuned":

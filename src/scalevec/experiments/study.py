@@ -52,6 +52,7 @@ from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.sweep import (
     Run,
     SweepSpec,
+    check_sources,
     dry_run_text,
     expand,
     run_params,
@@ -369,6 +370,8 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     prints the whole plan (``plan_text``, with ``step_time`` for its time estimate) and trains nothing."""
     out = Path(out)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
+    check_sources([r for r in expand(spec) if run_status(r, out / "runs") not in ("done", "diverged")])
     if dry_run:
         print(plan_text(spec, plan, out, step_time=step_time, jobs=jobs))
         return 0
@@ -380,7 +383,6 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False,
                          scope=scope)
 
-    sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
     out.mkdir(parents=True, exist_ok=True)
     sweepdir.write_spec(out, stored)
     runs_dir = out / "runs"

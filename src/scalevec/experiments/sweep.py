@@ -253,11 +253,11 @@ def spec_paths(assign: dict[str, Any], spec_file: str | None) -> dict[str, Any]:
     """``assign`` (one run's flat assignments) with each relative path of ``PATH_FIELDS`` resolved for a spec read
     from ``spec_file`` (docs/data.md): the path beside that file when it exists there (made absolute, so the
     run's config.yaml names it from anywhere), else the path as written when it exists from the working
-    directory (how files under sweeps/ were written before: a run made so keeps its config); ``shakespeare``,
-    ``kjv``, ``hf:NAME``, ``bytes`` and ``bpe:N`` are names, not paths, and absolute or ``~`` paths are
-    kept. ``spec_file`` None (a spec built in code, e.g. by ``compare``): unchanged.
-
-    Raises ``ValueError`` naming both places when the path exists in neither.
+    directory (how files under sweeps/ were written before: a run made so keeps its config), else (in neither
+    place) the path beside the file, so that a finished sweep still reports after its data moved and a run
+    still to train is refused by ``check_sources``, naming that path; ``shakespeare``, ``kjv``, ``hf:NAME``,
+    ``bytes`` and ``bpe:N`` are names, not paths, and absolute or ``~`` paths are kept. ``spec_file`` None (a
+    spec built in code, e.g. by ``compare``): unchanged.
     """
     if spec_file is None:
         return assign
@@ -273,9 +273,7 @@ def spec_paths(assign: dict[str, Any], spec_file: str | None) -> dict[str, Any]:
             if not (here.exists() and os.path.samefile(beside, here)):  # the same file: keep the value as written
                 out[key] = os.path.abspath(beside)
         elif not here.exists():
-            raise ValueError(f"{key}={value!r} in {spec_file} exists neither beside that file "
-                             f"({os.path.abspath(beside)}) nor in the working directory ({os.path.abspath(value)}); "
-                             f"give a path relative to the sweep file or an absolute one")
+            out[key] = os.path.abspath(beside)
     return out
 
 
@@ -525,12 +523,13 @@ def check_sources(runs: list[Run]) -> None:
             raise type(e)(f"run {r.name}: {e}") from None
 
 
-def failure_cause(log: Path, tail_bytes: int = 16384) -> str:
-    """The last line of a failed run's log that names its error (the CLI's ``scalevec …: error: …`` line or a
-    traceback's last line), shortened to 200 characters; ``""`` when the log holds none or cannot be read."""
+def failure_cause(log: Path, since: int = 0, tail_bytes: int = 16384) -> str:
+    """The last line that names an error (the CLI's ``scalevec …: error: …`` line or a traceback's last line)
+    among what this attempt appended to a failed run's log (from byte ``since``: an earlier attempt's error is
+    not this one's), shortened to 200 characters; ``""`` when there is none or the log cannot be read."""
     try:
         with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            f.seek(max(since, f.seek(0, os.SEEK_END) - tail_bytes))
             lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return ""
@@ -616,6 +615,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         t0 = time.perf_counter()
         if progress:
             progress.started(run.name, resumed=status == "resume")
+        log = runs_dir / (run.name + ".log")
+        log_start = log.stat().st_size if log.is_file() else 0  # the log is appended to, attempt after attempt
         rc = train_one(run, runs_dir, status, tuple(train_cmd), threads)
         if progress:
             progress.finished(run.name)
@@ -633,8 +634,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             say(f"{head} skipped: in use by process {rundir.locked_by(runs_dir / run.name)}; rerun this sweep later")
         else:
             failed.append(run.name)
-            log = runs_dir / (run.name + ".log")
-            cause = failure_cause(log)
+            cause = failure_cause(log, log_start)
             say(f"{head} FAILED (exit {rc}){f': {cause}' if cause else ''}; see {log}")
 
     stopped_by: list[int] = []  # the first signal decides the exit code: 75 for SIGTERM, 130 for Ctrl-C

@@ -156,7 +156,8 @@ def run(args) -> int:
     if args.resume and args.out and not args.config and rundir.has_config(args.out):
         execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker",
                      "threads": "train.threads"}
-        if args.overrides or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution):
+        if (args.overrides or args.preset or args.strategy
+                or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution)):
             raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
                              "--tracker, --threads and --compile (or start a new --out)")
         overrides = [f"{key}={getattr(args, n)}" for n, key in execution.items() if getattr(args, n, None) is not None]
