@@ -201,9 +201,14 @@ def test_an_explicit_lr_keeps_the_tuned_cells_protocol_and_short_runs_warn(tmp_p
 
 
 @pytest.mark.parametrize("item, flag", [("train.seed=abc", "--seeds"), ("seed=3", "--seeds"), ("lr=0.1", "--lr"),
-                                        ("optim.lr=0.1", "--lr"), ("strategy=dp", "--strategies")])
-def test_an_override_of_what_the_grid_sets_is_refused(item, flag):
-    """key=value of a field compare's grid sets per run (strategy, lr, seed) would be dropped silently: refused,
-    naming the flag to use."""
-    with pytest.raises(ValueError, match=f"set per run by compare; use {flag} instead of {item}"):
-        compare.build_spec(parse("--lr", "0.01", "--steps", "3", item))
+                                        ("optim.lr=0.1", "--lr"), ("strategy=dp", "--strategies"),
+                                        ("preset=tiny", "--preset"), ("data.source=kjv", "--data"),
+                                        ("optimizer=muon", "--optimizer"), ("tokens_per_param=5", "--tokens-per-param"),
+                                        ("data.tokenizer=bpe:512", "--tokenizer")])
+@pytest.mark.parametrize("lr", ["0.01", "tuned"])
+def test_an_override_of_what_a_flag_sets_is_refused(item, flag, lr):
+    """key=value of a field compare sets from a flag (the grid's strategy, lr, seed; the setting the tuned lr is
+    read for) would be dropped silently or bypass the tuned-lr lookup: refused, naming the flag to use."""
+    with pytest.raises(ValueError, match=f"set by compare's {flag}; use {flag} instead of {item}"):
+        compare.build_spec(parse("--lr", lr, "--steps", "3", item))
+    compare.build_spec(parse("--lr", "0.01", "--steps", "3", "model.qk_norm=true"))  # any other field: an override

@@ -195,10 +195,13 @@ def test_print_config_of_a_hugging_face_start_is_a_config(tmp_path, hf_llama, ca
     (tmp_path / "printed.yaml").write_text(text)
     again = print_config(capsys, ["--config", str(tmp_path / "printed.yaml")])
     assert again == text
+    partial = {k: v for k, v in data["model"].items() if k != "n_kv_heads"}  # nothing filled in from `small`
     for i, (text, message) in enumerate([
-            ("preset: hf-llama\n", "missing: d_model, n_layers, n_heads, d_ff, vocab_size"),
-            ("preset: hf-llama\nmodel: {}\n", "missing: d_model, n_layers, n_heads, d_ff, vocab_size"),
-            ("preset: hf-llama\nmodel: {d_model: 32, n_layers: 2}\n", "missing: n_heads, d_ff, vocab_size"),
+            ("preset: hf-llama\n", "missing: d_model, n_layers, n_heads, n_kv_heads, head_dim and "),
+            ("preset: hf-llama\nmodel: {}\n", "missing: d_model, n_layers, n_heads, n_kv_heads, head_dim and "),
+            (yaml.safe_dump({"preset": "hf-llama", "model": partial}), "(missing: n_kv_heads)"),
+            ("preset: tiny\nmodel: [1, 2]\n", "config section 'model' must be a mapping"),
+            ("preset: hf-llama\nmodel: [1, 2]\n", "config section 'model' must be a mapping"),
             ("preset: hf-\nmodel: {d_model: 32}\n", "unknown preset 'hf-'"),
             ("preset: 0\n", "preset: 0 is not a name"), ("strategy: ''\n", "strategy: '' is not a name")]):
         (tmp_path / f"label{i}.yaml").write_text(text)
@@ -208,3 +211,6 @@ def test_print_config_of_a_hugging_face_start_is_a_config(tmp_path, hf_llama, ca
     assert main(["train", "--preset", "hf-llama", "--print-config"]) == 2
     err = capsys.readouterr().err
     assert "unknown preset 'hf-llama'" in err and "cpu-10k" in err
+    for item in ("preset=tiny", "strategy=unified"):  # would relabel the run without rebuilding it
+        assert main(["train", item, "--print-config"]) == 2
+        assert f"{item} is not an override; choose the {item.split('=')[0]} with --" in capsys.readouterr().err

@@ -83,6 +83,13 @@ def test_report_tables_match_run_summaries(tmp_path):
             (d / "summary.json").write_text(json.dumps({**s, "cpu_time_s": math.nan, "step_time_s": math.nan}))
     a = analyze(load_runs(tmp_path), yaml.safe_load((tmp_path / "sweep.yaml").read_text()))
     assert {r.step_time_clock for r in a.cells[0].results} == {""} and not any("plausible" in w for w in a.warnings)
+    # a time that is no time (0, negative, null, a string: a hand-edited file) counts as not logged, no crash
+    for i, (d, bad) in enumerate(zip(sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir()),
+                                     [0, -1, None, "0.3"] * 3)):
+        s = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**s, "cpu_time_s": bad, "step_time_s": 0.1 + i / 100}))
+    a = analyze(load_runs(tmp_path), yaml.safe_load((tmp_path / "sweep.yaml").read_text()))
+    assert {r.step_time_clock for r in a.cells[0].results} == {"wall"} and not any("plausible" in w for w in a.warnings)
     text = (tmp_path / "report.md").read_text()
     assert "| unified |" in text and "![loss_curves.png](loss_curves.png)" in text
     assert (tmp_path / "loss_curves.png").stat().st_size > 1000

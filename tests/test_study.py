@@ -79,7 +79,8 @@ def test_study_file_errors_name_the_fix(bad, match):
         parse({**STUDY, **bad})
 
 
-SEEDS_FIX = r"study\.confirm_seeds must be a list of distinct seeds >= 0, like \[1, 2\] \(or \[\]\); got "
+SEEDS_FIX = (r"study\.confirm_seeds must be a list of distinct seeds >= 0 and below 2\*\*63, like \[1, 2\] "
+             r"\(or \[\]\); got ")
 GRID_FIX = (r"study\.lr_grids\.baseline must be a non-empty list of distinct finite lrs > 0, "
             r"like \[1\.0e-3, 2\.0e-3\]; got ")
 
@@ -91,6 +92,7 @@ STRICT = [  # (the `study:` section, the error it gives)
     ("confirm_seeds: [1.5]", SEEDS_FIX + r"\[1\.5\]$"),
     ("confirm_seeds: [1, 1]", SEEDS_FIX + r"\[1, 1\]$"),
     ("confirm_seeds: [-1]", SEEDS_FIX + r"\[-1\]$"),
+    ("confirm_seeds: [9223372036854775808]", SEEDS_FIX + r"\[9223372036854775808\]$"),
     ("max_extensions: 1.5", r"study\.max_extensions must be a whole number >= 0, like 4; got 1\.5$"),
     ("max_extensions: true", r"study\.max_extensions must be a whole number >= 0, like 4; got True$"),
     ("max_extensions: x", r"study\.max_extensions must be a whole number >= 0, like 4; got 'x'$"),
@@ -359,3 +361,23 @@ def test_study_progress_lines_carry_the_whole_studys_bound(tmp_path, monkeypatch
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("progress [")]
     assert len(lines) > 3 and all(" · study ≤ " in ln for ln in lines)
     assert study_scope(spec, plan, out).left < flops  # phase 1 is done now: only later phases' bound is left
+
+
+@pytest.mark.slow  # spawns the fake trainer
+def test_a_finished_study_on_its_own_lrs_dry_runs_after_its_data_moved(tmp_path, capsys):
+    """With ``lr_grids`` phase 1 trains each strategy on its own lrs, not the grid's: the up-front data check
+    covers those runs (so a finished study still dry-runs after its data moved), and a missing source is refused
+    before anything is written."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n" * 50)
+    spec = {**STUDY, "base": {**STUDY["base"], "data.source": str(corpus)},
+            "grid": {**STUDY["grid"], "lr": [2.5e-4]},
+            "study": {"max_extensions": 0, "confirm_seeds": [], "lr_grids": {"baseline": [3e-3], "unified": [3e-3]}}}
+    out = tmp_path / "study"
+    assert run_study(*parse(spec), out, train_cmd=FAKE, quiet=True) == 0
+    corpus.unlink()
+    assert run_study(*parse(spec), out, dry_run=True, train_cmd=FAKE) == 0
+    capsys.readouterr()
+    with pytest.raises(FileNotFoundError, match="corpus.txt' does not exist"):
+        run_study(*parse(spec), tmp_path / "new", dry_run=True, train_cmd=FAKE)
+    assert not (tmp_path / "new").exists()

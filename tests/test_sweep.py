@@ -156,6 +156,7 @@ def test_diverged_run_is_not_retried(tmp_path, monkeypatch, capsys):
     assert log.read_text().split() == ["tiny_baseline_lr0.003", "tiny_baseline_lr0.01"]
 
 
+@pytest.mark.slow  # spawns the fake trainer
 def test_a_failed_run_is_named_with_its_cause(tmp_path, monkeypatch, capsys):
     """A run that fails is named on the sweep's line with the error line of its log, the others still run, and
     the sweep exits 1."""
@@ -171,6 +172,7 @@ def test_a_failed_run_is_named_with_its_cause(tmp_path, monkeypatch, capsys):
     assert f"tiny_baseline_lr0.01: FAILED (exit 2); see {log}" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # spawns the fake trainer
 def test_a_missing_data_source_stops_the_sweep_and_its_dry_run(tmp_path, capsys):
     """A --data that does not exist (or a folder without text, a file of another type) fails the sweep and its
     dry run in one line before anything is written, not every run; a finished run's source is not re-checked."""
@@ -374,6 +376,30 @@ def test_relative_data_paths_resolve_beside_the_sweep_file(tmp_path, monkeypatch
                                                 r"not exist"):
         run_sweep(load_spec(studies / "s.yaml"), tmp_path / "out", dry_run=True)
     assert spec_from_dict({"grid": {"strategy": ["baseline"], "data.source": ["corpus.txt"]}}).file is None
+
+
+@pytest.mark.slow  # spawns the fake trainer
+def test_a_finished_sweep_reads_as_done_after_its_data_moved(tmp_path, monkeypatch, capsys):
+    """A relative data path kept as written (found from the working directory) or resolved beside the sweep file
+    names one file for a finished run: after the data moves, or from another working directory, its dry run
+    shows every run done instead of calling them trained with a different config."""
+    from scalevec.experiments.sweep import same_path
+
+    assert same_path("data/a.txt", "/x/sweeps/data/a.txt") and same_path("/x/a.txt", "a.txt")
+    assert not same_path("a.txt", "/x/b.txt") and not same_path("/x/a.txt", "/y/a.txt")
+    assert not same_path("a.txt", "/x/ba.txt") and not same_path("shakespeare", "/x/shakespeare")
+    (tmp_path / "sweeps").mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("some text\n" * 50)
+    (tmp_path / "sweeps" / "s.yaml").write_text(yaml.safe_dump({**SPEC, "base": {**SPEC["base"],
+                                                                                  "data.source": "corpus.txt"}},
+                                                               sort_keys=False))
+    assert run_sweep(load_spec("sweeps/s.yaml"), "out", train_cmd=FAKE, report=False, quiet=True) == 0
+    assert yaml.safe_load((tmp_path / "out" / "runs" / "tiny_baseline_lr0.001_s0" / "config.yaml").read_text()
+                          )["data"]["source"] == "corpus.txt"  # kept as written
+    (tmp_path / "corpus.txt").rename(tmp_path / "moved.txt")
+    assert run_sweep(load_spec("sweeps/s.yaml"), "out", dry_run=True) == 0
+    assert "8 runs (0 to train)" in capsys.readouterr().out
 
 
 BUNDLED_LRS = {"name": "own", "base": {"preset": "tiny", "train": {"batch_size": 4, "seq_len": 32, "steps": 10}},

@@ -522,8 +522,8 @@ class TrainConfig:
         if self.loss_chunk_tokens < 0:
             raise ValueError(f"train.loss_chunk_tokens={self.loss_chunk_tokens} must be >= 0 (0: off; try 4096)")
         _nonnegative(self, "tokens", "micro_batch_size", "ckpt_every", "seed", "probe_every", "sharpness_every")
-        if self.seed >= 2**63:  # torch's generators take a 64-bit seed; derived seeds stay below the bound
-            raise ValueError(f"train.seed={self.seed} must be below 2**63 = {2**63:,}")
+        if self.seed >= SEED_LIMIT:
+            raise ValueError(f"train.seed={self.seed} must be below 2**63 = {SEED_LIMIT:,}")
         if self.threads < 0:
             raise ValueError(f"train.threads={self.threads} must be >= 0 (0: every CPU this process may use)")
         mb = self.micro_batch_size or self.batch_size
@@ -609,6 +609,8 @@ def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
     return blocks
 
 
+SEED_LIMIT = 2**63  # seeds are below it: torch's generators take a 64-bit seed, and derived seeds stay below 2**64
+
 # How a run executes, not what it computes: these may differ when a run is resumed or a sweep is rerun
 # (DESIGN.md §8: the same global batch gives the same losses on 1 or N processes; the thread count and
 # compile change the last bits of fp32 sums, which meta.json records, not the experiment).
@@ -637,5 +639,5 @@ def _nonnegative(obj: Any, *names: str) -> None:
 __all__ = [
     "MoEConfig", "RopeScalingConfig", "Derived", "ModelConfig", "SCALE_CHOICES", "STRATEGIES", "PRESET_NAMES",
     "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig", "VAL_SPLITS", "COMPILE_CHOICES", "normalize_compile",
-    "TrainConfig", "RunConfig", "checkpoint_blocks", "EXECUTION_FIELDS",
+    "TrainConfig", "RunConfig", "checkpoint_blocks", "EXECUTION_FIELDS", "SEED_LIMIT",
 ]

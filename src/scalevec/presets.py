@@ -117,27 +117,27 @@ LABEL_PREFIX = "hf-"  # init_from.preset_label: a run from a Hugging Face model 
 LABEL_BASE = "small"  # the preset a label's model section is laid over (the section holds the whole shape)
 
 
-LABEL_SHAPE = ("d_model", "n_layers", "n_heads", "d_ff", "vocab_size")  # what a label's model section must give
 
 
 def model_base(name: str, model_section: Any = None) -> str:
     """The preset whose model a config with ``preset: name`` starts from: ``name`` itself, or ``LABEL_BASE``
     for a label (``hf-<family>``, written by a run initialized from a Hugging Face model) whose model section
-    gives the shape (``LABEL_SHAPE``, as every stored config does), so that a run's ``--print-config`` output
-    is a valid ``--config``; a model section that is not a mapping passes on to the section check, which names
-    it. Raises ``ValueError`` naming the known presets for any other unknown name, and the missing fields for a
-    label without the shape."""
+    gives every field (as every stored config does: nothing is filled in from another preset's shape), so that
+    a run's ``--print-config`` output is a valid ``--config``; a model section that is not a mapping passes on
+    to the section check, which names it. Raises ``ValueError`` naming the known presets for any other unknown
+    name, and the missing fields for a label without the whole model."""
     if name in PRESETS:
         return name
     if name.startswith(LABEL_PREFIX) and len(name) > len(LABEL_PREFIX):
         if model_section is not None and not isinstance(model_section, Mapping):
             return LABEL_BASE
-        missing = [k for k in LABEL_SHAPE if k not in (model_section or {})]
+        missing = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in (model_section or {})]
         if not missing:
             return LABEL_BASE
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise ValueError(f"preset {name!r} is a label (a run from a Hugging Face model records it), not a preset: "
-                         f"its config must give the model's shape in a model section (missing: {', '.join(missing)}); "
-                         f"or choose a preset: {', '.join(PRESETS)}")
+                         f"its config must give the whole model section, as the run's config.yaml does (missing: "
+                         f"{shown}); or choose a preset: {', '.join(PRESETS)}")
     get_preset(name)  # raises, naming the presets
     return name
 

@@ -51,6 +51,11 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
     """
     data_in = dict(sections or {})
     items = _override_items(overrides)
+    for item in items:
+        key = item.split("=", 1)[0].strip()
+        if key in ("preset", "strategy"):  # an override would relabel the run, not rebuild its model or scales
+            raise ValueError(f"{item} is not an override; choose the {key} with --{key} NAME (or `{key}:` in a "
+                             f"--config file)")
     if base is not None:
         if preset or strategy:
             raise ValueError("resolve_config: give preset/strategy or a base config, not both")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -107,6 +108,13 @@ def mean_curve(runs: list[RunRecord]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, loss
 
 
+def _seconds(value: Any) -> float:
+    """A summary's time in seconds: a positive finite number, else nan (not logged, a run too short to time, or
+    a hand-edited file)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    return float(value) if ok else math.nan
+
+
 def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None, warnings: list[str],
                      label: str) -> StrategyResult | None:
     finished = [r for r in runs if r.done]
@@ -142,7 +150,7 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     # step time does not depend on lr or seed: average every finished run of the strategy in the cell, on both
     # clocks; _compare_to_baseline picks one clock for the whole cell (a nan: a run that logged none)
     done = [r.summary for r in runs if r.done]
-    res.step_times = {clock: float(np.mean([d.get(key, math.nan) for d in done]))
+    res.step_times = {clock: float(np.mean([_seconds(d.get(key)) for d in done])) if done else math.nan
                       for clock, key in (("cpu", "cpu_time_s"), ("wall", "step_time_s"))}
     return res
 
@@ -160,8 +168,7 @@ def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: li
     base_by_seed = {r.seed: r.final_loss for r in base.runs}
     # one clock for the cell: CPU (process) time per step where every run logged it (issue 17: wall clock on a
     # shared machine measures the neighbours too, it showed `none` 0.35x); else the wall clock (older runs)
-    clock = next((c for c in ("cpu", "wall") if all(math.isfinite(r.step_times.get(c, math.nan)) for r in results)),
-                 "")
+    clock = next((c for c in ("cpu", "wall") if all(r.step_times.get(c, math.nan) > 0 for r in results)), "")
     for res in results:
         res.extra_params = res.params - base.params
         res.step_time_s = res.step_times.get(clock, math.nan)

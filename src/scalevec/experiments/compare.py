@@ -152,7 +152,12 @@ def tuned_lrs(args: argparse.Namespace, strategies: list[str], tpp: float | None
     return {s: table[s] for s in strategies}
 
 
-GRID_FLAGS = {"strategy": "--strategies", "optim.lr": "--lr", "train.seed": "--seeds"}  # keys compare's grid sets
+# the keys compare sets from its flags (the grid's per run, the rest for every run, and the tuned lr's setting
+# from them): one way to set each, so that a key=value cannot bypass the flag's checks or the tuned-lr lookup
+FLAG_KEYS = {"strategy": "--strategies", "optim.lr": "--lr", "train.seed": "--seeds", "preset": "--preset",
+             "tokens_per_param": "--tokens-per-param", "train.steps": "--steps", "optim.name": "--optimizer",
+             "schedule.name": "--schedule", "train.batch_size": "--batch-size", "train.seq_len": "--seq-len",
+             "data.source": "--data", "data.tokenizer": "--tokenizer", "train.threads": "--threads"}
 
 
 def build_spec(args: argparse.Namespace) -> dict:
@@ -188,9 +193,9 @@ def build_spec(args: argparse.Namespace) -> dict:
         if "=" not in item:
             raise ValueError(f"unexpected argument {item!r}; overrides are key=value (e.g. model.qk_norm=true)")
         key, value = item.split("=", 1)
-        flag = GRID_FLAGS.get(canonical_key(key.strip()))
-        if flag:  # the grid sets it per run: the override would be dropped without a word
-            raise ValueError(f"{key.strip()} is set per run by compare; use {flag} instead of {item}")
+        flag = FLAG_KEYS.get(canonical_key(key.strip()))
+        if flag:
+            raise ValueError(f"{key.strip()} is set by compare's {flag}; use {flag} instead of {item}")
         base[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     grid: dict = {}
     if str(args.lr).strip() == "tuned":

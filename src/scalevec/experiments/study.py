@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from scalevec.config import SEED_LIMIT
 from scalevec.config_codec import load_yaml
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
@@ -107,11 +108,13 @@ def _float(v: Any, key: str, above: float, like: str, where: str) -> float:
 
 
 def _seeds(plan: dict, key: str, default: list[int], where: str) -> list[int]:
-    """``plan[key]`` (else ``default``): a list of distinct whole numbers >= 0."""
+    """``plan[key]`` (else ``default``): a list of distinct whole numbers >= 0 and below ``SEED_LIMIT``."""
     v = plan.get(key, default)
-    if (not isinstance(v, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in v)
+    if (not isinstance(v, list) or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < SEED_LIMIT
+                                       for s in v)
             or len(set(v)) < len(v)):
-        raise ValueError(f"{where}.study.{key} must be a list of distinct seeds >= 0, like [1, 2] (or []); got {v!r}")
+        raise ValueError(f"{where}.study.{key} must be a list of distinct seeds >= 0 and below 2**63, like [1, 2] "
+                         f"(or []); got {v!r}")
     return list(v)
 
 
@@ -371,7 +374,8 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     out = Path(out)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
-    check_sources([r for r in expand(spec) if run_status(r, out / "runs") not in ("done", "diverged")])
+    # phase 1's runs still to train (later phases' runs are checked by their sweeps, as they start)
+    check_sources([r for r in phase1_runs(spec, plan) if run_status(r, out / "runs") not in ("done", "diverged")])
     if dry_run:
         print(plan_text(spec, plan, out, step_time=step_time, jobs=jobs))
         return 0

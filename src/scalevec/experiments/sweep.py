@@ -368,6 +368,18 @@ def expand(spec: SweepSpec) -> list[Run]:
 # ----------------------------------------------------------------------------------------- state on disk
 
 
+def same_path(stored: Any, new: Any) -> bool:
+    """Whether two values of a path field (``PATH_FIELDS``) name one file as far as a run can tell: one relative,
+    the other absolute and ending in it (a sweep file's relative path resolved beside the file, ``spec_paths``,
+    against the same path kept as written by a run started where it also resolved, or after the data moved)."""
+    if not (isinstance(stored, str) and isinstance(new, str)):
+        return False
+    rel, full = (stored, new) if not os.path.isabs(stored) else (new, stored)
+    if os.path.isabs(rel) or not os.path.isabs(full) or rel in BUNDLED or ":" in rel:
+        return False
+    return full.endswith(os.sep + os.path.normpath(rel))
+
+
 def run_status(run: Run, runs_dir: Path) -> str:
     """``done`` (DONE present), ``diverged`` (DIVERGED present: a result, not retried; ``--overwrite`` the
     run or delete it to retry), ``locked`` (another process trains it now), ``resume`` (a checkpoint),
@@ -383,7 +395,7 @@ def run_status(run: Run, runs_dir: Path) -> str:
         stored = rundir.load_config(d)
         # the trainer grew the vocabulary to fit a non-bytes tokenizer (resolve.fit_vocab): compare like with like
         expected = fit_vocab(run.cfg, stored.model.vocab_size) if run.cfg.data.tokenizer != "bytes" else run.cfg
-        diff = config_diff(stored, expected)
+        diff = {k: v for k, v in config_diff(stored, expected).items() if not (k in PATH_FIELDS and same_path(*v))}
         if diff:
             raise ValueError(f"{d} was trained with a different config ({format_diff(diff)}); use a new --out, "
                              f"or delete that run directory to retrain it")

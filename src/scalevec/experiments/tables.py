@@ -77,8 +77,9 @@ LEGEND = ("Final validation loss in nats/token on the same validation tokens for
           "Token eff. = tokens the baseline needs to reach its final loss ÷ tokens the strategy needs "
           "(seed-averaged validation curves, interpolated; > 1 is better; ≥ when reached by the first evaluation, "
           "'not reached' when never). Step time is the process CPU time per optimizer step relative to the "
-          "baseline (wall clock for runs that did not log it); a busy machine still inflates it through shared "
-          "caches, so compare with care. † marks a tuned value at the edge of its grid.")
+          "baseline, or the wall clock when a run of the cell did not log CPU time (results.csv: step_time_clock); "
+          "a busy machine still inflates it through shared caches, so compare with care. † marks a tuned value at "
+          "the edge of its grid.")
 
 
 SCALING_LEGEND = (
