@@ -61,10 +61,11 @@ def fields_help() -> str:
         doc = " ".join(x for x in (f"[{flags[f.name]}]" if f.name in flags else "", f.doc) if x)
         blocks[f.name.rpartition(".")[0]].append((f.name, f.type, default, doc))
     out = ["config fields: section.field  type  default  [--flag] description",
-           "  set any as key=value (e.g. optim.lr=0.01), in a --config YAML file or with its --flag; the defaults",
-           "  are a run's with no options (--preset small --strategy baseline: model.* follow --preset, scale.*",
-           "  --strategy); model.moe.* (also moe.*) and model.rope_scaling.* start from the values shown once one",
-           "  of them is set. --print-config prints the resolved config of a command line."]
+           "  set any as key=value (e.g. optim.lr=0.01), in a --config YAML file or with its --flag (preset and",
+           "  strategy: --flag or the file only); the defaults are a run's with no options (--preset small",
+           "  --strategy baseline: model.* follow --preset, scale.* --strategy); model.moe.* (also moe.*) and",
+           "  model.rope_scaling.* start from the values shown once one of them is set. --print-config prints the",
+           "  resolved config of a command line."]
     for rows in blocks.values():
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         out.append("")
