@@ -35,10 +35,22 @@ def _worker(rank: int, world_size: int, port: int, backend: str, out: str, fn, a
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    failure = None
     try:
         result = fn(rank, *args)
-    finally:
-        dist.destroy_process_group()
+    except Exception as e:  # re-raised below, after every rank has agreed to tear down
+        failure = e
+    # Every rank's collectives must finish before any rank tears its pairs down: a rank that destroys the group
+    # while its peer still waits on the last all-gather's bytes aborts that peer (SIGABRT, "terminate called
+    # without an active exception"; seen once in CI). Agreeing on the outcome is that barrier, and it lets a
+    # rank whose peer failed exit quietly, so the failing rank's own exception is the one the test sees.
+    failed = torch.tensor(float(failure is not None), device="cuda" if backend == "nccl" else "cpu")
+    dist.all_reduce(failed)
+    dist.destroy_process_group()
+    if failure is not None:
+        raise failure
+    if failed.item():
+        return
     with open(Path(out) / f"{rank}.pkl", "wb") as f:
         pickle.dump(result, f)
 
