@@ -200,6 +200,14 @@ def test_an_explicit_lr_keeps_the_tuned_cells_protocol_and_short_runs_warn(tmp_p
     assert "schedule.warmup=50 is not below the run's 30 steps" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("lr", ["0.01", "tuned"])
+def test_a_whole_section_as_an_override_is_refused_first(lr):
+    """optim=adamw names a section, not a field: refused as such before the tuned-lr lookup (which, on an untuned
+    preset, would otherwise complain about the lr) and before a run is expanded."""
+    with pytest.raises(ValueError, match=r"^optim is a section, not a field; set one of its fields, e\.g\. optim\.n"):
+        compare.build_spec(parse("--lr", lr, "--preset", "cpu-10k", "--steps", "3", "optim=adamw"))
+
+
 @pytest.mark.parametrize("item, flag", [("train.seed=abc", "--seeds"), ("seed=3", "--seeds"), ("lr=0.1", "--lr"),
                                         ("optim.lr=0.1", "--lr"), ("strategy=dp", "--strategies"),
                                         ("preset=tiny", "--preset"), ("data.source=kjv", "--data"),

@@ -148,6 +148,8 @@ def test_an_infinite_coefficient_is_refused(item):
     ("model.d_model=abc", "model.d_model"),
     ("model.qk_norm=maybe", "model.qk_norm"),
     ("model.d_model=1.5", "model.d_model"),
+    ("optim=adamw", "optim is a section, not a field; set one of its fields, e.g. optim.name="),
+    ("model=3", "model is a section, not a field"),
 ])
 def test_bad_override_names_the_key(item, message):
     """A malformed, unknown or ill-typed override raises ValueError naming the key (or the syntax)."""

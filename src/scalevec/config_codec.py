@@ -150,10 +150,29 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             parsed = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             parsed = value  # not YAML: the type check below names the key
+        if isinstance(node[path[-1]], dict) and not isinstance(parsed, dict):
+            raise ValueError(section_message(key.strip(), node[path[-1]]))
         # a string field keeps the text as given unless it is a YAML string ('"x"'): paths like
         # 'a: b', '#x', 'hf:', 'yes'
         node[path[-1]] = value if isinstance(node[path[-1]], str) and not isinstance(parsed, str) else parsed
     return from_dict(RunConfig, data)
+
+
+def section_message(key: str, section: dict) -> str:
+    """The error for ``key=value`` where ``key`` names a whole section (``optim=adamw``): set one of its fields."""
+    field = "name" if "name" in section else min(section, default="name")
+    return (f"{key} is a section, not a field; set one of its fields, e.g. {key}.{field}=... "
+            f"(its fields: {', '.join(sorted(section))})")
+
+
+def section_of(key: str) -> dict | None:
+    """The default mapping of ``RunConfig``'s section named by ``key`` (``optim``, ``train``), else None."""
+    node: Any = to_dict(RunConfig())
+    for part in key.strip().split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node if isinstance(node, dict) else None
 
 
 def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from scalevec.config import ScaleConfig
+from scalevec.config_codec import section_message, section_of
 from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import canonical_key, run_sweep, spec_from_dict
 from scalevec.experiments.tables import LEGEND, cell_rows, text_table
@@ -196,6 +197,9 @@ def build_spec(args: argparse.Namespace) -> dict:
         flag = FLAG_KEYS.get(canonical_key(key.strip()))
         if flag:
             raise ValueError(f"{key.strip()} is set by compare's {flag}; use {flag} instead of {item}")
+        section = section_of(key)
+        if section is not None:  # before the tuned-lr lookup, which would otherwise speak first
+            raise ValueError(section_message(key.strip(), section))
         base[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     grid: dict = {}
     if str(args.lr).strip() == "tuned":
