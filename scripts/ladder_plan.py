@@ -82,7 +82,7 @@ base:
   preset: {rung}
   data: {{source: {corpus}, tokenizer: bytes{f", val_tokens: {val_tokens}" if val_tokens else ""}}}
   optim: {{name: adamw}}
-  schedule: {{name: cosine, warmup_frac: 0.05}}
+  schedule: {{name: cosine, warmup_frac: {ladder.WARMUP_FRAC:g}}}
   train: {{batch_size: {batch_size}, seq_len: {seq_len}, eval_every: 500, {threads}}}
   tokens_per_param: {tokens_per_param:g}
 grid:

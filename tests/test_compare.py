@@ -66,6 +66,26 @@ def test_tuned_lrs_are_read_from_the_committed_results_it_cites(tmp_path, monkey
         compare.study_lrs(missing)
 
 
+def test_every_tuned_cell_is_the_committed_study_of_its_key():
+    """Each TUNED key names the setting its cell's study file trained (preset, corpus, tokenizer, optimizer,
+    schedule, budget, batch × length, warmup), and its committed results.csv tunes baseline, none and unified:
+    a key pointing at another setting's lrs would run the main job at lrs tuned for something else."""
+    import yaml
+
+    from scalevec.presets import get_preset
+
+    for key, cell in compare.TUNED.items():
+        name = cell.folder.removeprefix("results/")
+        base = yaml.safe_load((compare.REPO / "sweeps" / f"study-{name}.yaml").read_text())["base"]
+        trained = (base["preset"], base["data"]["source"], base["data"]["tokenizer"], base["optim"]["name"],
+                   base["schedule"]["name"], float(base["tokens_per_param"]))
+        assert trained == key, name
+        assert {"batch_size": base["train"]["batch_size"], "seq_len": base["train"]["seq_len"]} == compare.TUNED_AT
+        assert base["schedule"]["warmup_frac"] == cell.protocol["schedule.warmup_frac"], name
+        assert get_preset(key[0]).init_width == cell.protocol["model.init_width"], name  # the study's init
+        assert {"baseline", "none", "unified"} <= set(compare.study_lrs(cell)), name
+
+
 def test_tuned_lr_refuses_a_setting_the_study_did_not_cover():
     """--lr tuned on an untuned preset, a changed batch or a missing strategy: a ValueError naming the fix."""
     with pytest.raises(ValueError, match="no tuned lr for this setting.*--lr with a comma list"):
@@ -187,15 +207,15 @@ def test_report_hides_implausible_step_times_and_names_mixed_machines(tmp_path):
 
 
 def test_an_explicit_lr_keeps_the_tuned_cells_protocol_and_short_runs_warn(tmp_path, capsys):
-    """--lr changes the lr alone: the runs keep the study cell's init and warmup (the main job's), and a --steps
-    budget at or below the warmup is said on the console, not only in the trainers' logs."""
+    """--lr changes the lr alone: the runs keep the study cell's init and warmup (the ladder's, the main job's),
+    and a --steps budget at or below the warmup is said on the console, not only in the trainers' logs."""
     key = ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0)
     for argv in ((), ("--lr", "1e-2"), ("--lr", "5e-3,1e-2")):
         for r in expand(spec_from_dict(compare.build_spec(parse(*argv)))):
-            assert r.cfg.model.init_width is None and r.cfg.schedule.warmup == 50, argv
-    assert compare.TUNED[key].protocol == {"model.init_width": None, "schedule.warmup": 50}
+            assert r.cfg.model.init_width == 640 and r.cfg.schedule.warmup_frac == 0.05, argv
+    assert compare.TUNED[key].protocol == {"model.init_width": 640, "schedule.warmup_frac": 0.05}
     args = parse("--strategies", "baseline", "--seeds", "1", "--steps", "30", "--lr", "1e-2", "--out",
-                 str(tmp_path / "c"), "--dry-run")
+                 str(tmp_path / "c"), "--dry-run", "schedule.warmup_frac=null")  # an override beats the protocol
     compare.run(args)
     assert "schedule.warmup=50 is not below the run's 30 steps" in capsys.readouterr().out
 

@@ -10,7 +10,8 @@ matrices (the trainer guarantees it), which is what makes the per-seed differenc
 (the one place to change them). A fair comparison puts every strategy at its own best lr (issue 12):
 with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
 found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the committed results
-folder it reads them from, ``results/<cell>/results.csv``, and the protocol they were tuned under);
+folder it reads them from, ``results/ladder-<rung>-<corpus>/results.csv``, and the protocol they were tuned
+under, the ladder's);
 ``--lr 3e-3,1e-2`` tunes on the spot instead, and ``--lr 1e-2`` puts every strategy at one lr (a test of lr
 tolerance, not of the strategies).
 """
@@ -27,9 +28,11 @@ import yaml
 
 from scalevec.config import ScaleConfig
 from scalevec.config_codec import section_message, section_of
+from scalevec.experiments import ladder
 from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import canonical_key, run_sweep, spec_from_dict
 from scalevec.experiments.tables import LEGEND, cell_rows, text_table
+from scalevec.presets import LADDER_INIT_WIDTH
 
 # The main job (`scalevec compare` with no arguments): 3 strategies × 3 seeds of `cpu-80k` at 20 tokens
 # per parameter (2.16M tokens per run) on the bundled Shakespeare as bytes.
@@ -52,21 +55,20 @@ class TunedCell:
     """A committed study cell that ``--lr tuned`` reads: ``folder`` (``results/<cell>`` in the repository; its
     ``results.csv`` holds each strategy's tuned lr as ``best_value``) and ``protocol``, the cell's settings that
     are not compare's own flags, applied to every run so that the lrs are used under the setting they were
-    tuned in (the first protocol pins ``model.init_width: null`` and warmup 50, DESIGN.md §2)."""
+    tuned in (the ladder's: the 0.12B model's init regime and warmup over 5 % of the steps, DESIGN.md §2)."""
 
     folder: str
     protocol: dict
 
 
-# The study cells behind `--lr tuned`. Key: (preset, corpus, tokenizer, optimizer, schedule, tokens per
+# The ladder's protocol (issue 23), pinned so that a changed preset default cannot move the main job off it.
+LADDER_PROTOCOL = {"model.init_width": LADDER_INIT_WIDTH, "schedule.warmup_frac": ladder.WARMUP_FRAC}
+# The study cells behind `--lr tuned`: the ladder's finished rungs (sweeps/study-ladder-RUNG-CORPUS.yaml; each
+# lr picked on the mean of two seeds). Key: (preset, corpus, tokenizer, optimizer, schedule, tokens per
 # parameter) at batch 16 × 128 tokens.
 TUNED: dict[tuple, TunedCell] = {
-    # sweeps/study-c6-cpu-25k-shakespeare.yaml
-    ("cpu-25k", "shakespeare", "bytes", "adamw", "cosine", 20.0): TunedCell(
-        "results/cpu-25k-shakespeare", {"model.init_width": None, "schedule.warmup": 50}),
-    # sweeps/study-c6-cpu-80k-shakespeare.yaml
-    ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0): TunedCell(
-        "results/cpu-80k-shakespeare", {"model.init_width": None, "schedule.warmup": 50}),
+    (rung, corpus, "bytes", "adamw", "cosine", 20.0): TunedCell(f"results/ladder-{rung}-{corpus}", LADDER_PROTOCOL)
+    for rung in ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k") for corpus in ladder.CORPORA
 }
 TUNED_AT = {"batch_size": 16, "seq_len": 128}
 REPO = Path(__file__).resolve().parents[3]  # the checkout an editable install runs from

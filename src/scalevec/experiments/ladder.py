@@ -28,6 +28,7 @@ RUNGS = CPU_RUNGS + GPU_RUNGS  # by N
 CORPORA = ("shakespeare", "kjv")
 TARGET = "llama-0.12b"  # the paper's smallest model
 GRID_FACTOR = math.sqrt(2)
+WARMUP_FRAC = 0.05  # every rung warms up over 5 % of its steps (DESIGN.md §2: the same regime on every rung)
 
 
 def folder(results: Path, rung: str, corpus: str) -> Path:
