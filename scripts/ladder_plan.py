@@ -8,12 +8,27 @@ Each strategy's lr is predicted from the tuned lrs of every smaller rung of the 
 (``study.lr_grids``; the study grows it at an edge as usual). ``--predicted-only``: the predicted lr alone, no
 tuning, for a rung too expensive to tune (the report then shows the lr as picked from one value); its seeds
 still grow toward the ±0.015-nat target unless ``--no-confirm``. The file's
-header records the points the prediction came from. Refuses to overwrite a study file whose folder has runs.
+header records the points the prediction came from.
+
+The horizon axis (issue 35): ``--tokens-per-param D`` with D ≠ 20 writes ``sweeps/study-ladder-RUNG-CORPUS-tppD.yaml``
+(folder ``results/ladder-RUNG-CORPUS-tppD``): each strategy's grid is 3 values ×√2 around the *20-token pick of the
+same rung and corpus* shifted by the horizon, ``pick · (D/20)^s`` with s measured on the first protocol's 20- and
+100-token cells (``ladder.horizon_exponent``: s ≈ -0.07, i.e. ×0.89 at 100 and ×0.81 at 400), grown at an edge;
+tuning seeds 0-1, then held-out seeds 2-5 and more until each Δ is planned at ``--target`` nats over all seeds
+(0.0135 by default: with the 12-16 seeds such a cell takes, that leaves about ±0.015 on the held-out seeds alone),
+at most ``--max-seeds``. The header states the data passes the cell makes over the corpus.
+
+Refusals (one line on stderr, exit 2, nothing written): an ``--out`` that exists (never overwritten), an ``--out``
+whose folder does not exist, a study file whose results folder already has runs, and invalid numbers
+(``--grid-factor`` ≤ 1, ``--val-tokens`` ≤ 0, ``--max-seeds`` / ``--tuning-seeds`` / ``--batch-size`` /
+``--seq-len`` < 1, ``--lr-scale`` / ``--tokens-per-param`` / ``--target`` not positive and finite, a horizon
+cell whose 20-token cell has not reported).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from pathlib import Path
@@ -24,6 +39,77 @@ sys.path.insert(0, str(ROOT / "src"))
 from scalevec.experiments import ladder  # noqa: E402
 
 STRATEGIES = ("baseline", "none", "unified")
+HELD_OUT_TARGET = 0.0135  # the planned half-width over all seeds that leaves ≈ ±0.015 on the held-out ones
+
+
+def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float, max_seeds: int = 20, *,
+                 tuning_seeds: int = 2, factor: float = ladder.GRID_FACTOR, target: float = HELD_OUT_TARGET,
+                 batch_size: int = 16, seq_len: int = 128, eval_every: int = 250, schedule: str = "cosine",
+                 val_tokens: int | None = None) -> str:
+    """The study YAML of a horizon cell: ``rung`` on ``corpus`` at ``tokens_per_param`` (≠ 20, tokens per total
+    parameter), each strategy's grid 3 values ×``factor`` around its 20-token pick shifted by
+    ``ladder.horizon_centre`` (exponent ``ladder.horizon_exponent``), held-out seeds to ``target``.
+    ``schedule``: ``cosine`` (the ladder's) or ``wsd`` (stable, then linear to 0 over the last 20 %; the name gets
+    ``-wsd``). ``ValueError`` when the 20-token cell or the evidence has not reported."""
+    if schedule not in ("cosine", "wsd"):
+        raise ValueError(f"schedule {schedule!r}: choose cosine or wsd")
+    picks = ladder.read_rung(ladder.folder(results, rung, corpus), rung, corpus)
+    missing = [s for s in STRATEGIES if s not in picks]
+    if missing:
+        raise ValueError(f"results/ladder-{rung}-{corpus} has not reported {', '.join(missing)} at 20 tokens per "
+                         f"parameter; the horizon grid is centred on those picks (scripts/study.sh ladder)")
+    s_exp, evidence = ladder.horizon_exponent(results)
+    shift = (tokens_per_param / 20) ** s_exp
+    grids, notes = {}, []
+    for s in STRATEGIES:
+        centre = ladder.horizon_centre(picks[s].lr, tokens_per_param, s_exp)
+        grids[s] = ladder.lr_grid(centre, factor=factor)
+        notes.append(f"#   {s}: 20-token pick {picks[s].lr:g}{' (at its grid edge)' if picks[s].at_edge else ''}"
+                     f" -> centre {centre:.4g}")
+    params, n = ladder.total_params(rung), ladder.non_embedding_params(rung)
+    tokens = ladder.run_tokens(params, tokens_per_param, batch_size * seq_len)
+    passes = ladder.passes(tokens, corpus)
+    name = ladder.horizon_name(rung, corpus, tokens_per_param) + ("-wsd" if schedule == "wsd" else "")
+    union = sorted({x for g in grids.values() for x in g})
+    lr_grids = "{" + ", ".join(f"{s}: {grids[s]}" for s in STRATEGIES) + "}"
+    confirm = list(range(tuning_seeds, tuning_seeds + 4))
+    study = (f"{{extend: {factor:.8g}, max_extensions: 4, confirm_seeds: {confirm}, target_halfwidth: {target:g}, "
+             f"max_seeds: {max(max_seeds, tuning_seeds + 4)}, lr_grids: {lr_grids}}}")
+    ratios = ", ".join(f"{c} {st} ×{r:g}" for c, st, r in evidence)
+    sched = ("{name: cosine, warmup_frac: %g}" % ladder.WARMUP_FRAC if schedule == "cosine" else
+             "{name: wsd, warmup_frac: %g, min_lr_ratio: 0.0}" % ladder.WARMUP_FRAC)
+    head = textwrap.fill(
+        f"Issue 35, the horizon axis: the ladder's {rung} on {corpus} at {tokens_per_param:g} tokens per total "
+        f"parameter ({tokens:,} tokens = {tokens / n:.1f} per non-embedding parameter; {passes:.2f} passes over "
+        f"the corpus's {ladder.TRAIN_TOKENS[corpus]:,} training tokens{': DATA REPEATS' if passes > 1 else ''}), "
+        f"schedule {schedule}, the ladder's protocol otherwise. Written by scripts/ladder_plan.py {rung} {corpus} "
+        f"--tokens-per-param {tokens_per_param:g}{' --schedule wsd' if schedule == 'wsd' else ''}: each "
+        f"strategy's lrs are 3 values ×{factor:.3g} around its 20-token pick × (D/20)^s = ×{shift:.3f}, "
+        f"s = {s_exp:.4f} measured on the first protocol's 20- vs 100-token picks ({ratios}), grown at an edge; "
+        f"lr picked on seeds 0-{tuning_seeds - 1}, then held-out seeds {confirm[0]}-{confirm[-1]} and more until "
+        f"each Δ is planned at ±{target:g} nats over all seeds (≈ ±0.015 on the held-out ones), at most "
+        f"{max(max_seeds, tuning_seeds + 4)} seeds. Centres:", width=118, initial_indent="# ",
+        subsequent_indent="# ")
+    val = f", val_tokens: {val_tokens}" if val_tokens else ""
+    return f"""{head}
+{chr(10).join(notes)}
+# Regenerate: scalevec study sweeps/study-{name}.yaml --out results/{name}
+name: {name}
+base:
+  preset: {rung}
+  data: {{source: {corpus}, tokenizer: bytes{val}}}
+  optim: {{name: adamw}}
+  schedule: {sched}
+  train: {{batch_size: {batch_size}, seq_len: {seq_len}, eval_every: {eval_every}, threads: 1}}
+  tokens_per_param: {tokens_per_param:g}
+grid:
+  strategy: [{', '.join(STRATEGIES)}]
+  lr: {union}
+  seed: {list(range(tuning_seeds))}
+tune: [optim.lr]
+baseline: baseline
+study: {study}
+"""
 
 
 def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, max_seeds: int = 20, *,
@@ -95,7 +181,36 @@ study: {study}
 """
 
 
-def main() -> int:
+def _check(args: argparse.Namespace) -> str | None:
+    """The first invalid argument, as one line (None when all are valid)."""
+    def finite_pos(v: float) -> bool:
+        return math.isfinite(v) and v > 0
+    if not (math.isfinite(args.grid_factor) and args.grid_factor > 1):
+        return f"--grid-factor {args.grid_factor} must be a finite number > 1 (the grid's spacing, like 1.41421)"
+    if args.val_tokens is not None and args.val_tokens <= 0:
+        return f"--val-tokens {args.val_tokens} must be > 0 (default: data.val_tokens' 131,072)"
+    for flag, v in (("--max-seeds", args.max_seeds), ("--tuning-seeds", args.tuning_seeds),
+                    ("--batch-size", args.batch_size), ("--seq-len", args.seq_len), ("--eval-every", args.eval_every)):
+        if v < 1:
+            return f"{flag} {v} must be >= 1"
+    if args.max_seeds < args.tuning_seeds:
+        return f"--max-seeds {args.max_seeds} is below --tuning-seeds {args.tuning_seeds}"
+    for flag, v in (("--lr-scale", args.lr_scale), ("--tokens-per-param", args.tokens_per_param),
+                    ("--target", args.target)):
+        if not finite_pos(v):
+            return f"{flag} {v} must be a finite number > 0"
+    if args.rung not in ladder.RUNGS:
+        return f"unknown rung {args.rung!r}; choose one of {', '.join(ladder.RUNGS)}"
+    horizon = args.tokens_per_param != 20 or args.schedule != "cosine"
+    if horizon and (args.predicted_only or args.no_confirm or args.lr_scale != 1 or args.device != "cpu"
+                    or args.compile):
+        return ("a horizon cell (--tokens-per-param other than 20, or --schedule wsd) takes none of --predicted-only,"
+                " --no-confirm, --lr-scale, --device, --compile")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write one study file; 0 on success, 2 (one line on stderr, nothing written) on any refusal."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("rung")
     p.add_argument("corpus", choices=ladder.CORPORA)
@@ -106,30 +221,60 @@ def main() -> int:
     p.add_argument("--no-confirm", action="store_true", help="no seeds after the tuning seeds")
     p.add_argument("--lr-scale", type=float, default=1.0, help="multiply every predicted lr (default 1)")
     p.add_argument("--grid-factor", type=float, default=ladder.GRID_FACTOR, help="grid spacing (default √2)")
-    p.add_argument("--tokens-per-param", type=float, default=20)
+    p.add_argument("--tokens-per-param", type=float, default=20,
+                   help="tokens per total parameter (default 20; another value writes a horizon cell, issue 35)")
+    p.add_argument("--schedule", choices=("cosine", "wsd"), default="cosine", help="horizon cells only")
+    p.add_argument("--target", type=float, default=HELD_OUT_TARGET,
+                   help=f"horizon cells: planned half-width over all seeds (default {HELD_OUT_TARGET})")
+    p.add_argument("--eval-every", type=int, default=250, help="horizon cells: steps between evaluations")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--device", default="cpu", help="cpu (one thread a run) or cuda")
     p.add_argument("--val-tokens", type=int, help="validation tokens (default: data.val_tokens' 131,072)")
     p.add_argument("--compile", action="store_true", help="compile every run's blocks (train.compile: true)")
-    p.add_argument("--out", help="the study file (default sweeps/study-ladder-RUNG-CORPUS.yaml)")
-    args = p.parse_args()
-    out = Path(args.out or ROOT / "sweeps" / f"study-ladder-{args.rung}-{args.corpus}.yaml")
+    p.add_argument("--out", help="the study file (default sweeps/study-NAME.yaml); never overwritten")
+    args = p.parse_args(argv)
+    bad = _check(args)
+    if bad:
+        print(f"ladder_plan: {bad}", file=sys.stderr)
+        return 2
+    horizon = args.tokens_per_param != 20 or args.schedule != "cosine"
+    name = ladder.horizon_name(args.rung, args.corpus, args.tokens_per_param) + (
+        "-wsd" if args.schedule == "wsd" else "")
+    out = Path(args.out) if args.out else ROOT / "sweeps" / f"study-{name}.yaml"
+    if out.exists() or out.is_symlink():
+        print(f"ladder_plan: {out} exists; it is never overwritten (remove it, or pass another --out)",
+              file=sys.stderr)
+        return 2
+    if not out.parent.is_dir():
+        print(f"ladder_plan: the folder of --out {out} does not exist", file=sys.stderr)
+        return 2
+    runs = Path(args.results) / name / "runs"
+    if runs.is_dir() and any(runs.iterdir()):
+        print(f"ladder_plan: {runs} already has runs; a new grid would mix protocols. Move that folder away "
+              f"first", file=sys.stderr)
+        return 2
     try:
-        text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds,
-                    tuning_seeds=args.tuning_seeds, lr_scale=args.lr_scale, factor=args.grid_factor,
-                    tokens_per_param=args.tokens_per_param, batch_size=args.batch_size, seq_len=args.seq_len,
-                    device=args.device, confirm=not args.no_confirm, val_tokens=args.val_tokens,
-                    compile_blocks=args.compile)
+        if horizon:
+            text = plan_horizon(args.rung, args.corpus, Path(args.results), args.tokens_per_param, args.max_seeds,
+                                tuning_seeds=args.tuning_seeds, factor=args.grid_factor, target=args.target,
+                                batch_size=args.batch_size, seq_len=args.seq_len, eval_every=args.eval_every,
+                                schedule=args.schedule, val_tokens=args.val_tokens)
+        else:
+            text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds,
+                        tuning_seeds=args.tuning_seeds, lr_scale=args.lr_scale, factor=args.grid_factor,
+                        tokens_per_param=args.tokens_per_param, batch_size=args.batch_size, seq_len=args.seq_len,
+                        device=args.device, confirm=not args.no_confirm, val_tokens=args.val_tokens,
+                        compile_blocks=args.compile)
     except ValueError as e:
         print(f"ladder_plan: {e}", file=sys.stderr)
         return 2
-    runs = ladder.folder(Path(args.results), args.rung, args.corpus) / "runs"
-    if out.exists() and runs.is_dir() and any(runs.iterdir()):
-        print(f"ladder_plan: {out} already drives runs in {runs}; a new grid would mix protocols. Move that "
-              f"folder away first", file=sys.stderr)
+    try:
+        with out.open("x") as fh:  # O_EXCL: never replaces a file that appeared meanwhile, never follows a link
+            fh.write(text)
+    except OSError as e:
+        print(f"ladder_plan: cannot write {out}: {e.strerror}", file=sys.stderr)
         return 2
-    out.write_text(text)
     print(f"wrote {out}")
     return 0
 

@@ -6,7 +6,9 @@
 # (STUDY_JOBS=2 on an idle 2-core machine trains two at once, measured 2x the throughput).
 # `scripts/study.sh ladder` runs only issue 23's ladder (the 0.12B init regime, rung by rung, both corpora; a
 # rung's file, written by scripts/ladder_plan.py, may not exist yet); `scripts/study.sh first` only the first
-# protocol's cells; no argument: the ladder, then those.
+# protocol's cells; `scripts/study.sh horizon` only issue 35's horizon cells (the ladder's rungs at 100 and 400
+# tokens per parameter, files written by scripts/ladder_plan.py --tokens-per-param D; absent ones are skipped);
+# no argument: the ladder, then the horizon cells, then the first protocol's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SV=${SCALEVEC:-.venv/bin/scalevec}
@@ -29,7 +31,7 @@ study() {  # study NAME CELL: sweeps/study-NAME.yaml into results/CELL
       echo "!! $1 exited $?"
     fi
 }
-part() {  # part ladder|first: run its declared studies (an optional one only where its file exists)
+part() {  # part ladder|horizon|first: run its declared studies (an optional one only where its file exists)
     local plan name cell optional
     plan=$("$PY" -m scalevec.experiments.claims "$1") || { echo "!! cannot list the studies of $1" >&2; exit 2; }
     while read -r name cell optional; do
@@ -38,8 +40,9 @@ part() {  # part ladder|first: run its declared studies (an optional one only wh
     done <<< "$plan"
 }
 PART=${1:-all}
-case "$PART" in all|ladder|first) ;; *) echo "usage: scripts/study.sh [all|ladder|first]" >&2; exit 2;; esac
+case "$PART" in all|ladder|horizon|first) ;; *) echo "usage: scripts/study.sh [all|ladder|horizon|first]" >&2; exit 2;; esac
 for pass in 1 2; do
-  [ "$PART" = first ] || part ladder
-  [ "$PART" = ladder ] || part first
+  case "$PART" in all|ladder) part ladder;; esac
+  case "$PART" in all|horizon) part horizon;; esac
+  case "$PART" in all|first) part first;; esac
 done

@@ -54,6 +54,23 @@ def _ladder_studies() -> tuple[Study, ...]:
 
 LADDER = _ladder_studies()
 
+
+def _horizon_studies() -> tuple[Study, ...]:
+    """Issue 35's horizon axis, in the planned order (docs/reproduction.md, "The horizon axis: plan"): the cells
+    that repeat no data first, cheapest first (cpu-10k, then cpu-25k, at 100 tokens per parameter, both corpora),
+    then cpu-10k Shakespeare at 400 (1.76 passes), the WSD cell (cpu-25k Shakespeare at 100), cpu-80k at 100 on
+    both corpora and cpu-25k Shakespeare at 400 (the cells that repeat data 2.4-4.5 times). Every file is
+    written by ``scripts/ladder_plan.py RUNG CORPUS --tokens-per-param D`` (optional until then)."""
+    cells = [("cpu-10k", "shakespeare", 100, ""), ("cpu-10k", "kjv", 100, ""), ("cpu-25k", "shakespeare", 100, ""),
+             ("cpu-25k", "kjv", 100, ""), ("cpu-10k", "shakespeare", 400, ""),
+             ("cpu-25k", "shakespeare", 100, "-wsd"), ("cpu-80k", "shakespeare", 100, ""),
+             ("cpu-80k", "kjv", 100, ""), ("cpu-25k", "shakespeare", 400, "")]
+    return tuple(Study(ladder.horizon_name(r, c, d) + w, ladder.horizon_name(r, c, d) + w, optional=True)
+                 for r, c, d, w in cells)
+
+
+HORIZON = _horizon_studies()
+
 # The first protocol (init_std 0.02 at every width, warmup 50), in the order its claims are answered:
 # C6 and C1 on the main cells first.
 FIRST = (
@@ -80,7 +97,7 @@ FIRST = (
     Study("c6-moe-cpu-60k-shakespeare-seeds", "moe-cpu-60k-shakespeare"),  # 10 seeds for the MoE
     Study("c6-cpu-200k-shakespeare", "cpu-200k-shakespeare"),  # a fourth size (~10 min a run)
 )
-STUDIES = LADDER + FIRST
+STUDIES = LADDER + HORIZON + FIRST
 
 # The C6 cells: AdamW + cosine, 20 tokens per parameter, bytes; C8 fits the dense ones per corpus.
 SCALING = {"shakespeare": ("cpu-10k-shakespeare", "cpu-25k-shakespeare", "cpu-80k-shakespeare",
@@ -127,19 +144,19 @@ def scaling_size(cell: str) -> tuple[str, int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m scalevec.experiments.claims ladder|first|all``: one ``NAME CELL OPTIONAL`` line per study,
+    """``python -m scalevec.experiments.claims ladder|horizon|first|all``: one ``NAME CELL OPTIONAL`` line per study,
     in run order (what scripts/study.sh reads). Exit 2 on another argument."""
     args = sys.argv[1:] if argv is None else argv
-    part = {"ladder": LADDER, "first": FIRST, "all": STUDIES}.get(args[0] if len(args) == 1 else "")
+    part = {"ladder": LADDER, "horizon": HORIZON, "first": FIRST, "all": STUDIES}.get(args[0] if len(args) == 1 else "")
     if part is None:
-        print("usage: python -m scalevec.experiments.claims ladder|first|all", file=sys.stderr)
+        print("usage: python -m scalevec.experiments.claims ladder|horizon|first|all", file=sys.stderr)
         return 2
     for s in part:
         print(s.name, s.cell, int(s.optional))
     return 0
 
 
-__all__ = ["CLAIMS", "FIRST", "LADDER", "MAIN", "SCALING", "STUDIES", "Claim", "Study", "scaling_size"]
+__all__ = ["CLAIMS", "FIRST", "HORIZON", "LADDER", "MAIN", "SCALING", "STUDIES", "Claim", "Study", "scaling_size"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -158,3 +158,80 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
 
 __all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid",
            "non_embedding_params", "predict_lr", "read_ladder", "read_rung", "trend"]
+
+
+# ---- the horizon axis (issue 35): the ladder's rungs at more tokens per parameter --------------------------------
+
+HORIZONS = (100, 400)  # tokens per *total* parameter, as the ladder's 20 (DESIGN.md §9; the paper's "100 tokens per
+# parameter" is read the same way). What that is per non-embedding parameter: ``tokens_per_nonembedding``.
+# Training tokens of the bundled corpora under the default split (tail, val_frac 0.1, bytes tokenizer): the
+# documents before the validation tail, measured with split.plan_split on the gzip'd text (one token per byte).
+TRAIN_TOKENS = {"shakespeare": 4_527_386, "kjv": 3_625_938}
+# The first protocol's cells at 20 and at 100 tokens per parameter (the same lr grid ×2, lr picked on seed 0):
+# the only measured evidence here of how a tuned lr moves with the horizon (``horizon_exponent``).
+HORIZON_EVIDENCE = (("cpu-10k-shakespeare", "cpu-10k-shakespeare-tpp100", 20, 100),
+                    ("cpu-25k-shakespeare", "cpu-25k-shakespeare-tpp100", 20, 100))
+HORIZON_STRATEGIES = ("baseline", "none", "unified")
+
+
+def horizon_name(rung: str, corpus: str, tokens_per_param: float) -> str:
+    """``ladder-RUNG-CORPUS`` at 20 tokens per parameter, ``ladder-RUNG-CORPUS-tppD`` at D (the study's name, its
+    file ``sweeps/study-NAME.yaml`` and its folder ``results/NAME``)."""
+    base = f"ladder-{rung}-{corpus}"
+    return base if tokens_per_param == 20 else f"{base}-tpp{tokens_per_param:g}"
+
+
+def horizon_exponent(results: Path) -> tuple[float, list[tuple[str, str, float]]]:
+    """The exponent s of ``lr*(D) ∝ D^s`` measured on ``HORIZON_EVIDENCE``: the mean over cells and strategies
+    (``HORIZON_STRATEGIES``) of log(lr at the long horizon / lr at 20) / log(horizon ratio), with the per-pair
+    ratios ``[(cell, strategy, ratio)]``. The first protocol's picks at 20 and 100 tokens per parameter: 4 of 6
+    unchanged, `unified` ×2 at cpu-10k and ×1/4 at cpu-25k, so s ≈ -0.07 (a grid of ×2 cannot resolve more:
+    one grid step over a ×5 horizon is s = ±0.43). ``ValueError`` when a cell of the evidence is missing."""
+    logs, pairs = [], []
+    for short, long, d0, d1 in HORIZON_EVIDENCE:
+        a, b = _picks(Path(results) / short), _picks(Path(results) / long)
+        for s in HORIZON_STRATEGIES:
+            if s not in a or s not in b:
+                raise ValueError(f"horizon evidence: {s} missing in results/{short} or results/{long}")
+            pairs.append((short.removesuffix("-shakespeare"), s, b[s] / a[s]))
+            logs.append(math.log(b[s] / a[s]) / math.log(d1 / d0))
+    return sum(logs) / len(logs), pairs
+
+
+def _picks(cell: Path) -> dict[str, float]:
+    """``{strategy: tuned lr}`` of a cell's ``results.csv`` (empty when it has not reported)."""
+    f = cell / "results.csv"
+    if not f.is_file():
+        return {}
+    with f.open() as fh:
+        return {r["strategy"]: float(r["best_value"]) for r in csv.DictReader(fh)}
+
+
+def horizon_centre(pick20: float, tokens_per_param: float, exponent: float) -> float:
+    """The centre of a horizon cell's grid: the 20-token pick of the same rung, corpus and strategy times
+    ``(tokens_per_param / 20) ** exponent`` (``horizon_exponent``). ``ValueError`` for a non-positive pick or
+    horizon."""
+    if not (pick20 > 0 and tokens_per_param > 0):
+        raise ValueError(f"pick {pick20} and tokens per parameter {tokens_per_param} must be > 0")
+    return pick20 * (tokens_per_param / 20) ** exponent
+
+
+def total_params(preset: str, strategy: str = "baseline") -> int:
+    """Total parameters of ``preset`` (embedding and head included: what ``tokens_per_param`` counts)."""
+    from scalevec.config import ScaleConfig
+    from scalevec.model.params import count_params
+    from scalevec.model.transformer import build_model
+    from scalevec.presets import get_preset
+
+    return count_params(build_model(get_preset(preset), ScaleConfig.preset(strategy), device="meta"))["params"]
+
+
+def run_tokens(params: int, tokens_per_param: float, batch_tokens: int = 16 * 128) -> int:
+    """Training tokens of a run at ``tokens_per_param`` × ``params``, rounded up to whole steps of
+    ``batch_tokens`` (as ``run_budget`` does)."""
+    return math.ceil(params * tokens_per_param / batch_tokens) * batch_tokens
+
+
+def passes(tokens: int, corpus: str) -> float:
+    """Passes over ``corpus``'s training tokens that ``tokens`` make (> 1: data repeats)."""
+    return tokens / TRAIN_TOKENS[corpus]
