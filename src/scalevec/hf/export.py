@@ -239,13 +239,11 @@ def _output_gamma(norm, d: int) -> Tensor:
 def _swiglu_tensors(name: dict, gate, up, down, shared: Tensor | None) -> dict[str, Tensor]:
     """Folded gate, up and down weights (and DNP's gate scale) of one SwiGLU, dense or an expert bank, under our
     names (``name``: module -> its name in the model): ``diag(s) W diag(γ_shared γ)`` where s folds; DNP's s on
-    ``up`` (it multiplies the SiLU product, which W_down reads) folds into W_down's columns; DNP's s on ``gate``
-    feeds SiLU and is kept, as ``<gate>.out_scale.weight``."""
+    ``up`` (it multiplies the SiLU product, which W_down reads) folds into W_down's columns, beside W_down's own
+    vectors; DNP's s on ``gate`` feeds SiLU and is kept, as ``<gate>.out_scale.weight``."""
+    s_up = up.out_scale() if up.out_norm else None  # (d_ff,) or (E, d_expert)
     out = {f"{name[gate]}.weight": gate.folded_weight(shared), f"{name[up]}.weight": up.folded_weight(shared),
-           f"{name[down]}.weight": down.weight}
-    if up.out_norm:
-        s = up.out_scale()  # (d_ff,) or (E, d_expert)
-        out[f"{name[down]}.weight"] = down.weight * s.unsqueeze(-2).to(down.weight.dtype)
+           f"{name[down]}.weight": down.folded_weight(s_up)}
     if gate.out_norm:
         out[f"{name[gate]}.out_scale.weight"] = gate.out_scale()
     return out
@@ -265,7 +263,7 @@ def remote_tensors(model: Transformer) -> dict[str, Tensor]:
         attn = layer.attn
         # q, k, v: no DNP on attention, so the Input-Norm folds whole (the fold protocol of fold.py)
         out.update({f"{name[attn.proj]}.{k}": w for k, w in attn.proj.folded_state().items()})
-        out[f"{name[attn.o]}.weight"] = attn.o.weight
+        out[f"{name[attn.o]}.weight"] = attn.o.folded_weight()
         if cfg.qk_norm:
             for norm in (attn.q_norm, attn.k_norm):
                 out[f"{name[norm]}.scale.weight"] = _output_gamma(norm, cfg.head_dim)

@@ -43,9 +43,8 @@ from scalevec.model.params import new_param, normal_init
 from scalevec.model.scales import (
     PLAIN,
     BranchPlan,
-    Linear,
-    NormPlan,
     Ops,
+    Projection,
     ScalePlan,
     fold_weight,
     gamma_of,
@@ -186,20 +185,22 @@ def make_expert_proj(n_experts: int, d_in: int, d_out: int, plan: BranchPlan, ep
 
 class Experts(nn.Module):
     """E routed SwiGLU experts of width ``d_expert`` as banks ``gate, up: (E, d_expert, d_model)`` and
-    ``down: (E, d_model, d_expert)``, with dropless sorted dispatch (DESIGN.md §6).
+    ``down: (E, d_model, d_expert)``, with dropless sorted dispatch (DESIGN.md §6); each an ``ExpertProj`` placed by
+    the plan (gate, up: ``plan.moe``'s branches; down: ``plan.expert_down``).
 
     ``forward(u: (N, d_model), idx: (N, k), weights: (N, k), shared γ (d_model,) or None) -> (N, d_model)``:
     ``Σ_j weights[t, j] · expert_{idx[t, j]}(u_t)``. Every assignment is computed; none is dropped.
     """
 
-    def __init__(self, cfg: ModelConfig, plan: NormPlan, ops: Ops):
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
         super().__init__()
         moe, d = cfg.moe, cfg.d_model
         self.n_experts = moe.n_experts
         for site in ("gate", "up"):
-            self.add_module(site, make_expert_proj(moe.n_experts, d, moe.d_expert, plan.branches[f"experts.{site}"],
-                                                   cfg.norm_eps, ops, cfg.weight_std))
-        self.down = ExpertProj(moe.n_experts, moe.d_expert, d, BranchPlan(), cfg.norm_eps, ops,
+            self.add_module(site, make_expert_proj(moe.n_experts, d, moe.d_expert,
+                                                   plan.moe.branches[f"experts.{site}"], cfg.norm_eps, ops,
+                                                   cfg.weight_std))
+        self.down = ExpertProj(moe.n_experts, moe.d_expert, d, plan.expert_down, cfg.norm_eps, ops,
                                cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, u: Tensor, idx: Tensor, weights: Tensor, shared: Tensor | None = None) -> Tensor:
@@ -213,7 +214,7 @@ class Experts(nn.Module):
         g = grouped_linear_offsets(x, self.gate.folded_weight(shared).to(x.dtype), offsets)  # (N·k, d_expert)
         v = grouped_linear_offsets(x, self.up.folded_weight(shared).to(x.dtype), offsets)
         h = F.silu(self.gate.finish(g, expert)) * self.up.finish(v, expert)
-        y = grouped_linear_offsets(h, self.down.weight.to(h.dtype), offsets)  # (N·k, d)
+        y = self.down.finish(grouped_linear_offsets(h, self.down.folded_weight().to(h.dtype), offsets), expert)
         y = y * weights.flatten()[order].unsqueeze(-1).to(y.dtype)
         return y.new_zeros(u.shape).index_add(0, token, y)  # (N, d)
 
@@ -221,17 +222,18 @@ class Experts(nn.Module):
 class SharedExperts(nn.Module):
     """Always-on SwiGLU of width ``d_expert · n_shared_experts`` reading the MoE's normalized input (§6).
 
-    Its gate and up are ``scales.Branch``es (``NormedBranch`` under DNP), placed by the plan as a dense MLP's.
+    Its gate and up are ``scales.Branch``es (``NormedBranch`` under DNP) and its down a ``scales.Projection``,
+    placed by the plan as a dense MLP's (``plan.moe``'s branches, ``plan.down``).
     ``forward(u: (N, d_model), shared γ (d_model,) or None) -> (N, d_model)``.
     """
 
-    def __init__(self, cfg: ModelConfig, plan: NormPlan, ops: Ops):
+    def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
         super().__init__()
         d, width = cfg.d_model, cfg.moe.d_expert * cfg.moe.n_shared_experts
         for site in ("gate", "up"):
-            self.add_module(site, make_branch(d, width, plan.branches[f"shared_experts.{site}"], cfg.norm_eps, ops,
-                                              std=cfg.weight_std))
-        self.down = Linear(width, d, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
+            self.add_module(site, make_branch(d, width, plan.moe.branches[f"shared_experts.{site}"], cfg.norm_eps,
+                                              ops, std=cfg.weight_std))
+        self.down = Projection(width, d, plan.down, cfg.norm_eps, ops, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def forward(self, u: Tensor, shared: Tensor | None = None) -> Tensor:
         g, v = (b.finish(F.linear(u, b.folded_weight(shared).to(u.dtype))) for b in (self.gate, self.up))
@@ -260,8 +262,8 @@ class MoE(nn.Module):
         self.scale = p.gamma.build((cfg.d_model,), ops) if p.gamma is not None else None
         self.router = make_branch(cfg.d_model, moe.n_experts, p.branches["router"], cfg.norm_eps, ops, role="router",
                                   std=cfg.weight_std)
-        self.experts = Experts(cfg, p, ops)
-        self.shared_experts = SharedExperts(cfg, p, ops) if moe.n_shared_experts else None
+        self.experts = Experts(cfg, plan, ops)
+        self.shared_experts = SharedExperts(cfg, plan, ops) if moe.n_shared_experts else None
         self.last_stats: dict[str, Tensor] = {}
 
     def norm(self, x: Tensor) -> Tensor:
@@ -293,7 +295,8 @@ class MoE(nn.Module):
     def folded_state(self) -> dict[str, Tensor]:
         """Local state of the equivalent scale-free MoE (the fold protocol of ``fold.py``, DESIGN.md §4):
         ``router.weight``, ``experts.{gate,up}.weight`` and ``shared_experts.{gate,up}.weight`` with every
-        scale folded in (``diag(s_e) W_e diag(γ γ_e)``); the down banks are unchanged.
+        scale folded in (``diag(s_e) W_e diag(γ γ_e)``), and ``experts.down.weight`` with its own (``diag(s_e) W_e``;
+        the shared experts' down is a ``scales.Projection``, which folds itself).
 
         Raises ``ValueError`` naming the projections whose DNP output normalization cannot fold.
         """
@@ -302,7 +305,8 @@ class MoE(nn.Module):
         parts = {"router": self.router, "experts.gate": self.experts.gate, "experts.up": self.experts.up}
         if self.shared_experts is not None:
             parts.update({"shared_experts.gate": self.shared_experts.gate, "shared_experts.up": self.shared_experts.up})
-        return {f"{name}.weight": m.folded_weight(shared) for name, m in parts.items()}
+        state = {f"{name}.weight": m.folded_weight(shared) for name, m in parts.items()}
+        return {**state, "experts.down.weight": self.experts.down.folded_weight()}
 
     def inactive_params(self) -> int:
         """Parameters of the routed experts that one token does not use: ``(E - k)/E`` of every per-expert

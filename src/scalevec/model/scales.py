@@ -14,7 +14,8 @@ learnable scale vector. This module holds, in reading order:
    and which branch outputs DNP normalizes. Dense blocks, MoE experts, fold and export consume it.
 3. **The modules**, one small class per parameterization (``DirectScale``, ``ORScale``, ``ERScale``) and
    per placement (``Branch`` / ``NormedBranch``, ``NormLinear`` / ``SwiGLUProj`` / ``DNPSwiGLUProj``,
-   ``OutputNorm``; MoE's ``ExpertProj`` / ``NormedExpertProj`` live in moe.py), chosen by the plan::
+   ``Projection`` for the residual writers W_o and W_down, ``OutputNorm``; MoE's ``ExpertProj`` /
+   ``NormedExpertProj`` live in moe.py), chosen by the plan::
 
     x ──n──> u ──(γ)──┬──(γ_q)── W_q ──(s_q)──> q        scale=shared: γ only
                       ├──(γ_k)── W_k ──(s_k)──> k        scale=branch (HG): γ_q, γ_k, γ_v only
@@ -194,6 +195,11 @@ class ScalePlan:
     kernels (``kernels.FAST``, ``apply='weight'``) or with the plain formulas (``PLAIN``, ``'activation'``).
     ``fused`` (``apply='fused'``, opt-in): also the fused projections and MLP (``model/fused.py``), equal to
     the fast path to rounding, not to the bit.
+
+    The linear maps that read no Input-Norm, the residual writers, are planned like the branches
+    (``Projection``, ``moe.ExpertProj``): ``o`` (W_o), ``down`` (the dense MLP's and the shared experts'
+    W_down) and ``expert_down`` (the experts' down bank, s per expert). An empty ``BranchPlan`` is a plain
+    ``y = W x``.
     """
 
     attn: NormPlan
@@ -204,6 +210,9 @@ class ScalePlan:
     peri: OutputNormPlan | None
     fast: bool
     fused: bool = False
+    o: BranchPlan = BranchPlan()
+    down: BranchPlan = BranchPlan()
+    expert_down: BranchPlan = BranchPlan()
 
     def sites(self) -> list[tuple[str, str, ScaleSpec]]:
         """``(site, side, spec)`` for every scale vector of one block and the head: ``side`` is ``norm`` (the
@@ -217,6 +226,13 @@ class ScalePlan:
             for name, b in norm.branches.items():
                 rows += [(f"{where}.{name}", side, spec) for side, spec in (("input", b.gamma), ("output", b.s))
                          if spec is not None]
+        writers = [("attn.o", self.o), ("mlp.down", self.down)]
+        if self.moe is not None:
+            writers += [("moe.experts.down", self.expert_down)]
+            if any(name.startswith("shared_experts.") for name in self.moe.branches):
+                writers += [("moe.shared_experts.down", self.down)]
+        for site, b in writers:
+            rows += [(site, side, spec) for side, spec in (("input", b.gamma), ("output", b.s)) if spec is not None]
         for where, out in (("qk_norm", self.qk_norm), ("peri", self.peri)):
             if out is not None and out.gamma is not None:
                 rows.append((where, "output_norm", out.gamma))
@@ -447,7 +463,8 @@ def gamma_of(vector: ScaleVector | None) -> Tensor | None:
 
 
 class Linear(nn.Module):
-    """A bias-free linear map ``y = x Wᵀ``, ``W: (d_out, d_in)``, with its role and init std (§2, §5)."""
+    """A bias-free linear map ``y = x Wᵀ``, ``W: (d_out, d_in)``, with its role and init std (§2, §5). The model's own
+    maps are all planned (``Branch``, ``Projection``); this plain one stays for code outside the model."""
 
     def __init__(self, d_in: int, d_out: int, role: str = "matrix", std: float = 0.02):
         super().__init__()
@@ -493,6 +510,20 @@ class Branch(nn.Module):
         """``diag(s) W diag(γ_b ⊙ shared)`` with the vectors that fold (``shared``: the norm's γ)."""
         g, s = self.fold_vectors()
         return fold_weight(self.weight, multiply(g, shared), s)
+
+
+class Projection(Branch):
+    """A linear map that reads no Input-Norm, planned like a branch: the residual writers W_o and W_down (dense
+    MLP, shared experts; the experts' bank is ``moe.ExpertProj``). ``forward(x: (..., d_in)) -> (..., d_out)``,
+    ``s ⊙ (W x)`` with the vectors of its ``BranchPlan`` (``ScalePlan.o``, ``.down``); an empty plan is exactly
+    ``x Wᵀ``. Its vectors fold into W, so it carries its own fold protocol (``folded_state``, ``fold.py``)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x)
+
+    def folded_state(self) -> dict[str, Tensor]:
+        """Local state of the equivalent scale-free map: ``{"weight": diag(s) W}`` (§4)."""
+        return {"weight": self.folded_weight()}
 
 
 class NormedBranch(Branch):
@@ -610,6 +641,6 @@ __all__ = [
     "DNP_CANNOT_FOLD", "refuse_unfoldable", "multiply", "decayed_scale_roles", "ScaleSpec", "BranchPlan", "NormPlan",
     "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan",
     "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
-    "batched_scales", "Linear", "Branch", "NormedBranch", "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
+    "batched_scales", "Linear", "Branch", "Projection", "NormedBranch", "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
     "swiglu_proj", "OutputNorm", "gamma_of", "scale_vectors",
 ]

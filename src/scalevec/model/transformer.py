@@ -25,10 +25,10 @@ from scalevec.model.kernels import FAST
 from scalevec.model.params import init_params, new_param, normal_init, param_roles
 from scalevec.model.scales import (
     PLAIN,
-    Linear,
     NormLinear,
     Ops,
     OutputNorm,
+    Projection,
     ScalePlan,
     batched_scales,
     scale_plan,
@@ -122,7 +122,7 @@ class Attention(nn.Module):
         qk = plan.qk_norm
         self.q_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
         self.k_norm = OutputNorm(cfg.head_dim, qk, cfg.norm_eps, ops) if qk is not None else nn.Identity()
-        self.o = Linear(q, cfg.d_model, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
+        self.o = Projection(q, cfg.d_model, plan.o, cfg.norm_eps, ops, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def norm(self, x: Tensor) -> Tensor:
         return self.proj.norm(x)
@@ -153,7 +153,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, plan: ScalePlan, ops: Ops):
         super().__init__()
         self.proj = swiglu_proj(cfg.d_model, cfg.d_ff, plan.mlp, cfg.norm_eps, ops, std=cfg.weight_std)
-        self.down = Linear(cfg.d_ff, cfg.d_model, std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
+        self.down = Projection(cfg.d_ff, cfg.d_model, plan.down, cfg.norm_eps, ops,
+                               std=cfg.weight_std / (2 * cfg.n_layers) ** 0.5)
 
     def norm(self, x: Tensor) -> Tensor:
         return self.proj.norm(x)
@@ -176,7 +177,7 @@ class FusedMLP(MLP):
         (cg, sg), (cu, su) = gate.fold_vectors(), up.fold_vectors()
         if self.dnp:
             sg, su = gate.dnp_scale(), up.dnp_scale()
-        y = fused_mlp(u, gate.weight, up.weight, self.down.weight, cg, cu, sg, su, self.proj.eps, self.dnp)
+        y = fused_mlp(u, gate.weight, up.weight, self.down.folded_weight(), cg, cu, sg, su, self.proj.eps, self.dnp)
         return y, u.new_zeros(())
 
 
