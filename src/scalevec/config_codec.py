@@ -14,6 +14,8 @@ import ast
 import dataclasses
 import functools
 import inspect
+import os
+import stat
 import textwrap
 import types
 import typing
@@ -53,7 +55,7 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + k for k in unknown))}; "
+        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + short(k, 40).strip(chr(39)) for k in unknown))}; "
                          f"known: {', '.join(sorted(known))}")
     kwargs = {k: _coerce(hints[k], v, where + k) for k, v in data.items()}
     return cls(**kwargs)
@@ -81,7 +83,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value]  # one number is a one-item list, as one word is: the section's validate judges its length
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key}={value!r} is not a list; write it as [a,b] or a,b")
+            raise ValueError(f"{key}={short(value)} is not a list; write it as [a,b] or a,b")
         args = typing.get_args(tp)
         item = args[0]
         return tuple(_coerce(item, v, key) for v in value)
@@ -115,7 +117,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     except (TypeError, ValueError):
         name = getattr(tp, "__name__", tp)
         hint = "; write a whole number" if tp is int and isinstance(value, (float, str)) else ""
-        raise ValueError(f"{key}={value!r} is not a valid {name} (it is a {type(value).__name__}){hint}") from None
+        raise ValueError(f"{key}={short(value)} is not a valid {name} (it is a {type(value).__name__}){hint}") from None
     return value
 
 
@@ -147,7 +149,9 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         if path[-1] not in node:
             raise ValueError(f"unknown config key {key!r}; known in this section: {', '.join(sorted(node))}")
         try:
-            parsed = yaml.safe_load(value) if value.strip() else ""
+            parsed = safe_load(value) if value.strip() else ""
+        except YAMLBoundError as e:
+            raise ValueError(f"{key.strip()}=... is refused: {e.problem}; write the value out") from None
         except yaml.YAMLError:
             parsed = value  # not YAML: the type check below names the key
         if isinstance(node[path[-1]], dict) and not isinstance(parsed, dict):
@@ -199,30 +203,201 @@ def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
 
 def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
     """``config_diff``'s result as one line: ``optim.lr: 0.003 -> 0.01, train.steps: 10 -> 20``."""
-    return ", ".join(f"{k}: {va!r} -> {vb!r}" for k, (va, vb) in diff.items())
+    return ", ".join(f"{k}: {short(va)} -> {short(vb)}" for k, (va, vb) in diff.items())
 
 
 # --------------------------------------------------------------------------------------------- files
 
 
-def load_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; ``ValueError`` with the path if it is missing or malformed."""
+# Bounds on what one YAML document may expand to (issue 38). A config, sweep or study file is a few KB; an
+# alias bomb of 369 bytes (nine levels of nine aliases) expands to 9**9 nodes, which every later walk of the
+# value (validation, an error message's repr) would visit. The bounds count the document as its readers see it:
+# every alias expanded in place.
+MAX_YAML_BYTES = 1 << 20  # a file's size
+MAX_YAML_NODES = 100_000  # scalars, lists and mappings, aliases expanded
+MAX_YAML_DEPTH = 50  # nesting of lists and mappings, aliases expanded
+MAX_YAML_CHARS = 4 << 20  # the text of every scalar, aliases expanded
+SHORT = 60  # the most characters of a value an error message quotes
+
+
+class YAMLBoundError(yaml.YAMLError):
+    """A YAML document exceeds ``MAX_YAML_NODES`` / ``MAX_YAML_DEPTH`` / ``MAX_YAML_CHARS`` once its aliases are
+    expanded, or nests deeper than ``MAX_YAML_DEPTH`` as written."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's ``SafeLoader`` (plain data only, no tags that build objects) that refuses, before any value is
+    constructed, a document nesting deeper than ``MAX_YAML_DEPTH`` (5,000 nested ``[`` would exhaust Python's
+    recursion) and, once composed, one whose alias-expanded size passes ``MAX_YAML_NODES`` nodes,
+    ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or whose aliases refer to themselves. Raises
+    ``YAMLBoundError``."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # noqa: D102 (PyYAML's hook)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node):  # noqa: D102 (PyYAML's hook)
+        check_expansion(node)
+        return super().construct_document(node)
+
+
+# a date or time is text to every reader here (a name, a tag): never a datetime object that JSON and the configs'
+# number fields would trip over (`lr: 2024-01-01` is then refused as "not a valid float", one line)
+BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+
+def check_expansion(root: yaml.Node) -> None:
+    """Raise ``YAMLBoundError`` when ``root`` (a composed YAML node graph, where an alias is the anchored node
+    itself) expands past ``MAX_YAML_NODES`` nodes, ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or
+    holds an alias inside its own anchor. Linear in the composed graph: each node's expanded size is computed once."""
+    sizes: dict[int, tuple[int, int, int]] = {}  # id(node) -> (nodes, characters, levels) once expanded
+    open_: set[int] = set()
+
+    def walk(node: yaml.Node, depth: int) -> tuple[int, int, int]:
+        key = id(node)
+        if key not in sizes:
+            if depth > MAX_YAML_DEPTH:
+                raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels once its aliases are expanded")
+            if key in open_:
+                raise YAMLBoundError("an alias refers to the node that contains it (a recursive document)")
+            open_.add(key)
+            n, chars, levels = 1, 0, 1
+            if isinstance(node, yaml.ScalarNode):
+                chars = len(node.value)
+            else:
+                children = node.value if isinstance(node, yaml.SequenceNode) else [x for kv in node.value for x in kv]
+                for child in children:
+                    cn, cc, cl = walk(child, depth + 1)
+                    n, chars, levels = n + cn, chars + cc, max(levels, cl + 1)
+                    if n > MAX_YAML_NODES or chars > MAX_YAML_CHARS:
+                        raise YAMLBoundError(f"it expands to more than {MAX_YAML_NODES:,} values or "
+                                             f"{MAX_YAML_CHARS:,} characters (aliases repeat what they name)")
+            open_.discard(key)
+            sizes[key] = (n, chars, levels)
+        if depth - 1 + sizes[key][2] > MAX_YAML_DEPTH:  # a node met again, deeper than before
+            raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels once its aliases are expanded")
+        return sizes[key]
+
+    walk(root, 1)
+
+
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` with the bounds of ``BoundedLoader``: plain data, at most ``MAX_YAML_NODES`` values and
+    ``MAX_YAML_DEPTH`` levels with aliases expanded. Raises ``yaml.YAMLError`` (``YAMLBoundError`` past a bound)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise YAMLBoundError(f"it is longer than {MAX_YAML_BYTES:,} characters")
+    return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+PLAIN = (str, int, float, bool, type(None), list, dict)
+
+
+def check_plain(data: Any, where: str) -> None:
+    """Raise ``ValueError`` naming the key path when ``data`` holds anything but strings, numbers, booleans, null,
+    lists and mappings (YAML's ``!!binary`` bytes, ``!!set``): what every reader of a config, sweep or study file
+    expects. ``data`` must come from ``safe_load`` (its expanded size is bounded)."""
+    stack = [(data, where)]
+    while stack:
+        value, at = stack.pop()
+        if not isinstance(value, PLAIN):
+            raise ValueError(f"{at} is a {type(value).__name__} ({short(value)}); write a number, text, a list or "
+                             f"a mapping")
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{short(k, 40).strip(chr(39))}") for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+
+
+def short(value: Any, limit: int = SHORT) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with ``...``): what an error message quotes of a value that
+    came from a file or the command line. Never walks more of a large value than a bounded prefix."""
+    if isinstance(value, (list, tuple, dict)):
+        text = _short_container(value, limit)
+    else:
+        text = repr(value if not isinstance(value, str) else value[: limit + 1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short_container(value: Any, limit: int) -> str:
+    # reprs the first few items only: a list of 100,000 values (or a DAG of shared lists) is never walked whole
+    if isinstance(value, dict):
+        items = [f"{_short_container(k, limit) if isinstance(k, (list, tuple, dict)) else repr(k)[:limit]}: "
+                 f"{_short_container(v, limit) if isinstance(v, (list, tuple, dict)) else repr(v)[:limit]}"
+                 for k, v in list(value.items())[:4]]
+        return "{" + ", ".join(items)[:limit + 1] + ("" if len(value) <= 4 else ", ...") + "}"
+    items = [_short_container(v, limit) if isinstance(v, (list, tuple, dict)) else repr(v)[:limit]
+             for v in list(value[:4])]
+    return "[" + ", ".join(items)[:limit + 1] + ("" if len(value) <= 4 else ", ...") + "]"
+
+
+def read_bounded(path: str | Path, what: str, limit: int, fix: str) -> bytes:
+    """The bytes of ``path``, a regular file (a symbolic link to one is fine) of at most ``limit`` bytes.
+
+    Opens without blocking, so a FIFO or device never hangs the command: ``ValueError`` (one line naming the
+    path, ``what`` it should be and ``fix``) for a missing path, a directory, anything but a regular file or a
+    file over ``limit`` bytes; ``OSError`` for the rest (permissions)."""
     p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"config file {p} is a directory; pass a YAML file")
-    if not p.is_file():
-        raise ValueError(f"config file {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {p} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {p} is a directory; {fix}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{what} {p} is a directory; {fix}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what} {p} is not a regular file (a FIFO, socket or device); {fix}")
+        if st.st_size > limit:
+            raise ValueError(f"{what} {p} is {st.st_size:,} bytes, more than the {limit:,} such a file may be; {fix}")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{what} {p} is more than {limit:,} bytes; {fix}")
+    return data
+
+
+def load_yaml(path: str | Path, what: str = "config file") -> dict:
+    """Read a YAML mapping from a regular file of at most ``MAX_YAML_BYTES``, with the bounds of ``BoundedLoader``
+    on its expansion (size and depth, aliases expanded) checked before any value is built.
+
+    Raises ``ValueError`` (one line with the path and the fix) if it is missing, a directory, not a regular file,
+    too large, not UTF-8, malformed, past a bound, or not a mapping."""
+    p = Path(path)
+    raw = read_bounded(p, what, MAX_YAML_BYTES, "pass a YAML file")
+    try:
+        data = safe_load(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ValueError(f"config file {p} is not UTF-8 text; save it as UTF-8 YAML") from None
+        raise ValueError(f"{what} {p} is not UTF-8 text; save it as UTF-8 YAML") from None
+    except YAMLBoundError as e:
+        raise ValueError(f"{what} {p} is refused: {e.problem}; write plain values (no deep nesting, no aliases "
+                         f"of aliases)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"config file {p} is not valid YAML{where} ({problem}); fix the syntax there") from None
+        raise ValueError(f"{what} {p} is not valid YAML{where} ({short(problem, 120)[1:-1]}); fix the syntax "
+                         f"there") from None
+    except RecursionError:  # a bound above should come first; never a traceback
+        raise ValueError(f"{what} {p} nests too deeply; flatten it") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config file {p} must hold a mapping")
+        raise ValueError(f"{what} {p} must hold a mapping")
+    check_plain(data, str(p))
     return data
 
 
@@ -295,4 +470,5 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 __all__ = ["to_dict", "from_dict", "apply_overrides", "config_diff", "format_diff", "load_yaml", "save_yaml",
+           "BoundedLoader", "YAMLBoundError", "check_expansion", "check_plain", "read_bounded", "safe_load", "short",
            "FieldDoc", "config_fields", "field_docs"]

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.config_codec import section_message, section_of
+from scalevec.config_codec import YAMLBoundError, safe_load, section_message, section_of
 from scalevec.experiments import ladder
 from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import canonical_key, run_sweep, spec_from_dict
@@ -202,7 +202,12 @@ def build_spec(args: argparse.Namespace) -> dict:
         section = section_of(key)
         if section is not None:  # before the tuned-lr lookup, which would otherwise speak first
             raise ValueError(section_message(key.strip(), section))
-        base[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            base[key.strip()] = safe_load(value) if value.strip() else ""
+        except YAMLBoundError as e:
+            raise ValueError(f"{key.strip()}=... is refused: {e.problem}; write the value out") from None
+        except yaml.YAMLError:
+            base[key.strip()] = value  # not YAML: the config's type check names the key
     grid: dict = {}
     if str(args.lr).strip() == "tuned":
         lrs = tuned_lrs(args, strategies, tpp if args.steps is None else None)

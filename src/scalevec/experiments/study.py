@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.config import SEED_LIMIT
-from scalevec.config_codec import load_yaml
+from scalevec.config_codec import load_yaml, short
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.sweep import (
@@ -87,7 +87,7 @@ def _int(plan: dict, key: str, default: int, least: int, where: str) -> int:
     """``plan[key]`` (else ``default``): a whole number >= ``least``; not a bool, a float or text."""
     v = plan.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or v < least:
-        raise ValueError(f"{where}.study.{key} must be a whole number >= {least}, like {default}; got {v!r}")
+        raise ValueError(f"{where}.study.{key} must be a whole number >= {least}, like {default}; got {short(v)}")
     return v
 
 
@@ -99,12 +99,18 @@ def _positive(v: Any, above: float = 0) -> float | None:
     return float(x) if ok else None
 
 
-def _float(v: Any, key: str, above: float, like: str, where: str) -> float:
-    """``study.key`` = ``v``: a finite number > ``above``."""
+def _float(v: Any, key: str, above: float, like: str, where: str, most: float | None = None) -> float:
+    """``study.key`` = ``v``: a finite number > ``above`` (and <= ``most`` when given)."""
     x = _positive(v, above)
     if x is None:
-        raise ValueError(f"{where}.study.{key} must be > {above:g} and finite (a number like {like}); got {v!r}")
+        raise ValueError(f"{where}.study.{key} must be > {above:g} and finite (a number like {like}); got {short(v)}")
+    if most is not None and x > most:
+        raise ValueError(f"{where}.study.{key} must be > {above:g} and at most {most:g} (a number like {like}); got "
+                         f"{short(v)}")
     return x
+
+
+EXTEND_MOST = 100.0  # study.extend: a factor past 100 leaves the lr range any run trains at in one extension
 
 
 def _seeds(plan: dict, key: str, default: list[int], where: str) -> list[int]:
@@ -114,7 +120,7 @@ def _seeds(plan: dict, key: str, default: list[int], where: str) -> list[int]:
                                        for s in v)
             or len(set(v)) < len(v)):
         raise ValueError(f"{where}.study.{key} must be a list of distinct seeds >= 0 and below 2**63, like [1, 2] "
-                         f"(or []); got {v!r}")
+                         f"(or []); got {short(v)}")
     return list(v)
 
 
@@ -124,7 +130,7 @@ def _lr_grids(grids: Any, labels: list[str], where: str) -> dict[str, list[float
     named = sorted(map(str, grids)) if isinstance(grids, dict) else []
     missing, extra = sorted(set(labels) - set(named)), sorted(set(named) - set(labels))
     if not isinstance(grids, dict) or missing or extra:
-        got = (f"got {grids!r}" if not isinstance(grids, dict) else f"missing {', '.join(missing)}" if missing
+        got = (f"got {short(grids)}" if not isinstance(grids, dict) else f"missing {', '.join(missing)}" if missing
                else f"{', '.join(extra)} not a strategy of the grid")
         raise ValueError(f"{where}.study.lr_grids must map every strategy of the grid ({', '.join(labels)}) and no "
                          f"other to its lrs, like {like}; {got}")
@@ -133,7 +139,7 @@ def _lr_grids(grids: Any, labels: list[str], where: str) -> dict[str, list[float
         out[str(k)] = [_positive(x) for x in lrs] if isinstance(lrs, list) else []
         if not out[str(k)] or None in out[str(k)] or len(set(out[str(k)])) < len(lrs):
             raise ValueError(f"{where}.study.lr_grids.{k} must be a non-empty list of distinct finite lrs > 0, like "
-                             f"[1.0e-3, 2.0e-3]; got {lrs!r}")
+                             f"[1.0e-3, 2.0e-3]; got {short(lrs)}")
     return out
 
 
@@ -146,14 +152,14 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     plan_data = data.get("study")
     plan_data = {} if plan_data is None else plan_data
     if not isinstance(plan_data, dict):
-        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}; got {plan_data!r}")
+        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}; got {short(plan_data)}")
     unknown = sorted(map(str, set(plan_data) - set(STUDY_KEYS)))
     if unknown:
         raise ValueError(f"{where}.study has unknown key(s) {', '.join(unknown)}; use keys among "
                          f"{', '.join(STUDY_KEYS)}")
     spec = spec_from_dict({k: v for k, v in data.items() if k != "study"}, where)
     target = plan_data.get("target_halfwidth")
-    plan = StudyPlan(_float(plan_data.get("extend", 2.0), "extend", 1, "2.0", where),
+    plan = StudyPlan(_float(plan_data.get("extend", 2.0), "extend", 1, "2.0", where, EXTEND_MOST),
                      _int(plan_data, "max_extensions", 4, 0, where), _seeds(plan_data, "confirm_seeds", [1, 2], where),
                      None if target is None else _float(target, "target_halfwidth", 0, "0.015 nats", where),
                      _int(plan_data, "max_seeds", 20, 2, where))
@@ -369,8 +375,9 @@ def plan_text(spec: SweepSpec, plan: StudyPlan, out: str | Path, step_time: floa
 def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, jobs: int = 1,
               dry_run: bool = False, train_cmd: tuple[str, ...] | None = None, quiet: bool = False,
               step_time: float | None = None) -> int:
-    """Run the phases of the module docstring into ``out``; returns 0, or 1 if a run failed. ``dry_run``
-    prints the whole plan (``plan_text``, with ``step_time`` for its time estimate) and trains nothing."""
+    """Run the phases of the module docstring into ``out``; returns 0, or 1 if a run failed or was skipped. ``dry_run``
+    prints the whole plan (``plan_text``, with ``step_time`` for its time estimate) and trains nothing. The study
+    holds ``out/.lock`` while it trains: ``rundir.RunLocked`` (naming the holder's PID) when another study holds it."""
     out = Path(out)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
@@ -379,68 +386,79 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     if dry_run:
         print(plan_text(spec, plan, out, step_time=step_time, jobs=jobs))
         return 0
-    if not quiet:  # the whole study's bound; every progress line then repeats what is left of it (``study ≤``)
-        say(plan_text(spec, plan, out, step_time=step_time, jobs=jobs).splitlines()[-1])
-    scope = study_scope(spec, plan, out, jobs)
+    # one study per folder: a second one on the same --out is refused with the first's PID (rundir.RunLocked, exit 2),
+    # as `train` is; otherwise each would decide its phases from runs the other holds and counts as failed
+    out.mkdir(parents=True, exist_ok=True)
+    lock = rundir.RunLock(out).acquire()
+    scope = None
 
     def train(sub: SweepSpec) -> int:  # one step of a phase, trained into the study's folder
         return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False,
                          scope=scope)
 
-    out.mkdir(parents=True, exist_ok=True)
-    sweepdir.write_spec(out, stored)
-    runs_dir = out / "runs"
-    rc = 0
-    if plan.lr_grids is None:
-        rc = train(spec)
-    tuning = list(dict(spec.axes)[SEED])
-    groups, examples, axis_value = grid_cells(spec)
-    if plan.lr_grids is not None:  # phase 1, each strategy on its own lrs
+    def phases() -> int:
+        nonlocal scope
+        if not quiet:  # the whole study's bound; every progress line then repeats what is left of it (``study ≤``)
+            say(plan_text(spec, plan, out, step_time=step_time, jobs=jobs).splitlines()[-1])
+        scope = study_scope(spec, plan, out, jobs)
+        sweepdir.write_spec(out, stored)
+        runs_dir = out / "runs"
+        rc = 0
+        if plan.lr_grids is None:
+            rc = train(spec)
+        tuning = list(dict(spec.axes)[SEED])
+        groups, examples, axis_value = grid_cells(spec)
+        if plan.lr_grids is not None:  # phase 1, each strategy on its own lrs
+            for cell, by_strategy in groups.items():
+                for label in by_strategy:
+                    by_strategy[label] = list(plan.lr_grids[label])
+                    rc |= train(narrowed(spec, examples[cell], axis_value[label], by_strategy[label], tuning))
+        tuned: dict[tuple, dict[str, float]] = defaultdict(dict)  # cell -> strategy label -> its tuned lr
         for cell, by_strategy in groups.items():
-            for label in by_strategy:
-                by_strategy[label] = list(plan.lr_grids[label])
-                rc |= train(narrowed(spec, examples[cell], axis_value[label], by_strategy[label], tuning))
-    tuned: dict[tuple, dict[str, float]] = defaultdict(dict)  # cell -> strategy label -> its tuned lr
-    for cell, by_strategy in groups.items():
-        for label, lrs in by_strategy.items():
-            strategy = axis_value[label]
-            for _ in range(plan.max_extensions):
-                sub = narrowed(spec, examples[cell], strategy, lrs, tuning)
-                losses = {lr: [] for lr in lrs}
-                for run in expand(sub):
-                    losses[run.values[LR]].append(_final(runs_dir, run.name))
-                nxt = _grow(lrs, losses, plan.extend)
-                if nxt is None:
-                    break
-                nxt = float(f"{nxt:.6g}")
-                say(f"study: {label} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
-                    f"{nxt:g}")
-                lrs.append(nxt)
-                rc |= train(narrowed(spec, examples[cell], strategy, [nxt], tuning))
-            losses = {lr: [_final(runs_dir, r.name)
-                           for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
-                      for lr in lrs}
-            if any(v is None for vs in losses.values() for v in vs):
-                continue
-            try:
-                best = stats.pick_lr(losses).lr
-            except ValueError:
-                continue
-            tuned[cell][label] = best
-            if plan.confirm_seeds:
-                rc |= train(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds))
-    if plan.target_halfwidth is not None:
-        seeds = list(dict.fromkeys(tuning + plan.confirm_seeds))
-        for cell, lr_of in tuned.items():
-            rc |= _add_seeds(spec, plan, out, examples[cell], lr_of, {k: axis_value[k] for k in lr_of}, seeds,
-                             train, say)
-    from scalevec.experiments.report import write_report
+            for label, lrs in by_strategy.items():
+                strategy = axis_value[label]
+                for _ in range(plan.max_extensions):
+                    sub = narrowed(spec, examples[cell], strategy, lrs, tuning)
+                    losses = {lr: [] for lr in lrs}
+                    for run in expand(sub):
+                        losses[run.values[LR]].append(_final(runs_dir, run.name))
+                    nxt = _grow(lrs, losses, plan.extend)
+                    if nxt is None:
+                        break
+                    nxt = float(f"{nxt:.6g}")
+                    say(f"study: {label} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
+                        f"{nxt:g}")
+                    lrs.append(nxt)
+                    rc |= train(narrowed(spec, examples[cell], strategy, [nxt], tuning))
+                losses = {lr: [_final(runs_dir, r.name)
+                               for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
+                          for lr in lrs}
+                if any(v is None for vs in losses.values() for v in vs):
+                    continue
+                try:
+                    best = stats.pick_lr(losses).lr
+                except ValueError:
+                    continue
+                tuned[cell][label] = best
+                if plan.confirm_seeds:
+                    rc |= train(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds))
+        if plan.target_halfwidth is not None:
+            seeds = list(dict.fromkeys(tuning + plan.confirm_seeds))
+            for cell, lr_of in tuned.items():
+                rc |= _add_seeds(spec, plan, out, examples[cell], lr_of, {k: axis_value[k] for k in lr_of}, seeds,
+                                 train, say)
+        from scalevec.experiments.report import write_report
+
+        try:
+            write_report(out, quiet=quiet)
+        except (ValueError, FileNotFoundError) as e:
+            say(f"no report: {e}")
+        return 1 if rc else 0
 
     try:
-        write_report(out, quiet=quiet)
-    except (ValueError, FileNotFoundError) as e:
-        say(f"no report: {e}")
-    return 1 if rc else 0
+        return phases()
+    finally:
+        lock.release()
 
 
 def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of: dict[str, float],

@@ -55,7 +55,7 @@ from typing import Any
 import yaml
 
 from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig
-from scalevec.config_codec import apply_overrides, config_diff, format_diff, from_dict, load_yaml, to_dict
+from scalevec.config_codec import apply_overrides, config_diff, format_diff, from_dict, load_yaml, short, to_dict
 from scalevec.data.documents import BUNDLED
 from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments import sweepdir
@@ -143,13 +143,34 @@ def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+NAME_LIMIT = 100  # characters of a sweep, study or bundle name (a folder name under runs/)
+
+
+def check_name(value: Any, where: str) -> str:
+    """A sweep's (or study's, or a bundle's) ``name`` as text: it names a folder (``runs/<name>``,
+    ``OUT/runs/<run name>``), so it must be one plain path component: text or a number, 1 to ``NAME_LIMIT``
+    characters, no ``/`` or ``\\``, no control character, not ``.`` or ``..``. Raises ``ValueError`` quoting at
+    most a short prefix of the value."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{where} must be text (a folder name like my-sweep), not a {type(value).__name__} "
+                         f"({short(value)})")
+    text = str(value)
+    if (not text.strip() or len(text) > NAME_LIMIT or text in (".", "..") or "/" in text or "\\" in text
+            or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+        raise ValueError(f"{where}={short(text)} is not a usable name: it names a folder, so use 1-{NAME_LIMIT} "
+                         f"characters without '/', '\\', control characters, and not '.' or '..' (like my-sweep)")
+    return text
+
+
 def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     """Parse a sweep mapping (module docstring). Raises ``ValueError`` naming the bad key and the fix."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a mapping with keys {', '.join(SPEC_KEYS)}")
     unknown = set(data) - set(SPEC_KEYS)
     if unknown:
-        raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SPEC_KEYS)}")
+        raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(short(k, 40) for k in unknown))}; allowed: "
+                         f"{', '.join(SPEC_KEYS)}")
+    name = check_name(data["name"], f"{where}.name") if data.get("name") not in (None, "") else "sweep"
     base = flatten(data.get("base") or {}, f"{where}.base")
     grid = data.get("grid")
     if not isinstance(grid, dict):
@@ -163,14 +184,18 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
         if isinstance(values[0], dict):
             if not all(isinstance(v, dict) for v in values):
                 raise ValueError(f"{where}.grid.{key} mixes mappings and plain values; use one kind")
-            values = [{**({"name": str(v["name"])} if "name" in v else {}),
+            values = [{**({"name": check_name(v["name"], f"{where}.grid.{key} name")} if "name" in v else {}),
                        **flatten({k: x for k, x in v.items() if k != "name"}, f"{where}.grid.{key}")} for v in values]
             axes.append((str(key), values))
         else:
+            bad = next((v for v in values if isinstance(v, (list, dict))), None)
+            if bad is not None:
+                raise ValueError(f"{where}.grid.{key} holds {short(bad)}, a {type(bad).__name__} among plain values; "
+                                 f"an axis lists plain values (write [1, 2]) or mappings (bundles) only")
             values = [yaml_number(v) for v in values]
             dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
             if dup is not None:
-                raise ValueError(f"{where}.grid.{key} lists {dup!r} twice; give each value once")
+                raise ValueError(f"{where}.grid.{key} lists {short(dup)} twice; give each value once")
             axes.append((canonical_key(str(key)), values))
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):
@@ -180,11 +205,11 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
     for v in dict(axes).get("strategy", []):
         if isinstance(v, dict):
             if "strategy" not in v:
-                raise ValueError(f"{where}.grid.strategy bundle {v.get('name', v)!r} needs a 'strategy' key "
+                raise ValueError(f"{where}.grid.strategy bundle {short(v.get('name', v))} needs a 'strategy' key "
                                  "(the preset its scale vectors start from, e.g. strategy: unified)")
             if strategy_label(v) in PRESET_NAMES and strategy_label(v) != v["strategy"]:
-                raise ValueError(f"{where}.grid.strategy bundle named {strategy_label(v)!r} sets strategy "
-                                 f"{v['strategy']!r}; a preset's name may only label that preset: rename the bundle")
+                raise ValueError(f"{where}.grid.strategy bundle named {short(strategy_label(v))} sets strategy "
+                                 f"{short(v['strategy'])}; a preset's name may only label that preset: rename the bundle")
     for k, values in axes:  # a field set by a bundle and by a plain axis: the later axis would silently win
         clash = sorted({f for v in values if isinstance(v, dict) for f in v} & (set(keys) - {k}))
         if clash:
@@ -202,21 +227,25 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
         if lr_in_bundles and "optim.lr" not in varying:
             notice = (f"{where}: optim.lr varies inside the grid's bundles and no `tune` is given: tuning it "
                       f"(tune: [optim.lr], each strategy at its best lr); write `tune: []` for a cell per lr")
-    tune = [canonical_key(str(t)) for t in ([tune] if isinstance(tune, str) else tune)]
+    if isinstance(tune, str):
+        tune = [tune]
+    if not isinstance(tune, list) or not all(isinstance(t, str) for t in tune):
+        raise ValueError(f"{where}.tune must be a grid axis's name or a list of one (like [optim.lr]); got {short(tune)}")
+    tune = [canonical_key(t) for t in tune]
     if len(tune) > 1:
         raise ValueError(f"{where}.tune lists {tune}; tune one numeric axis at a time (usually optim.lr)")
     in_bundles = {k for _, values in axes for v in values if isinstance(v, dict) for k in v}
     for t in tune:  # a tuned field may vary inside bundles (compare: each strategy at its own tuned lr)
         if t not in keys and t not in in_bundles:
-            raise ValueError(f"{where}.tune names {t!r}, which is not a grid axis; add it to grid or drop it from tune")
+            raise ValueError(f"{where}.tune names {short(t)}, which is not a grid axis; add it to grid or drop it from tune")
     baseline = str(data.get("baseline") or ("baseline" if "baseline" in strategies else strategies[0]))
     if baseline not in strategies:
-        raise ValueError(f"{where}.baseline={baseline!r} is not among the strategies {strategies}; pick one of them")
+        raise ValueError(f"{where}.baseline={short(baseline)} is not among the strategies {short(strategies, 200)}; pick one of them")
     command = data.get("command")
     if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
         raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, "
                          "scalevec, train]")
-    return SweepSpec(str(data.get("name") or "sweep"), base, axes, tune, baseline, tuple(command) if command else None,
+    return SweepSpec(name, base, axes, tune, baseline, tuple(command) if command else None,
                      notice)
 
 
@@ -352,8 +381,11 @@ def expand(spec: SweepSpec) -> list[Run]:
                 assign[key] = value
             values[key] = value
         name = "_".join(name_part(k, v) for k, v in values.items()) or "run"
+        if name in (".", "..") or len(name) > 200:
+            raise ValueError(f"a run of the grid would be named {short(name)}, which cannot name its folder; give its "
+                             f"bundle a short 'name' or use shorter axis values")
         if name in seen:
-            raise ValueError(f"two runs of the grid are both named {name!r}; give bundle values distinct 'name' keys")
+            raise ValueError(f"two runs of the grid are both named {short(name)}; give bundle values distinct 'name' keys")
         try:
             cfg = assigned_config(spec_paths(assign, spec.file))
         except ValueError as e:
@@ -579,7 +611,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     ``progress.StudyScope``) puts the whole study's time bound on the progress line.
 
     Everything is validated before anything is written. Returns 0 when every run finished, 1 when a run
-    failed (the others still run; rerun the same command to retry). Raises ``ValueError`` for an invalid
+    failed (the others still run; rerun the same command to retry) or was skipped because another process (a
+    dying sweep's trainer, another sweep) held it. Raises ``ValueError`` for an invalid
     spec, a config mismatch with an existing run, or ``jobs < 1``. ``train_cmd`` (default: the spec's
     ``command``, else ``python -m scalevec train``) gets ``--config FILE --out DIR`` appended; its output
     goes to ``OUT/runs/NAME.log``, and unless ``quiet`` a live status (``live_progress``) shows on stdout.
@@ -613,8 +646,10 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         f"{f'{n_div} diverged before (not retried; --overwrite or delete the run to retry), ' if n_div else ''}"
         f"{len(todo)} to train{f' ({n_resume} resume from a checkpoint)' if n_resume else ''} ({jobs} at a time) "
         f"in {runs_dir}")
+    skipped: list[str] = []  # runs another process held: not done, so the sweep does not exit 0
     for r, s in zip(runs, statuses):
         if s == "locked":
+            skipped.append(r.name)
             say(f"skipped {r.name}: in use by process {rundir.locked_by(runs_dir / r.name)} (another sweep or train); "
                 f"rerun this sweep when it is done")
     threads = max(1, usable_cpus() // jobs)  # each run gets an explicit share (train.threads), never torch's guess
@@ -643,6 +678,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         elif _stopping.is_set():
             say(f"{head} stopped with the sweep (exit {rc}); rerun the same command to resume it")
         elif rundir.locked_by(runs_dir / run.name):
+            skipped.append(run.name)
             say(f"{head} skipped: in use by process {rundir.locked_by(runs_dir / run.name)}; rerun this sweep later")
         else:
             failed.append(run.name)
@@ -688,10 +724,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             write_report(out, quiet=quiet)
         except (ValueError, FileNotFoundError) as e:
             say(f"no report: {e}")
+    if skipped:  # said on stderr too, so that `sweep && report` in a script shows why it stopped
+        print(f"scalevec sweep: {len(skipped)} run(s) skipped, in use by another process: {', '.join(skipped)}; "
+              f"rerun the same command when it is done", file=sys.stderr, flush=True)
     if failed:
         say(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them")
-        return 1
-    return 0
+    return 1 if failed or skipped else 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

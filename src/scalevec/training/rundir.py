@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -466,14 +467,15 @@ class RunLock:
     def acquire(self) -> RunLock:
         if self.fd is not None:
             return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
+            holder = _holder_fd(fd)
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise RunLocked(f"{self.path.parent} is in use by process {_holder(self.path)} (it holds {self.path}); "
+            raise RunLocked(f"{self.path.parent} is in use by process {holder} (it holds {self.path}); "
                             f"wait for it to finish or stop it, then retry") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -499,24 +501,55 @@ class RunLock:
             pass
 
 
-def _holder(lock_file: Path) -> str:
+def _open_lock(path: Path, flags: int) -> int:
+    """Open the lock file without following a symbolic link and without blocking, and refuse anything but a
+    regular file: a ``.lock`` that links elsewhere would be truncated (the link's target destroyed), a FIFO would
+    hang the open. Raises ``RunDirError`` naming the file and the fix; ``OSError`` for the rest."""
     try:
-        return lock_file.read_text().strip() or "?"
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a symbolic link; a run's lock file must be its own: delete the link "
+                              f"(rm {path}) and retry") from None
+        if e.errno == errno.ENXIO:  # a FIFO with no reader, opened write-only
+            raise RunDirError(f"{path} is not a regular file; delete it (rm {path}) and retry") from None
+        raise
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise RunDirError(f"{path} is not a regular file; a run's lock file must be one: delete it (rm {path}) "
+                          f"and retry")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _holder_fd(fd: int) -> str:
+    """The PID written in the open lock file ``fd`` (at most 64 bytes read), ``?`` when unreadable."""
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
     except OSError:
         return "?"
+    return text if text.isdigit() else "?"
 
 
 def locked_by(run_dir: str | Path) -> str | None:
-    """The PID (as text) of the process holding the run's lock, or ``None`` when nobody does."""
+    """The PID (as text) of the process holding the run's lock, or ``None`` when nobody does. A ``.lock`` that
+    is a symbolic link or not a regular file is never opened through (``RunDirError``: see ``_open_lock``)."""
     path = Path(run_dir) / LOCK
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_lock(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
     except OSError:
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
-        return _holder(path)
+        return _holder_fd(fd)
     finally:
         os.close(fd)  # closing drops our probe lock
     return None

@@ -1,0 +1,342 @@
+"""Issue 38: nothing outside the run is touched, no input is unbounded.
+
+The run's lock file is never followed (a symbolic link, a FIFO), a sweep or study ``name:`` never leaves
+``runs/``, every YAML file is read with a bound on its expansion (alias bombs, deep nesting) before a value is
+used, messages quote a short prefix of a value, files read from paths are regular files, a sweep that skipped a
+run exits non-zero and a second study on one folder is refused with the first's PID. Each case: one line, exit 2
+(or the documented code), nothing outside the run written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalevec.cli import main
+from scalevec.config_codec import MAX_YAML_DEPTH, load_yaml, safe_load, short, YAMLBoundError
+from scalevec.experiments import study as study_mod
+from scalevec.experiments.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
+from scalevec.training import rundir
+from test_rundir_faults import tiny_cfg  # the fault suite's tiny run
+
+FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
+FAKE_SWEEP = {"name": "f", "base": {"train": {"batch_size": 4, "seq_len": 32}},
+              "grid": {"preset": ["tiny"], "strategy": ["baseline", "unified"], "lr": [3e-3]}}
+
+# 369 bytes that expand to 9**9 = 387 million strings (nine levels of nine aliases)
+BOMB = "".join(f"{chr(97 + i)}: &{chr(97 + i)} [" + ",".join(["x"] * 9 if i == 0 else [f"*{chr(96 + i)}"] * 9)
+               + "]\n" for i in range(9))
+
+
+@contextmanager
+def deadline(seconds: int):
+    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
+    def on_alarm(*_):
+        raise AssertionError(f"hung for more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1] if err else ""
+    assert "error" in last, err
+    assert len(last) < 600, f"{len(last)} characters: {last[:300]}"
+    for needle in needles:
+        assert needle in last, err
+    return last
+
+
+@pytest.fixture(scope="module")
+def run_env(tmp_path_factory):
+    """A config file for the CLI and a finished tiny run (8 steps, about a second)."""
+    from scalevec.config_codec import to_dict
+    from scalevec.training.trainer import train
+
+    root = tmp_path_factory.mktemp("faults-inputs")
+    cfg = tiny_cfg(root / "cache")
+    cfg_file = root / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    run = root / "run"
+    train(cfg, run, quiet=True)
+    return {"root": root, "cfg": cfg, "cfg_file": cfg_file, "run": run}
+
+
+def victim(tmp_path: Path) -> Path:
+    v = tmp_path / "precious.txt"
+    v.write_text("the user's own data\n")
+    return v
+
+
+# ------------------------------------------------------------------------------------------------ the lock file
+
+
+def test_lock_never_follows_a_symbolic_link(tmp_path):
+    v = victim(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.LOCK).symlink_to(v)
+    with pytest.raises(rundir.RunDirError, match="symbolic link"):
+        rundir.RunLock(run).acquire()
+    with pytest.raises(rundir.RunDirError, match="symbolic link"):
+        rundir.locked_by(run)
+    assert v.read_text() == "the user's own data\n"
+
+
+def test_lock_refuses_a_fifo_without_hanging(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / rundir.LOCK)
+    with deadline(20):
+        with pytest.raises(rundir.RunDirError, match="not a regular file"):
+            rundir.RunLock(run).acquire()
+        with pytest.raises(rundir.RunDirError, match="not a regular file"):
+            rundir.locked_by(run)
+
+
+def test_lock_still_locks_and_names_the_holder(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with rundir.RunLock(run):
+        assert rundir.locked_by(run) == str(os.getpid())
+        with pytest.raises(rundir.RunLocked, match=f"process {os.getpid()}"):
+            rundir.RunLock(run).acquire()
+    assert rundir.locked_by(run) is None
+
+
+@pytest.mark.parametrize("case", ["new", "resume", "overwrite"])
+def test_train_with_a_linked_lock_is_refused_and_the_target_is_intact(run_env, tmp_path, capsys, case):
+    import shutil
+
+    v = victim(tmp_path)
+    out = tmp_path / "out"
+    if case == "new":
+        out.mkdir()  # a folder holding only the link
+    else:
+        shutil.copytree(run_env["run"], out)
+        (out / rundir.LOCK).unlink()
+    (out / rundir.LOCK).symlink_to(v)
+    extra = {"new": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}[case]
+    rc = main(["train", "--config", str(run_env["cfg_file"]), "--out", str(out), "--quiet", *extra])
+    assert rc == 2
+    one_line_error(capsys, "symbolic link", str(out / rundir.LOCK))
+    assert v.read_text() == "the user's own data\n"
+    if case != "new":
+        assert rundir.is_done(out)  # the run was not emptied either
+
+
+@pytest.mark.slow
+def test_convert_overwrite_with_a_linked_lock_is_refused(run_env, tmp_path, capsys):
+    import shutil
+
+    v = victim(tmp_path)
+    out = tmp_path / "out"
+    shutil.copytree(run_env["run"], out)
+    (out / rundir.LOCK).unlink()
+    (out / rundir.LOCK).symlink_to(v)
+    rc = main(["convert", str(run_env["run"]), "--strategy", "unified", "--out", str(out), "--overwrite"])
+    assert rc == 2
+    one_line_error(capsys, "symbolic link")
+    assert v.read_text() == "the user's own data\n"
+
+
+def test_sweep_with_a_fifo_lock_in_an_unfinished_run_does_not_hang(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({**FAKE_SWEEP, "command": list(FAKE)}))
+    out = tmp_path / "out"
+    assert main(["sweep", str(f), "--out", str(out), "--no-report"]) == 0
+    run = out / "runs" / expand(load_spec(f))[0].name
+    (run / rundir.DONE).unlink()  # unfinished
+    (run / rundir.LOCK).unlink(missing_ok=True)
+    os.mkfifo(run / rundir.LOCK)
+    capsys.readouterr()
+    with deadline(30):
+        assert main(["sweep", str(f), "--out", str(out), "--no-report"]) == 2
+    one_line_error(capsys, str(run / rundir.LOCK), "not a regular file")
+
+
+# --------------------------------------------------------------------------------------------------- YAML bounds
+
+
+def test_alias_bomb_in_a_config_is_refused_fast(tmp_path, capsys):
+    f = tmp_path / "bomb.yaml"
+    f.write_text(BOMB + "train: {steps: *i}\n")
+    assert len(f.read_bytes()) < 600
+    t0 = time.perf_counter()
+    with deadline(30):
+        assert main(["train", "--config", str(f), "--print-config"]) == 2
+    assert time.perf_counter() - t0 < 10
+    one_line_error(capsys, str(f), "expands to more than")
+
+
+def test_alias_bomb_in_a_study_file_and_as_its_name_is_refused(tmp_path, capsys):
+    base = "grid: {strategy: [baseline], lr: [1.0e-3], seed: [0]}\n"
+    for i, body in enumerate([BOMB + "name: s\nbase: {train: {steps: *i}}\n" + base,
+                              BOMB + "name: *i\n" + base]):
+        f = tmp_path / f"study{i}.yaml"
+        f.write_text(body)
+        with deadline(30):
+            assert main(["study", str(f), "--out", str(tmp_path / f"out{i}")]) == 2
+        one_line_error(capsys, "expands to more than")
+        assert not (tmp_path / f"out{i}").exists()
+
+
+def test_alias_bomb_in_an_override_is_refused(capsys, tmp_path):
+    value = "{" + ", ".join(f"{chr(97 + i)}: &{chr(97 + i)} [" + ",".join(
+        ["x"] * 9 if i == 0 else [f"*{chr(96 + i)}"] * 9) + "]" for i in range(9)) + "}"
+    with deadline(30):
+        assert main(["train", "--print-config", f"train.steps={value}"]) == 2
+    one_line_error(capsys, "train.steps", "expands to more than")
+
+
+def test_bounded_loader_limits(tmp_path):
+    with pytest.raises(YAMLBoundError, match="deeper than"):
+        safe_load("[" * 5000 + "]" * 5000)
+    with pytest.raises(YAMLBoundError, match="deeper than"):  # depth reached through aliases
+        safe_load("".join(f"l{i}: &l{i} [*l{i - 1}]\n" if i else "l0: &l0 [x]\n" for i in range(MAX_YAML_DEPTH + 5)))
+    with pytest.raises(YAMLBoundError, match="recursive"):
+        safe_load("x: &a [1, *a]")
+    # ordinary documents, aliases included, still load
+    assert safe_load("a: &a [1, 2]\nb: *a\nc: {d: 2024-01-01}") == {"a": [1, 2], "b": [1, 2], "c": {"d": "2024-01-01"}}
+
+
+@pytest.mark.parametrize("kind", ["sweep", "study"])
+def test_deeply_nested_grid_is_one_line(tmp_path, capsys, kind):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: n\ngrid: {lr: " + "[" * 5000 + "]" * 5000 + "}\n")
+    assert main([kind, str(f), "--dry-run"]) == 2
+    one_line_error(capsys, str(f), "deeper than")
+
+
+def test_yaml_inputs_must_be_regular_bounded_files(tmp_path, capsys):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with deadline(20):
+        for path in (str(fifo), "/dev/zero"):
+            assert main(["train", "--config", path, "--print-config"]) == 2
+            one_line_error(capsys, path, "not a regular file")
+            assert main(["sweep", path, "--dry-run"]) == 2
+            one_line_error(capsys, "not a regular file")
+    big = tmp_path / "big.yaml"
+    big.write_text("train: {steps: 1}\n" + "#" * (2 << 20))
+    with pytest.raises(ValueError, match="bytes"):
+        load_yaml(big)
+
+
+def test_binary_and_set_values_are_refused_with_the_key(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train: {steps: !!binary aGVsbG8=}\n")
+    with pytest.raises(ValueError, match=r"train\.steps is a bytes"):
+        load_yaml(f)
+
+
+def test_messages_quote_a_short_prefix(tmp_path, capsys):
+    f = tmp_path / "c.yaml"
+    f.write_text("train: {steps: [" + ", ".join(["1"] * 50000) + "]}\n")
+    assert main(["train", "--config", str(f), "--print-config"]) == 2
+    last = one_line_error(capsys, "train.steps")
+    assert len(last) < 300
+    assert len(short(list(range(100000)))) <= 60 and len(short("x" * 10**6)) <= 60
+
+
+# ----------------------------------------------------------------------------------------- sweep and study files
+
+
+STUDY = {"base": {"preset": "tiny", "train": {"steps": 2}}, "grid": {"strategy": ["baseline"], "lr": [1e-3],
+                                                                       "seed": [0]}}
+
+
+@pytest.mark.parametrize("kind", ["sweep", "study"])
+@pytest.mark.parametrize("name", ["../../evil", "a/b", "..", ".", "x" * 500, "a\nb", ["a"]])
+def test_a_name_that_is_no_folder_name_is_refused(tmp_path, capsys, monkeypatch, kind, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    f = tmp_path / "deep" / "er" / "s.yaml"
+    f.write_text(yaml.safe_dump({"name": name, **STUDY}))
+    monkeypatch.chdir(tmp_path / "deep" / "er")
+    before = sorted(p for p in tmp_path.rglob("*"))
+    assert main([kind, str(f)]) == 2
+    one_line_error(capsys, "name")
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+def test_a_bundle_name_with_a_path_is_refused():
+    with pytest.raises(ValueError, match="not a usable name"):
+        spec_from_dict({"grid": {"strategy": [{"name": "../x", "strategy": "baseline"}]}})
+
+
+def test_study_date_as_lr_is_one_line(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: d\nbase: {preset: tiny}\ngrid: {strategy: [baseline], lr: [2024-01-01], seed: [0]}\n")
+    assert main(["study", str(f), "--dry-run"]) == 2
+    one_line_error(capsys, "optim.lr", "2024-01-01")
+
+
+@pytest.mark.parametrize("kind", ["sweep", "study"])
+def test_nested_lists_as_seeds_are_one_line(tmp_path, capsys, kind):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: d\nbase: {preset: tiny}\ngrid: {strategy: [baseline], lr: [1.0e-3], seed: [[0], [1]]}\n")
+    assert main([kind, str(f), "--dry-run"]) == 2
+    one_line_error(capsys, "grid.seed")
+
+
+@pytest.mark.parametrize("extend", ["1e308", "101", ".inf"])
+def test_study_extend_out_of_range_is_refused_at_validation(extend):
+    data = {**STUDY, "name": "e", "study": {"extend": yaml.safe_load(extend)}}
+    with pytest.raises(ValueError, match="study.extend"):
+        study_mod.parse(data)
+
+
+def test_study_tune_of_the_wrong_kind_is_one_line():
+    with pytest.raises(ValueError, match="tune"):
+        spec_from_dict({**STUDY, "tune": 5})
+
+
+# ------------------------------------------------------------------------------------------------- concurrency
+
+
+def test_sweep_that_skipped_a_locked_run_exits_nonzero(tmp_path, capsys):
+    spec = spec_from_dict(FAKE_SWEEP)
+    out = tmp_path / "out"
+    assert run_sweep(spec, out, train_cmd=FAKE, report=False, quiet=True) == 0
+    held = out / "runs" / expand(spec)[0].name
+    (held / rundir.DONE).unlink()  # killed before it finished ...
+    with rundir.RunLock(held):  # ... and its dying orphan trainer still holds it
+        assert run_sweep(spec, out, train_cmd=FAKE, report=False, quiet=True) == 1
+    assert "1 run(s) skipped" in capsys.readouterr().err
+    assert not rundir.is_done(held)
+    assert run_sweep(spec, out, train_cmd=FAKE, report=False, quiet=True) == 0  # once free, the rerun finishes
+
+
+def test_second_study_on_one_folder_is_refused_with_the_first_pid(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"name": "two", **STUDY}))
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(out / rundir.LOCK)!r}, os.O_RDWR | os.O_CREAT)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["study", str(f), "--out", str(out)]) == 2
+        one_line_error(capsys, f"process {holder.pid}")
+        assert sorted(p.name for p in out.iterdir()) == [rundir.LOCK]  # nothing written by the refused study
+    finally:
+        holder.kill()
+        holder.wait()
