@@ -59,7 +59,7 @@ def test_unknown_strategy_lists_the_choices():
     (dict(scale="none", param="magdir"), "scale.param"),
     (dict(scale="none", wd="input"), "scale.wd"),
     (dict(per_expert=True), "scale.per_expert"),
-    (dict(dual_sites=("q", "o")), "scale.dual_sites"),
+    (dict(dual_sites=("q", "router")), "scale.dual_sites"),
     (dict(norm_sites=("q",)), "scale.norm_sites"),
 ])
 def test_scale_config_validation_names_the_field(kwargs, field):

@@ -243,7 +243,10 @@ class ScaleConfig:
     per_expert: bool = False
     """Under scale=branch, every MoE expert gets its own gate/up scale vectors (else the experts share one set)."""
     dual_sites: tuple[str, ...] = ("q", "k", "v", "gate", "up")
-    """The projections that get DP/DNP's output-side scale s (among q, k, v, gate, up)."""
+    """The projections that get DP/DNP's output-side scale s (among q, k, v, gate, up, o, down).
+
+    ``o`` and ``down`` (the residual writers W_o and W_down; MoE: every expert's and the shared experts' W_down)
+    are opt-in: their s folds into W's rows like the others' (DESIGN.md §3)."""
     norm_sites: tuple[str, ...] = ("gate", "up")
     """The projections whose outputs DNP normalizes before s (among gate, up)."""
     apply: str = "weight"
@@ -299,8 +302,8 @@ class ScaleConfig:
         if self.per_expert and self.scale != "branch":
             raise ValueError("scale.per_expert=True needs scale.scale='branch' (HG)")
         for site in self.dual_sites:
-            if site not in ("q", "k", "v", "gate", "up"):
-                raise ValueError(f"scale.dual_sites has {site!r}; allowed: q, k, v, gate, up")
+            if site not in ("q", "k", "v", "gate", "up", "o", "down"):
+                raise ValueError(f"scale.dual_sites has {site!r}; allowed: q, k, v, gate, up, o, down")
         for site in self.norm_sites:
             if site not in ("gate", "up"):
                 raise ValueError(f"scale.norm_sites has {site!r}; allowed: gate, up")

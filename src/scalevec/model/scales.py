@@ -21,6 +21,7 @@ learnable scale vector. This module holds, in reading order:
                       ├──(γ_k)── W_k ──(s_k)──> k        scale=branch (HG): γ_q, γ_k, γ_v only
                       └──(γ_v)── W_v ──(s_v)──> v        placement=dual (DP): s_* too
                                                           placement=dual_norm (DNP): s ⊙ n(W ...) on gate/up
+    attention(q, k, v) ── W_o ──(s_o)──> (+ x)             dual_sites o, down (opt-in): s on the residual writers
 
 Each branch computes ``y_b = s_b ⊙ [n](W_b diag(γ γ_b) u)``. Every parameter gets its role (DESIGN.md §5)
 where it is made, by ``params.new_param`` (roles, inits and counts are ``params.py``'s). This module does not
@@ -244,8 +245,9 @@ def _spec(scfg: ScaleConfig, role: str, per_expert: bool = False) -> ScaleSpec:
 
 
 def branch_plan(scfg: ScaleConfig, site: str, hg: bool, expert: bool = False) -> BranchPlan:
-    """The ``BranchPlan`` of projection ``site`` (q, k, v, gate, up, router, lm_head) under ``scfg``; ``hg``: it
-    gets its own γ_b; ``expert``: it is a bank of MoE experts (s per expert, γ_b per expert if ``per_expert``)."""
+    """The ``BranchPlan`` of projection ``site`` (q, k, v, gate, up, router, lm_head; the writers o, down) under
+    ``scfg``; ``hg``: it gets its own γ_b; ``expert``: it is a bank of MoE experts (s per expert, γ_b per expert if
+    ``per_expert``)."""
     has_scale = scfg.scale != "none" and not scfg.folded
     dual = has_scale and scfg.placement != "input" and site in scfg.dual_sites
     normalized = dual and scfg.placement == "dual_norm" and site in scfg.norm_sites
@@ -273,7 +275,9 @@ def scale_plan(scfg: ScaleConfig, cfg: ModelConfig) -> ScalePlan:
       more branches read the norm (the final norm feeds only the LM head: it keeps its own γ); ``none`` no
       scale vector at all, Output-Norms included.
     - ``placement``: ``dual`` (DP) adds an output-side s on the ``dual_sites`` among q, k, v, gate, up (MoE:
-      gate and up of the experts and of the shared experts; never the router or the LM head); ``dual_norm``
+      gate and up of the experts and of the shared experts; never the router or the LM head) and, opt-in, on
+      the residual writers o and down (MoE: every expert's down, s per expert, and the shared experts'); a
+      writer's s folds into W's rows, it never gets a γ_b (it reads no norm); ``dual_norm``
       (DNP) also normalizes the outputs of ``norm_sites`` before s. DNP's s on gate feeds SiLU: an
       ``output_scale``; on up it multiplies the SwiGLU product that W_down reads: an ``input_scale``.
     - ``param``: ``direct`` / ``magdir`` (OR) / ``magdir_exp`` (ER) for every vector.
@@ -300,6 +304,9 @@ def scale_plan(scfg: ScaleConfig, cfg: ModelConfig) -> ScalePlan:
         peri=OutputNormPlan(out_gamma) if cfg.layout == "peri" else None,
         fast=scfg.apply in ("weight", "fused"),
         fused=scfg.apply == "fused",
+        o=branch_plan(scfg, "o", hg=False),
+        down=branch_plan(scfg, "down", hg=False),
+        expert_down=branch_plan(scfg, "down", hg=False, expert=True),
     )
 
 
@@ -641,6 +648,7 @@ __all__ = [
     "DNP_CANNOT_FOLD", "refuse_unfoldable", "multiply", "decayed_scale_roles", "ScaleSpec", "BranchPlan", "NormPlan",
     "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan",
     "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
-    "batched_scales", "Linear", "Branch", "Projection", "NormedBranch", "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
+    "batched_scales", "Linear", "Branch", "Projection", "NormedBranch",
+    "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
     "swiglu_proj", "OutputNorm", "gamma_of", "scale_vectors",
 ]

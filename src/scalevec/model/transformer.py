@@ -185,16 +185,18 @@ class Block(nn.Module):
     """One decoder block (DESIGN.md §2, §3); ``PreBlock`` and ``PeriBlock`` say in ``forward`` where the norms are.
     Every scale vector a strategy may place, each where ``scales.scale_plan`` puts it::
 
-                     ┌─(γ_q)─ W_q ─(s_q)─ [γ_qk ⊙ n] ─ RoPE ─┐
-        x ─── n ─(γ)─┼─(γ_k)─ W_k ─(s_k)─ [γ_qk ⊙ n] ─ RoPE ─┼─ attention ─ W_o ─ [peri: γ_out ⊙ n] ─(+ x)─> x
-                     └─(γ_v)─ W_v ─(s_v)─────────────────────┘
-                     ┌─(γ_gate)─ W_gate ─(s_gate)─ [DNP: s ⊙ n] ─ silu ─┐
-        x ─── n ─(γ)─┤                                                  ⊙ ─ W_down ─ [peri: γ_out ⊙ n] ─(+ x)─> x
-                     └─(γ_up)─── W_up ───(s_up)─── [DNP: s ⊙ n] ────────┘
+                   ┌─(γ_q)─ W_q ─(s_q)─ [γ_qk ⊙ n] ─ RoPE ─┐
+        x ─ n ─(γ)─┼─(γ_k)─ W_k ─(s_k)─ [γ_qk ⊙ n] ─ RoPE ─┼─ attention ─ W_o ─(s_o)─ [peri: γ_out ⊙ n] ─(+x)─> x
+                   └─(γ_v)─ W_v ─(s_v)─────────────────────┘
+                   ┌─(γ_gate)─ W_gate ─(s_gate)─ [DNP: s ⊙ n] ─ silu ─┐
+        x ─ n ─(γ)─┤                                                  ⊙ ─ W_down ─(s_down)─ [peri: γ_out ⊙ n] ─(+x)─> x
+                   └─(γ_up)─── W_up ───(s_up)─── [DNP: s ⊙ n] ────────┘
 
         n: RMSNorm without affine    γ: the Input-Norm's own scale (scale=shared)    γ_b: one per branch (HG)
-        s_b: output side (DP; DNP: after n)    γ_qk: QK-norm    γ_out: peri's Output-Norms
-        MoE MLP (moe.py): the same on the router (γ only) and on every expert's W_gate, W_up (γ_b, s per expert)
+        s_b: output side (DP; DNP: after n)    s_o, s_down: on the residual writers (DP, dual_sites o, down: opt-in)
+        γ_qk: QK-norm    γ_out: peri's Output-Norms
+        MoE MLP (moe.py): the same on the router (γ only), on every expert's W_gate, W_up (γ_b, s per expert) and
+        W_down (s_down per expert), and on the shared experts' W_gate, W_up, W_down
 
     Every γ, γ_b and s folds into the adjacent W (§1, §4) except DNP's s and the Output-Norms' γ.
     ``forward(x: (B, T, d), cos, sin, kv=None) -> (x, aux_loss)``; aux is the MoE auxiliary loss (0 if dense).
