@@ -11,7 +11,8 @@
 #   seconds, so the whole fits in 10 minutes of one H200 with the smallest rungs first), CORPUS=shakespeare,
 #   DEVICE=cuda, TPP=20 (tokens per parameter), BATCH=64, SEQ=256, SEEDS=2, RESULTS=results,
 #   PREDICTED_ONLY=1 (each strategy at its predicted lr alone, no grid), VAL_TOKENS (default 131,072),
-#   PYTHON=.venv/bin/python. On CPU (DEVICE=cpu, a small TPP) the smallest rung runs as a test
+#   PYTHON=.venv/bin/python, DEST=<where the rung folders go, default RESULTS> (scripts/gpu_check.sh keeps
+#   them in its output folder while reading the smaller rungs from results/). On CPU (DEVICE=cpu, a small TPP) the smallest rung runs as a test
 #   (tests/test_ladder.py).
 # Exit status: 0 when every rung started finished, 1 if a run failed, 2 on bad input.
 set -uo pipefail
@@ -20,6 +21,7 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 JOBS=${JOBS:-9} BUDGET_S=${BUDGET_S:-540} CORPUS=${CORPUS:-shakespeare} DEVICE=${DEVICE:-cuda} TPP=${TPP:-20}
 BATCH=${BATCH:-64} SEQ=${SEQ:-256} SEEDS=${SEEDS:-2} RESULTS=${RESULTS:-results}
+DEST=${DEST:-$RESULTS}
 GRID=(--grid-factor 2)
 [ "${PREDICTED_ONLY:-0}" = 1 ] && GRID=(--predicted-only)
 [ -n "${VAL_TOKENS:-}" ] && GRID+=(--val-tokens "$VAL_TOKENS")
@@ -37,7 +39,7 @@ for rung in "${RUNGS[@]}"; do
     echo "gpu_ladder: ${elapsed}s spent (BUDGET_S=$BUDGET_S); $rung and later rungs not started"
     break
   fi
-  out="$RESULTS/ladder-$rung-$CORPUS"
+  out="$DEST/ladder-$rung-$CORPUS"
   mkdir -p "$out"
   spec="$out/study-ladder-$rung-$CORPUS.yaml"
   if [ ! -f "$spec" ]; then  # written once: a rerun resumes the same grid

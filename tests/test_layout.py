@@ -158,9 +158,10 @@ def test_no_import_circle():
 def test_nobody_imports_the_trainer_to_read_a_run():
     """Reading a run goes through ``training.rundir``; only the commands that build a trainer import the trainer
     module: ``scalevec train``'s command line (``training.command``) and ``scalevec convert`` (``hf.convert``: the
-    trainer's set-up converts the model, and writes a step-0 run), which ``cli`` reaches by name."""
+    trainer's set-up converts the model, and writes a step-0 run), which ``cli`` reaches by name; and the GPU
+    check's resume stage (``bench.gpu_stages``: trains, stops and resumes runs in one process group)."""
     users = sorted(m for m, deps in graph().items() if "scalevec.training.trainer" in deps)
-    assert users == ["scalevec.hf.convert", "scalevec.training.command"], (
+    assert users == ["scalevec.bench.gpu_stages", "scalevec.hf.convert", "scalevec.training.command"], (
         f"{users} import scalevec.training.trainer; read runs with scalevec.training.rundir")
 
 
@@ -175,6 +176,7 @@ OTHER_FILES_OF_THE_SAME_NAME = {
     ("scalevec.data", "meta.json"),  # a token cache entry's own meta.json (data/corpus.py)
     ("scalevec.hf_format", "model.safetensors"),  # a Hugging Face model directory's weights (transformers' name)
     ("scalevec.hf", "model.safetensors"),  # the same, in an export directory
+    ("scalevec.bench.gpu_summary", "summary.json"),  # the GPU check's own summary (scripts/gpu_check.sh OUT)
 }
 
 

@@ -107,11 +107,13 @@ def cpu_name() -> str:
 
 def peak_flops(device: torch.device, dtype: torch.dtype, given: float = 0.0) -> tuple[float, str]:
     """``(peak FLOP/s, where it came from)`` for MFU: ``given`` (``train.peak_flops``) if > 0, else a known GPU's
-    spec figure, else a matmul measurement cached in ``~/.cache/scalevec/matmul_peak.json`` by device name,
+    spec figure when ``dtype`` is bf16 / fp16 (the table's dtype), else a matmul measurement cached in
+    ``~/.cache/scalevec/matmul_peak.json`` by device name,
     dtype, thread count and torch version (first call: one ``matmul_peak``, about 0.3 s)."""
     if given > 0:
         return float(given), "train.peak_flops"
-    spec = gpu_spec_peak(device)
+    # the spec table holds dense bf16/fp16 figures: an fp32 run is measured in fp32 (its own peak, issue 34)
+    spec = gpu_spec_peak(device) if dtype in (torch.bfloat16, torch.float16) else None
     if spec is not None:
         return spec, "spec"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()

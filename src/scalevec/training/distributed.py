@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -71,13 +72,26 @@ def setup(cfg: TrainConfig) -> Dist:
         if env_world > 1 and cfg.dist == "none":
             raise ValueError(f"launched with {env_world} processes but train.dist=none; "
                              f"pass --dist ddp or --dist fsdp2")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        init_group(device)
         owns = True
     if world_size() > 1 and cfg.dist == "none":
         raise ValueError(f"{world_size()} processes but train.dist=none; pass --dist ddp or --dist fsdp2")
     return Dist(rank(), world_size(), local_rank, device, owns)
+
+
+# A first collective waits for the slowest rank's start: every rank reads its corpus shards (and compiles)
+# before the first barrier, which on a cold cache takes longer than NCCL's default 10 minutes.
+GROUP_TIMEOUT = timedelta(minutes=30)
+
+
+def init_group(device: torch.device) -> None:
+    """Create the default process group from torchrun's environment: nccl bound to ``device`` (``device_id``, so
+    NCCL sets up its communicator eagerly on the right GPU) on CUDA, gloo on CPU, with ``GROUP_TIMEOUT``."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl", device_id=device, timeout=GROUP_TIMEOUT)
+    else:
+        dist.init_process_group(backend="gloo", timeout=GROUP_TIMEOUT)
 
 
 def teardown(d: Dist) -> None:
@@ -91,9 +105,12 @@ def wrap(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
     FSDP2 (torchtitan's recipe): ``fully_shard`` each block, then the root (embedding, final norm, LM
     head). Every parameter, scale vectors included, becomes a DTensor sharded on dim 0 (uneven shards,
     even empty ones for tiny vectors, are fine); in forward each block's parameters are all-gathered
-    whole, so every scale-vector strategy computes exactly as unsharded. On CUDA with a bf16 dtype the
-    parameters are cast to bf16 for compute and gradients reduced in fp32; on CPU everything stays fp32.
-    ``cast_forward_inputs=False`` keeps the fp32 RoPE tables that blocks receive in fp32.
+    whole, so every scale-vector strategy computes exactly as unsharded. One numerics regime whatever the
+    wrapper (DESIGN.md §8): FSDP2 keeps parameters, their all-gathers and gradient reductions in fp32
+    (``MixedPrecisionPolicy`` with no ``param_dtype``), and bf16 comes only from the trainer's autocast, as under
+    DDP and on one device: matmuls in bf16, the residual stream, every scale vector, its gradient and the
+    optimizer state in fp32. (A bf16 ``param_dtype`` would make the residual stream and the scale vectors'
+    gradients bf16 under FSDP2 only, so a size ladder that switches wrapper would switch numerics.)
     ``fully_shard`` replaces the parameters with new (DTensor) ones: build optimizers after this.
     """
     from scalevec.run_budget import train_steps
@@ -110,16 +127,22 @@ def wrap(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
 
         return DDP(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(d.device.type, (d.world_size,))
-    bf16 = d.device.type == "cuda" and cfg.dtype != "float32"
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
-                              reduce_dtype=torch.float32 if bf16 else None, cast_forward_inputs=False)
+    mp = fsdp_policy()
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
+
+
+def fsdp_policy():
+    """FSDP2's mixed precision: none (fp32 parameters, all-gathers and reductions; ``wrap``'s docstring says why).
+    ``cast_forward_inputs=False`` keeps the fp32 RoPE tables that blocks receive in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, cast_forward_inputs=False)
 
 
 @contextmanager

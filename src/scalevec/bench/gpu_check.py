@@ -1,0 +1,271 @@
+"""The GPU check (issue 34; DESIGN.md §8): every stage of the CUDA path, cheapest first, within one wall-time
+budget, everything it learns written into one output folder. ``scripts/gpu_check.sh OUT`` calls this module.
+
+    python -m scalevec.bench.gpu_check OUT [--device cuda|cpu] [--budget-s S]
+
+Stages (each its own process and timeout; a failed or timed-out stage never stops the next; a stage that would
+not fit in what is left of the budget is skipped and said so):
+
+1. ``env``: torch, CUDA, the GPU, ``grouped_mm``, every scalevec module imports (``gpu_stages.env_report``);
+2. ``gpu_tests``: ``pytest -m gpu`` (on CPU they skip: the stage checks that they are collected);
+3. ``parity``: CUDA vs CPU fp32 logits of every strategy, at init and after 5 steps (``gpu_stages.parity``);
+4. ``busy``: eager bf16 steps of baseline and unified at a GPU-ladder rung's size: step time, tokens/s, GPU-busy
+   fraction (``gpu_stages.busy``);
+5. ``fsdp2_compile_resume``: ``llama-0.12b`` unified under ``torchrun`` FSDP2 + compile, bf16, checkpoint and
+   resume (``gpu_stages.resume``): speed, MFU, memory, the resumed losses against an uninterrupted run;
+6. ``bench``: ``scalevec bench`` eager baseline / unified / HF Llama at 0.12B, MFU against the measured bf16
+   matmul peak;
+7. ``ladder_rung``: with what is left, the first GPU-ladder rung (``scripts/gpu_ladder.sh cpu-1m``, each strategy
+   at its predicted lr, 2 seeds), its folder in the format of ``results/``.
+
+On CPU (``--device cpu``, the rehearsal) the same stages run at tiny sizes in about three minutes.
+
+``OUT`` receives at most 5 files: ``summary.json`` and ``summary.md`` (rewritten after every stage),
+``gpu_check.log`` (every stage's output), ``stages.json`` (every stage's full figures) and ``runs.tar.gz`` (the
+run directories and the ladder rung's folder, checkpoints left out). Exit status: 0 when every stage ran ok,
+1 when one failed or was skipped, 2 for bad input (a device that is not there, an ``OUT`` that is not empty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalevec.bench.gpu_summary import Stage, write_summary
+from scalevec.training.checkpoint.layout import CKPT_DIR
+from scalevec.training.rundir import DONE, METRICS, SUMMARY
+
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (scripts/, tests/, results/)
+BUDGET_S = {"cuda": 510, "cpu": 240}  # cuda: fits a 9-minute window with the tarball and a margin
+MIN_STAGE_S = 20  # a stage that would get less than this is skipped
+LADDER_RUNG = "cpu-1m"
+MAX_TAR_BYTES = 16 * 2**20
+
+
+@dataclass
+class Plan:
+    """One stage to run: ``argv`` under ``timeout_s`` (capped by what is left), with extra ``env``."""
+
+    name: str
+    argv: list[str]
+    timeout_s: float
+    env: dict[str, str] | None = None
+    figures_file: str | None = None  # WORK/NAME.json written by a gpu_stages stage
+
+
+def plans(device: str, work: Path, py: str) -> list[Plan]:
+    """The stages of the check, in order, for ``device`` (see the module docstring)."""
+    stages = [py, "-m", "scalevec.bench.gpu_stages"]
+    common = ["--work", str(work), "--device", device]
+    cuda = device == "cuda"
+    bench_preset = "llama-0.12b" if cuda else "cpu-25k"
+    ladder_env = {"DEVICE": device, "RESULTS": str(ROOT / "results"), "DEST": str(work / "results"),
+                  "PREDICTED_ONLY": "1", "SEEDS": "2", "JOBS": "6" if cuda else "2", "PYTHON": py}
+    if not cuda:  # the rehearsal: a rung of a few steps
+        ladder_env.update(TPP="0.02", VAL_TOKENS="4096", SEEDS="1")
+    return [
+        Plan("env", stages + ["env"] + common, 90, figures_file="env.json"),
+        Plan("gpu_tests", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs", str(ROOT / "tests")],
+             240),
+        Plan("parity", stages + ["parity"] + common, 120, figures_file="parity.json"),
+        Plan("busy", stages + ["busy"] + common, 150, figures_file="busy.json"),
+        Plan("fsdp2_compile_resume", [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                                      "-m", "scalevec.bench.gpu_stages", "resume"] + common, 300,
+             figures_file="resume.json"),
+        Plan("bench", [py, "-m", "scalevec", "bench", "--device", device, "--dtype", "bfloat16" if cuda else "float32",
+                       "--preset", bench_preset, "--strategies", "baseline,unified,hf-llama", "--steps",
+                       "10" if cuda else "3", "--warmup", "3" if cuda else "1", "--no-inference", "--no-memory",
+                       "--save", str(work / "bench.json")] + ([] if cuda else ["--threads", "2"]), 240),
+        Plan("ladder_rung", ["bash", str(ROOT / "scripts" / "gpu_ladder.sh"), LADDER_RUNG], 400, env=ladder_env),
+    ]
+
+
+def pytest_counts(text: str) -> dict:
+    """``{"passed": n, "failed": n, "skipped": n, ...}`` from pytest's last summary line in ``text``."""
+    counts = {}
+    for n, what in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)", text):
+        counts[what.rstrip("s") if what.startswith("error") else what] = int(n)
+    return counts
+
+
+def bench_figures(path: Path) -> dict:
+    """Per candidate: step ms, tokens/s, MFU against the measured peak and the spec, and the peak, from
+    ``scalevec bench --save``'s JSON."""
+    data = json.loads(path.read_text())
+    out = {"peak_tflops": data["peak_tflops"], "peak_source": data["peak_source"]}
+    for row in data["train"]:
+        n = row["name"]
+        out[f"{n}_step_ms"] = row["median_s"] * 1e3
+        out[f"{n}_tokens_per_s"] = row["tokens_per_s"]
+        out[f"{n}_mfu"] = row["mfu"]
+        if row.get("mfu_spec") is not None:
+            out[f"{n}_mfu_spec"] = row["mfu_spec"]
+    return out
+
+
+def ladder_figures(dest: Path) -> dict:
+    """How many runs of the rung finished, and their final validation losses (``run name -> nats/token``)."""
+    runs = sorted(dest.glob(f"ladder-{LADDER_RUNG}-*/runs/*/{SUMMARY}"))
+    done = {p.parent.name: json.loads(p.read_text()).get("final_val_loss") for p in runs
+            if (p.parent / DONE).exists()}
+    return {"runs_done": len(done), "final_val_loss": done}
+
+
+def stage_result(plan: Plan, rc: int | None, seconds: float, text: str, work: Path, device: str) -> Stage:
+    """The summary line of a finished (``rc``) or timed-out (``rc`` None) stage, from its exit, output and files."""
+    figures, note = {}, ""
+    try:
+        if plan.figures_file and (work / plan.figures_file).exists():
+            figures = json.loads((work / plan.figures_file).read_text())
+        elif plan.name == "gpu_tests":
+            figures = pytest_counts(text)
+        elif plan.name == "bench" and (work / "bench.json").exists():
+            figures = bench_figures(work / "bench.json")
+        elif plan.name == "ladder_rung":
+            figures = ladder_figures(work / "results")
+    except (OSError, ValueError, KeyError) as e:
+        note = f"figures unreadable: {type(e).__name__}: {e}"
+    if rc is None:
+        return Stage(plan.name, "failed", seconds, figures, note or f"timed out after {seconds:.0f} s")
+    ok = rc == 0
+    if plan.name == "gpu_tests":
+        ok = rc == 0 and figures.get("failed", 0) == 0 and figures.get("error", 0) == 0
+        ran = figures.get("passed", 0) + figures.get("skipped", 0)
+        if device == "cuda":
+            ok = ok and figures.get("passed", 0) > 0
+        else:  # no CUDA: every gpu test skips; the stage checks they were collected and skipped, nothing else
+            ok = rc in (0, 5) and figures.get("failed", 0) == 0 and ran > 0
+            note = note or f"{figures.get('skipped', 0)} gpu test(s) skipped: no CUDA device"
+    if not ok and not note:
+        tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
+        note = f"exit {rc}: {tail[0][:200]}"
+    return Stage(plan.name, "ok" if ok else "failed", seconds, figures, note)
+
+
+def run_stage(plan: Plan, timeout_s: float, log, env: dict) -> tuple[int | None, float, str]:
+    """Run ``plan`` in its own process group; ``(exit code or None on timeout, seconds, its output)``."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(plan.argv, cwd=ROOT, env={**env, **(plan.env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the stage and every process it started (torchrun's workers, a study's runs)
+        out, _ = proc.communicate()
+        rc = None
+    log.write(out or "")
+    log.flush()
+    return rc, time.monotonic() - t0, out or ""
+
+
+def pack_runs(work: Path, tar_path: Path) -> int:
+    """``work``'s run directories and ladder folder as one gzipped tarball without checkpoints or token caches;
+    returns its size in bytes (a tarball over ``MAX_TAR_BYTES`` is rebuilt without ``metrics.jsonl`` files)."""
+    def keep(metrics: bool):
+        def f(info: tarfile.TarInfo):
+            parts = Path(info.name).parts
+            if CKPT_DIR in parts or info.name.endswith((".pt", ".bin", ".safetensors")) or ".cache" in parts:
+                return None
+            if not metrics and info.name.endswith(METRICS):
+                return None
+            return info
+        return f
+
+    for metrics in (True, False):
+        with tarfile.open(tar_path, "w:gz") as tar:
+            for p in sorted(work.iterdir()):
+                if p.is_dir():
+                    tar.add(p, arcname=p.name, filter=keep(metrics))
+        if tar_path.stat().st_size <= MAX_TAR_BYTES:
+            break
+    return tar_path.stat().st_size
+
+
+def check(out: Path, device: str, budget_s: float, py: str = sys.executable) -> int:
+    """Run every stage into ``out`` (see the module docstring); the exit status."""
+    start = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1"}
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "2")
+    header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": device, "budget_s": budget_s, "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        header.update(torch=torch.__version__, cuda=torch.version.cuda,
+                      gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    except Exception as e:  # the env stage reports it in full
+        header["torch"] = f"not importable: {e}"
+    results: list[Stage] = []
+    with open(out / "gpu_check.log", "a") as log:
+        for plan in plans(device, work, py):
+            left = budget_s - (time.monotonic() - start)
+            if left < MIN_STAGE_S:
+                results.append(Stage(plan.name, "skipped", 0.0, {}, f"{left:.0f} s of the budget left"))
+            else:
+                log.write(f"\n== {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {plan.name}: "
+                          f"{' '.join(plan.argv)} (timeout {min(plan.timeout_s, left):.0f} s)\n")
+                log.flush()
+                print(f"gpu_check: {plan.name} (timeout {min(plan.timeout_s, left):.0f} s)", flush=True)
+                rc, seconds, text = run_stage(plan, min(plan.timeout_s, left), log, env)
+                results.append(stage_result(plan, rc, seconds, text, work, device))
+                s = results[-1]
+                print(f"gpu_check: {s.name} {s.status} in {s.seconds:.0f} s {s.note}", flush=True)
+            header["seconds"] = round(time.monotonic() - start, 1)
+            write_summary(out, results, header)
+    (out / "stages.json").write_text(json.dumps({s.name: s.figures for s in results}, indent=1, default=str))
+    try:
+        header["runs_tar_bytes"] = pack_runs(work, out / "runs.tar.gz")
+    except OSError as e:
+        header["runs_tar_bytes"] = f"not written: {e}"
+    header["seconds"] = round(time.monotonic() - start, 1)
+    write_summary(out, results, header)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(s.status == "ok" for s in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI of the check (the module docstring). Bad input: one line on stderr, exit 2."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", help="an empty or new folder for the check's files")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=os.environ.get("DEVICE", "cuda"))
+    p.add_argument("--budget-s", type=float, help="wall-time budget in seconds (default 510 on cuda, 240 on cpu)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"gpu_check: {out} is not an empty folder; give a new or empty one", file=sys.stderr)
+        return 2
+    if args.budget_s is not None and not args.budget_s > 0:
+        print(f"gpu_check: --budget-s {args.budget_s} must be positive", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        try:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        except ImportError:
+            cuda = False
+        if not cuda:
+            print("gpu_check: this python's torch sees no CUDA device; run with DEVICE=cpu for the CPU rehearsal",
+                  file=sys.stderr)
+            return 2
+    out.mkdir(parents=True, exist_ok=True)
+    return check(out, args.device, args.budget_s or BUDGET_S[args.device], os.environ.get("PYTHON") or sys.executable)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

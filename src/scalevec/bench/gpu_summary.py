@@ -1,0 +1,109 @@
+"""What ``scripts/gpu_check.sh`` reports (issue 34): a training run's speed figures, and the check's summary files.
+
+``run_figures`` reads a finished run directory (config.yaml, summary.json, metrics.jsonl) and computes what a
+GPU check prints of it: step time, tokens/s, FLOPs per token (``model.flops``), achieved TFLOP/s and MFU against
+the peak *of the run's matmul dtype* (bf16 spec figure for a bf16 run on a known GPU, a measured fp32 peak for
+an fp32 run), the trainer's own logged MFU, losses, and the peak GPU memory when the trainer logged it.
+
+``Stage`` is one line of the summary; ``write_summary`` writes ``summary.json`` (one entry per stage: name,
+status ok / failed / skipped, seconds, key figures) and ``summary.md`` (the same as a table) atomically, so a
+check killed between stages still leaves a readable summary of the stages it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from scalevec.model.flops import flops_per_token, peak_flops
+from scalevec.run_budget import tokens_per_step
+from scalevec.training.rundir import load_config, read_metrics, read_summary
+
+STATUSES = ("ok", "failed", "skipped")
+
+
+def run_figures(run: str | Path) -> dict:
+    """Speed and loss figures of the finished run in ``run`` (see the module docstring).
+
+    Keys: ``step_ms`` (the trainer's median step after warm-up), ``tokens_per_step``, ``tokens_per_s``,
+    ``flops_per_token``, ``tflops`` (achieved, TFLOP/s), ``peak_tflops`` and ``peak_source`` (for the run's
+    matmul dtype), ``mfu`` (a fraction), ``mfu_logged_median`` (the trainer's per-step metric after step 5, None
+    if it logged none), ``loss_first`` / ``loss_last`` (train, nats/token), ``final_val_loss``, ``compiled``,
+    ``max_memory_gib`` (largest ``max_memory_allocated`` the trainer logged, GiB; None if none).
+    Raises ``rundir.RunDirError`` (a ``ValueError``) for a run directory without its files."""
+    run = Path(run)
+    cfg = load_config(run)
+    summary = read_summary(run)
+    rows = read_metrics(run, "train")
+    per_step = tokens_per_step(cfg)
+    step_s = summary.get("step_time_s")
+    fpt = flops_per_token(cfg.model, cfg.train.seq_len)
+    device = torch.device("cuda" if cfg.train.device.startswith("cuda") else "cpu")
+    mm_dtype = torch.bfloat16 if device.type == "cuda" and cfg.train.dtype != "float32" else torch.float32
+    peak, source = summary.get("peak_flops"), "the run's summary"
+    if not peak:
+        peak, source = peak_flops(device, mm_dtype, cfg.train.peak_flops)
+    tok_s = per_step / step_s if step_s else None
+    logged = [r["mfu"] for r in rows if r.get("step", 0) >= 5 and r.get("mfu") is not None]
+    mem = [r[k] for r in rows for k in ("max_memory_gib", "max_memory_allocated_gib") if r.get(k) is not None]
+    return {"step_ms": step_s * 1e3 if step_s else None, "tokens_per_step": per_step, "tokens_per_s": tok_s,
+            "flops_per_token": fpt, "tflops": fpt * tok_s / 1e12 if tok_s else None, "matmul_dtype": str(mm_dtype),
+            "peak_tflops": peak / 1e12, "peak_source": source, "mfu": fpt * tok_s / peak if tok_s else None,
+            "mfu_logged_median": statistics.median(logged) if logged else None,
+            "loss_first": rows[0]["loss"] if rows else None, "loss_last": rows[-1]["loss"] if rows else None,
+            "final_val_loss": summary.get("final_val_loss"), "compiled": summary.get("compiled"),
+            "max_memory_gib": max(mem) if mem else None}
+
+
+@dataclass
+class Stage:
+    """One stage of the check: ``status`` one of ok / failed / skipped; ``seconds`` wall time; ``figures`` its key
+    numbers; ``note`` one line (why it failed or was skipped, what it saw)."""
+
+    name: str
+    status: str
+    seconds: float = 0.0
+    figures: dict = field(default_factory=dict)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"stage {self.name}: status {self.status!r} is not one of {', '.join(STATUSES)}")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def summary_markdown(stages: list[Stage], header: dict) -> str:
+    """The check as a markdown table: one row per stage with its status, seconds and key figures."""
+    lines = ["# GPU check", ""] + [f"- {k}: {_fmt(v)}" for k, v in header.items()] + [
+        "", "| stage | status | seconds | figures | note |", "|---|---|---:|---|---|"]
+    for s in stages:
+        figs = "; ".join(f"{k} {_fmt(v)}" for k, v in s.figures.items() if not isinstance(v, (dict, list)))
+        lines.append(f"| {s.name} | {s.status} | {s.seconds:.0f} | {figs} | {s.note.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_summary(out: str | Path, stages: list[Stage], header: dict) -> None:
+    """Write ``out/summary.json`` (``{"header": ..., "stages": [...]}``) and ``out/summary.md``, each atomically."""
+    out = Path(out)
+    _atomic_write(out / "summary.json", json.dumps({"header": header, "stages": [asdict(s) for s in stages]},
+                                                   indent=1, default=str))
+    _atomic_write(out / "summary.md", summary_markdown(stages, header))
+
+
+__all__ = ["run_figures", "Stage", "summary_markdown", "write_summary", "STATUSES"]

@@ -1,0 +1,139 @@
+"""The GPU check (issue 34): its summary code, its refusals, and the whole check rehearsed on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalevec.bench import gpu_check
+from scalevec.bench.gpu_summary import Stage, run_figures, write_summary
+from scalevec.model import flops
+from scalevec.model.flops import flops_per_token
+from scalevec.resolve import resolve_config
+from scalevec.run_budget import tokens_per_step
+from scalevec.training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished 6-step CPU run of the tiny preset (seconds)."""
+    run = tmp_path_factory.mktemp("run") / "run"
+    cfg = resolve_config("tiny", "unified", {"train.steps": 6, "train.batch_size": 2, "train.seq_len": 32,
+                                             "train.eval_every": 6, "train.log_every": 1, "train.threads": 1,
+                                             "data.val_tokens": 256, "schedule.warmup": 1})
+    train(cfg, run, quiet=True)
+    return run, cfg
+
+
+def test_run_figures_are_the_runs_arithmetic(tiny_run):
+    """tokens/s = tokens per step ÷ the summary's step time; MFU = FLOPs/token × tokens/s ÷ the peak (the summary
+    that crashed in the old heredoc: a function formatted as a number)."""
+    run, cfg = tiny_run
+    fig = run_figures(run)
+    summary = json.loads((run / "summary.json").read_text())
+    assert fig["tokens_per_step"] == tokens_per_step(cfg) == 2 * 32
+    assert fig["tokens_per_s"] == pytest.approx(64 / summary["step_time_s"], rel=1e-12)
+    assert fig["flops_per_token"] == flops_per_token(cfg.model, 32)
+    assert fig["mfu"] == pytest.approx(fig["flops_per_token"] * fig["tokens_per_s"] / summary["peak_flops"], rel=1e-12)
+    assert fig["matmul_dtype"] == "torch.float32" and fig["max_memory_gib"] is None  # CPU: no CUDA memory
+    assert fig["loss_first"] > fig["loss_last"] > 0
+
+
+def test_summary_files_list_every_stage(tmp_path):
+    """summary.json holds one entry per stage (name, status, seconds, figures, note); summary.md a row each."""
+    stages = [Stage("env", "ok", 1.5, {"torch": "2.13"}), Stage("bench", "failed", 3.0, {}, "exit 1: boom | x"),
+              Stage("ladder_rung", "skipped", 0.0, {}, "5 s of the budget left")]
+    write_summary(tmp_path, stages, {"device": "cpu"})
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert [(s["name"], s["status"]) for s in data["stages"]] == [("env", "ok"), ("bench", "failed"),
+                                                                   ("ladder_rung", "skipped")]
+    md = (tmp_path / "summary.md").read_text()
+    assert md.count("\n| ") == 4 and "boom / x" in md  # header + 3 rows; a | in a note cannot break the table
+    assert not list(tmp_path.glob(".*tmp"))  # atomic writes leave no temporary file
+
+
+def test_stage_status_is_checked():
+    with pytest.raises(ValueError, match="not one of ok, failed, skipped"):
+        Stage("env", "passed")
+
+
+def test_stage_results_from_exit_and_output(tmp_path):
+    """A timed-out stage is failed with its time; a non-zero exit names its last line; pytest's counts are parsed,
+    and on CUDA a gpu-test stage that passed nothing is not ok."""
+    plan = gpu_check.Plan("busy", ["x"], 10)
+    assert gpu_check.stage_result(plan, None, 10.2, "", tmp_path, "cuda").note == "timed out after 10 s"
+    bad = gpu_check.stage_result(plan, 1, 1.0, "line 1\nValueError: broken\n", tmp_path, "cuda")
+    assert bad.status == "failed" and bad.note == "exit 1: ValueError: broken"
+    tests = gpu_check.Plan("gpu_tests", ["x"], 10)
+    text = "sss\n3 skipped, 1460 deselected in 9.1s\n"
+    assert gpu_check.pytest_counts(text) == {"skipped": 3, "deselected": 1460}
+    assert gpu_check.stage_result(tests, 0, 1.0, text, tmp_path, "cpu").status == "ok"
+    assert gpu_check.stage_result(tests, 0, 1.0, text, tmp_path, "cuda").status == "failed"
+    assert gpu_check.stage_result(tests, 1, 1.0, "1 failed, 2 passed in 3s", tmp_path, "cuda").status == "failed"
+
+
+def test_refuses_a_non_empty_out_and_a_missing_gpu(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("precious")
+    assert gpu_check.main([str(tmp_path), "--device", "cpu"]) == 2
+    assert (tmp_path / "keep.txt").read_text() == "precious"
+    assert "not an empty folder" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert gpu_check.main([str(tmp_path / "new"), "--device", "cuda"]) == 2
+        assert not (tmp_path / "new").exists()
+
+
+def test_mfu_peak_follows_the_runs_dtype(monkeypatch, tmp_path):
+    """A bf16 run divides by the GPU's bf16 spec figure; an fp32 run by a measured fp32 peak, never the bf16 one."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(flops, "gpu_spec_peak", lambda device: 989.4e12)
+    monkeypatch.setattr(flops, "matmul_peak", lambda device, dtype: 51.0e12)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    cuda = torch.device("cuda")
+    assert flops.peak_flops(cuda, torch.bfloat16) == (989.4e12, "spec")
+    assert flops.peak_flops(cuda, torch.float32) == (51.0e12, "measured")
+
+
+def test_pack_runs_leaves_checkpoints_out(tmp_path):
+    work = tmp_path / "work"
+    (work / "run" / "checkpoints" / "step_1").mkdir(parents=True)
+    (work / "run" / "checkpoints" / "step_1" / "model.safetensors").write_bytes(b"x" * 1000)
+    (work / "run" / "summary.json").write_text("{}")
+    gpu_check.pack_runs(work, tmp_path / "runs.tar.gz")
+    with tarfile.open(tmp_path / "runs.tar.gz") as tar:
+        assert tar.getnames() == ["run", "run/summary.json"]
+
+
+@pytest.mark.slow
+def test_cpu_rehearsal_runs_every_stage_ok(tmp_path):
+    """``DEVICE=cpu bash scripts/gpu_check.sh OUT`` with scalevec not installed (``python -S``: no .pth file, so no
+    editable install; the checkout comes from the script's PYTHONPATH): every stage ok, at most 8 files in OUT,
+    none over 16 MB, scalevec imported from this checkout."""
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = {**os.environ, "DEVICE": "cpu", "PYTHON": str(wrapper), "PYTHONPATH": os.pathsep.join(site)}
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], env=env, capture_output=True,
+                       text=True, timeout=900)
+    summary = json.loads((out / "summary.json").read_text())
+    status = {s["name"]: (s["status"], s["note"]) for s in summary["stages"]}
+    assert [s["name"] for s in summary["stages"]] == [p.name for p in gpu_check.plans("cpu", tmp_path, "py")]
+    assert all(v[0] == "ok" for v in status.values()), status
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    files = list(out.iterdir())
+    assert len(files) <= 8 and all(f.stat().st_size < 16 * 2**20 for f in files)
+    figures = json.loads((out / "stages.json").read_text())
+    assert figures["env"]["scalevec_from"] == str(ROOT / "src" / "scalevec")
+    assert figures["fsdp2_compile_resume"]["resume_bitwise"] is True  # CPU fp32: resume is bitwise
+    assert figures["ladder_rung"]["runs_done"] == 3
+    assert "| fsdp2_compile_resume | ok |" in (out / "summary.md").read_text()
