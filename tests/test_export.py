@@ -20,8 +20,9 @@ from scalevec.config_codec import save_yaml
 from scalevec.data.tokenizer import load_tokenizer  # noqa: E402
 from scalevec.hf.export import export_model  # noqa: E402
 from scalevec.hf.verify import VerifyError, verify  # noqa: E402
+from scalevec.model.fold import foldable_strategies
 
-FOLDABLE = ("baseline", "hg", "dp", "or", "unified_foldable", "none")
+FOLDABLE = tuple(foldable_strategies())  # from the registry (config.STRATEGIES): a new strategy is exported here too
 
 
 def some_fast(cases, fast):
@@ -72,8 +73,8 @@ def test_dense_round_trip_verifies(tmp_path, make_cfg, perturb_scales, tokens, s
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
 
 
-@pytest.mark.parametrize("strategy, tie", some_fast([(s, t) for s in ("baseline", "unified_foldable", "none")
-                                                    for t in (False, True)], {("unified_foldable", True)}))
+@pytest.mark.parametrize("strategy, tie", some_fast([(s, t) for s in FOLDABLE for t in (False, True)],
+                                                   {("unified_foldable", True)}))
 def test_qk_norm_round_trip_is_qwen3(tmp_path, make_cfg, perturb_scales, tokens, strategy, tie):
     """QK-norm models export as Qwen3ForCausalLM; their (trained) q/k-norm γ become q_norm/k_norm weights."""
     model = _trained_like(make_cfg, perturb_scales, strategy, qk_norm=True, tie_embeddings=tie)
@@ -86,8 +87,7 @@ def test_qk_norm_round_trip_is_qwen3(tmp_path, make_cfg, perturb_scales, tokens,
 
 
 @pytest.mark.parametrize("strategy, qk_norm, arch", some_fast(
-    [(s, *f) for s in ("baseline", "hg", "unified_foldable", "none")
-     for f in ((False, "MixtralForCausalLM"), (True, "Qwen3MoeForCausalLM"))],
+    [(s, *f) for s in FOLDABLE for f in ((False, "MixtralForCausalLM"), (True, "Qwen3MoeForCausalLM"))],
     {("baseline", False, "MixtralForCausalLM"), ("unified_foldable", True, "Qwen3MoeForCausalLM")}))
 def test_moe_round_trip_verifies(tmp_path, make_cfg, perturb_scales, tokens, strategy, qk_norm, arch):
     """MoE models export as Mixtral (Qwen3-MoE with QK-norm); routing and experts reproduce our logits."""

@@ -28,10 +28,11 @@ from scalevec.hf_format.hf_import import (
     read_hf,
     set_scale,
 )
-from scalevec.model.scales import SCALE_KINDS
+from scalevec.model.fold import foldable_strategies
+from scalevec.model.scales import SCALE_KINDS, scale_plan
 from scalevec.model.transformer import rope_cos_sin
 
-FOLDABLE = ("baseline", "hg", "dp", "or", "er", "unified_foldable")
+FOLDABLE = tuple(foldable_strategies())  # from the registry (config.STRATEGIES): a new strategy is converted here too
 TOL = 1e-5  # see the module docstring
 COMMON = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1)
@@ -83,9 +84,22 @@ def _logits(model, tokens):
 
 @pytest.mark.parametrize("strategy", FOLDABLE)
 def test_foldable_strategy_keeps_hf_logits(hf_dir, strategy):
-    """After conversion into a foldable strategy the logits equal the HF model's (fp32, 1e-5)."""
+    """After conversion into a foldable strategy the logits equal the HF model's (fp32, 1e-5). A strategy without
+    scale vectors (``none``) has no slot for the final norm's γ in a tied model (refused, naming it) nor for a
+    QK-norm γ (Qwen3's are not 1: ``load_plain`` names those sites)."""
     family, d, hf, tokens = hf_dir
-    fmt, model = import_hf(d, ScaleConfig.preset(strategy))
+    scfg = ScaleConfig.preset(strategy)
+    _, plain = read_hf(d)
+    plan = scale_plan(scfg, plain.cfg)
+    if plain.cfg.tie_embeddings and plan.head.gamma is None and plan.head.branches["lm_head"].gamma is None:
+        with pytest.raises(ValueError, match="tied embeddings cannot hold the final norm's γ"):
+            import_hf(d, scfg)
+        return
+    if plan.qk_norm is not None and plan.qk_norm.gamma is None:
+        lost = load_plain(build_model(plain.cfg, scfg, seed=0), plain)
+        assert lost == [f"layers.{i}.attn.{qk}_norm" for i in range(plain.cfg.n_layers) for qk in "qk"]
+        return
+    fmt, model = import_hf(d, scfg)
     assert fmt == family
     ref = _logits(hf, tokens)
     assert ref.abs().max() > 1.0  # non-trivial logits
