@@ -29,6 +29,8 @@ LAYERS = [
     ("training", ["scalevec.training"]),
     ("experiments", ["scalevec.experiments"]),
     ("hf", ["scalevec.hf"]),
+    # integrations (issue 36): strategies in transformers models and other loops; reuses hf export, training telemetry
+    ("integrations", ["scalevec.integrations"]),
     # bench/ (the `scalevec bench` package) sits on top with the CLI: a measuring tool no lower layer may import
     ("cli", ["scalevec.cli", "scalevec.__main__", "scalevec.info", "scalevec.bench"]),
 ]

@@ -31,7 +31,9 @@ def test_flatten_row_forwards_every_number_and_a_scale_summary():
                       "b": {"mean": 3.0, "std": 0.3, "min": 0.2, "max": 4.0}}}
     assert tracking.flatten_row(row) == {
         "train/loss": 2.5, "train/lr": 1e-3, "train/grad_norm": 0.7, "train/tok_per_s": 900.0, "train/mfu": 0.12,
-        "scales/mean": 2.0, "scales/std": pytest.approx(0.2), "scales/min": 0.2, "scales/max": 4.0}
+        "scales/mean": 2.0, "scales/std": pytest.approx(0.2), "scales/min": 0.2, "scales/max": 4.0,
+        # one series per vector and stat, grouped by role (a vector without a role: "scale")
+        "scales.scale/min/a": 0.5, "scales.scale/max/a": 2.0, "scales.scale/min/b": 0.2, "scales.scale/max/b": 4.0}
     assert tracking.flatten_row({"kind": "eval", "step": 3, "val_loss": 2.0, "val_bpb": 2.9}) == {
         "eval/val_loss": 2.0, "eval/val_bpb": 2.9}
 

@@ -6,7 +6,12 @@ that ``report`` reads; a tracker only forwards each row as it is written, flatte
 every numeric top-level field as ``<kind>/<field>`` (``train/loss``, ``train/lr``, ``train/grad_norm``,
 ``train/tok_per_s``, ``train/mfu`` when the row holds it, ``eval/val_loss``, ``eval/val_bpb``,
 ``probe/sharpness``, ...) plus a summary of the scale vectors (``scales/mean`` of their means,
-``scales/std`` of their stds, ``scales/min``, ``scales/max``), at the row's ``step``.
+``scales/std`` of their stds, ``scales/min``, ``scales/max``), at the row's ``step``. Each scale vector is also
+a series of its own (issue 36), grouped by its role so that a dashboard keeps one section per role:
+``scales.<role>/<stat>/<vector>`` for the stats ``rms``, ``min``, ``max``, ``grad_norm``, ``update_norm``
+(``scales.input_scale/rms/layers.0.attn.proj.branches.q.in_scale``; TensorBoard and W&B both group panels by
+the part before the first ``/``), and each layer's matrix gradient norm as ``grad_norm.layers/<layer>``
+(``telemetry.ScaleTelemetry`` makes both).
 
 TensorBoard events go to ``RUN/tensorboard/``; a resumed run purges the events past its checkpoint
 (``SummaryWriter(purge_step=...)``), as ``metrics.jsonl`` drops those rows (the eval rows at the
@@ -26,10 +31,12 @@ from pathlib import Path
 from scalevec.training import rundir
 
 TRACKERS = ("none", "tensorboard", "wandb")
+VECTOR_SERIES = ("rms", "min", "max", "grad_norm", "update_norm")  # per scale vector, its own series
 
 
 def flatten_row(row: dict) -> dict[str, float]:
-    """The scalars of one metrics row: ``{"<kind>/<field>": value}`` plus the scale-vector summary.
+    """The scalars of one metrics row: ``{"<kind>/<field>": value}``, the scale-vector summary, one series per
+    scale vector and stat (``scales.<role>/<stat>/<vector>``) and per layer (``grad_norm.layers/<layer>``).
 
     Non-numeric, boolean and non-finite values are skipped; ``step`` and ``kind`` name the point.
     """
@@ -47,6 +54,17 @@ def flatten_row(row: dict) -> dict[str, float]:
         out["scales/std"] = sum(s["std"] for s in stats) / len(stats)
         out["scales/min"] = min(s["min"] for s in stats)
         out["scales/max"] = max(s["max"] for s in stats)
+        for name, s in scales.items():
+            role = s.get("role", "scale")
+            for stat in VECTOR_SERIES:
+                value = s.get(stat)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    out[f"scales.{role}/{stat}/{name}"] = float(value)
+    layers = row.get("grad_norms")
+    if isinstance(layers, dict):
+        for name, value in layers.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                out[f"grad_norm.layers/{name}"] = float(value)
     return out
 
 
@@ -151,4 +169,4 @@ def open_tracker(name: str, run_dir: str | Path, config: dict, start_step: int =
     return Tracker()
 
 
-__all__ = ["TRACKERS", "TensorBoardTracker", "Tracker", "WandbTracker", "check", "flatten_row", "open_tracker"]
+__all__ = ["TRACKERS", "VECTOR_SERIES", "TensorBoardTracker", "Tracker", "WandbTracker", "check", "flatten_row", "open_tracker"]

@@ -50,7 +50,7 @@ from scalevec.training.optim import build_optimizers, group_table, param_groups,
 from scalevec.training.rundir import RunDirError, check_out_dir
 from scalevec.training.schedule import lr_multiplier, warmup_warning
 from scalevec.training.step import accumulate_gradients
-from scalevec.training.telemetry import moe_stats, scale_stats
+from scalevec.training.telemetry import ScaleTelemetry, moe_stats
 
 
 class TrainingDiverged(RuntimeError):
@@ -194,6 +194,8 @@ class Trainer:
         self.wrapped = distributed.wrap(self.model, t, self.dist)  # FSDP2 replaces the parameters: groups after
         self.groups = param_groups(self.model, cfg.optim, cfg.scale, self.roles)
         self.optimizers = distributed.shard_aware_optimizers(build_optimizers(self.groups, cfg.optim))
+        self.telemetry = ScaleTelemetry(self.model, self.roles).attach(  # per-vector metrics on logged steps
+            self.optimizers, due=lambda: self.step % t.log_every == 0 or self.step + 1 == self.steps)
         if init is not None:
             init.info["optimizer"] = init_from.carry_optimizer(init, cfg, self.model, self.optimizers, self.device)
             if self.rank == 0 and not quiet:
@@ -605,7 +607,7 @@ class Trainer:
                        # process CPU seconds of the step (all threads): comparable on a loaded machine
                        "cpu_time": cpu, "flops_per_s": self.flops_per_token * per_step / dt,
                        "mfu": self.flops_per_token * per_step / dt / self.peak_flops if self.peak_flops else None,
-                       "scales": scale_stats(self.model)}
+                       **self.telemetry.collect()}
                 if self.cfg.model.moe is not None:
                     row["aux_loss"] = aux
                     row["moe"] = moe_stats(self.model)

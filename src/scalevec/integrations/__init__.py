@@ -1,0 +1,17 @@
+"""The strategies where researchers already train (issue 36): Hugging Face models and any training loop.
+
+- ``hf_model``: ``apply_strategy`` (a strategy's scale vectors into a transformers Llama / Qwen3 / Mixtral /
+  Qwen3-MoE, in place), ``fold`` (back to the plain model), ``save`` (what ``scalevec export`` writes),
+  ``to_scalevec`` (the same parameters as scalevec's own model)
+- ``groups``: ``param_groups``, torch optimizer groups by §5 role for any such model or a plain HF model
+- ``callbacks``: the per-scale-vector metrics as an HF ``TrainerCallback`` and as a function for any loop
+
+docs/integrations.md has the recipes (HF Trainer, accelerate, a torchtitan-style loop) with their output.
+"""
+
+from scalevec.integrations.callbacks import ScaleMetricsCallback, add_scale_metrics, scale_metrics
+from scalevec.integrations.groups import ParamGroups, model_roles, param_groups
+from scalevec.integrations.hf_model import StrategyInfo, apply_strategy, fold, save, to_scalevec
+
+__all__ = ["apply_strategy", "fold", "save", "to_scalevec", "StrategyInfo", "param_groups", "ParamGroups",
+           "model_roles", "ScaleMetricsCallback", "add_scale_metrics", "scale_metrics"]

@@ -1,0 +1,107 @@
+"""The research object on an ``apply_strategy`` user's dashboard (issue 36): the per-scale-vector metrics of
+``training/telemetry.py`` as an HF ``TrainerCallback`` and as a function for any training loop.
+
+- ``scale_metrics(model, optimizer, every=N)``: a ``telemetry.ScaleTelemetry`` hooked to ``optimizer`` (step
+  pre- and post-hooks): on every N-th optimizer step (0, N, 2N, ...) ``.latest`` holds the row part
+  (``scales``: per vector role, rms/min/max/mean/std, grad_norm, update_norm; ``grad_norms``: per layer) and
+  ``.scalars()`` the same flattened into the series names TensorBoard and W&B get
+  (``scales.<role>/<stat>/<vector>``, ``grad_norm.layers/<layer>``; ``tracking.flatten_row``). Any loop:
+  accelerate, torchtitan-style, nanoGPT-style.
+- ``ScaleMetricsCallback``: the same for ``transformers.Trainer``, every ``logging_steps`` (or ``every``)
+  optimizer steps: it captures in ``on_pre_optimizer_step`` (gradients after clipping), collects in
+  ``on_optimizer_step`` and adds the scalars to the next ``on_log``'s ``logs``. Callbacks see ``logs`` in list
+  order and transformers puts a user's callbacks after its reporters, so ``add_scale_metrics(trainer)`` puts
+  it first: then ``report_to`` (TensorBoard, W&B, ...) gets every series.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from scalevec.training.telemetry import ScaleTelemetry
+from scalevec.training.tracking import flatten_row
+
+try:
+    from transformers import TrainerCallback
+except ImportError:  # transformers is optional: the callback needs it, scale_metrics does not
+    TrainerCallback = object
+
+
+def _scalars(row_part: dict | None) -> dict[str, float]:
+    """The per-vector and per-layer series of a ``collect()`` result (``tracking.flatten_row``'s names)."""
+    if not row_part:
+        return {}
+    return {k: v for k, v in flatten_row({"kind": "train", **row_part}).items() if not k.startswith("train/")}
+
+
+class LoopMetrics(ScaleTelemetry):
+    """``ScaleTelemetry`` with ``scalars()``: the latest collected metrics as dashboard series (module docstring)."""
+
+    def scalars(self) -> dict[str, float]:
+        """``{series: value}`` of ``latest`` (empty on steps that were not collected)."""
+        return _scalars(self.latest)
+
+
+def scale_metrics(model: nn.Module, optimizer=None, every: int = 1) -> LoopMetrics:
+    """Per-scale-vector and per-layer metrics for any loop (module docstring). ``model``: the unwrapped model (not
+    the DDP/FSDP wrapper: the names are its own); ``optimizer``: one or a list (the hooks go on the first and
+    the last); without one, call ``capture()`` after backward and ``collect()`` after the step yourself.
+    ``every``: collect on optimizer steps 0, every, 2·every, ... Raises ``ValueError`` for a bad ``every``."""
+    from scalevec.integrations.groups import model_roles
+
+    m = LoopMetrics(model, model_roles(model))
+    if optimizer is not None:
+        m.attach(optimizer, every=every, collect=True)
+    return m
+
+
+class ScaleMetricsCallback(TrainerCallback):
+    """Per-scale-vector and per-layer metrics for ``transformers.Trainer`` (module docstring). ``every``: optimizer
+    steps between two collections (default: ``args.logging_steps``); collected on the steps whose count after
+    the step is a multiple of it (the steps the Trainer logs) and on the first."""
+
+    def __init__(self, every: int | None = None):
+        if TrainerCallback is object:
+            raise ImportError("ScaleMetricsCallback needs transformers; pip install 'scalevec[hf]'")
+        if every is not None and not (isinstance(every, int) and every > 0):
+            raise ValueError(f"every={every!r} must be a positive number of optimizer steps (or None: logging_steps)")
+        self.every = every
+        self.telemetry: ScaleTelemetry | None = None
+        self.pending: dict[str, float] = {}
+
+    def _every(self, args, state) -> int:
+        if self.every is not None:
+            return self.every
+        steps = args.logging_steps
+        return max(1, math.ceil(state.max_steps * steps) if steps < 1 else int(steps))
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        step = state.global_step + 1  # the step count the Trainer logs this step under
+        if model is not None and (step % self._every(args, state) == 0 or state.global_step == 0):
+            if self.telemetry is None:
+                from scalevec.integrations.groups import model_roles
+
+                self.telemetry = ScaleTelemetry(model, model_roles(model))
+            self.telemetry.capture()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self.telemetry is not None and self.telemetry._captured is not None:
+            self.pending = _scalars(self.telemetry.collect())
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.pending and logs is not None and "loss" in logs:
+            logs.update(self.pending)
+            self.pending = {}
+
+
+def add_scale_metrics(trainer, every: int | None = None) -> ScaleMetricsCallback:
+    """Add a ``ScaleMetricsCallback`` to ``trainer`` (a ``transformers.Trainer``) first in its callback list, so that
+    the reporters of ``report_to`` log its series too; returns the callback."""
+    cb = ScaleMetricsCallback(every)
+    trainer.callback_handler.callbacks.insert(0, cb)
+    return cb
+
+
+__all__ = ["LoopMetrics", "ScaleMetricsCallback", "add_scale_metrics", "scale_metrics"]
