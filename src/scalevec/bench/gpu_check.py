@@ -198,7 +198,7 @@ def check(out: Path, device: str, budget_s: float, py: str = sys.executable) -> 
     start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}  # a GPU machine may have no network: never wait on a hub
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "2")
     header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
