@@ -3,9 +3,10 @@
 
 Every parameter carries exactly one role and one initializer, given where it is made (``new_param``, which
 records both on the owning module so that they survive wrapping); ``param_roles`` reads the roles back,
-``init_params`` runs the inits, ``count_params`` counts by role. Optimizer groups (``optim.py``), weight decay,
-telemetry, ``scalevec info``, the trainer's summary and the sweep's token budgets all read roles and counts
-from here. This module imports nothing else of scalevec, so any layer may use it.
+``init_params`` runs the inits (on the CPU generator, whatever the device: ``draw``), ``count_params`` counts by
+role. Optimizer groups (``optim.py``), weight decay, telemetry, ``scalevec info``, the trainer's summary and the
+sweep's token budgets all read roles and counts from here. This module imports nothing else of scalevec, so any
+layer may use it.
 """
 
 from __future__ import annotations
@@ -61,8 +62,21 @@ def param_roles(model: nn.Module) -> dict[str, str]:
     return roles
 
 
+def draw(t: Tensor, init: Callable[[Tensor], None]) -> None:
+    """Run initializer ``init`` on ``t`` with the CPU generator, whatever ``t``'s device (issue 34): in place on the
+    CPU (and on meta, where nothing is drawn), else into a CPU buffer of ``t``'s shape and dtype that is then
+    copied to ``t``. The CUDA RNG is never used, so the same seed draws the same numbers on every device."""
+    if t.device.type in ("cpu", "meta"):
+        init(t)
+        return
+    buf = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+    init(buf)
+    t.copy_(buf)
+
+
 def init_params(model: nn.Module) -> None:
-    """Initialize every parameter with the init recorded at creation; fails loudly on an unknown one."""
+    """Initialize every parameter with the init recorded at creation, in ``named_parameters`` order, each drawn on
+    the CPU generator (``draw``): seed k is the same model on CPU and GPU. Fails loudly on an unknown parameter."""
     modules = dict(model.named_modules())
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -70,7 +84,7 @@ def init_params(model: nn.Module) -> None:
             inits = modules[owner].__dict__.get("_inits", {})
             if local not in inits:
                 raise KeyError(f"parameter {name} has no initializer; create it with params.new_param")
-            inits[local](p)
+            draw(p, inits[local])
 
 
 def count_params(model: nn.Module) -> dict:
@@ -104,4 +118,4 @@ def count_params(model: nn.Module) -> dict:
 
 
 __all__ = ["ROLES", "SCALE_ROLES", "EMBEDDING_ROLES", "new_param", "normal_init", "const_init", "param_roles",
-           "init_params", "count_params"]
+           "draw", "init_params", "count_params"]

@@ -280,9 +280,10 @@ class Transformer(nn.Module):
     ``forward(tokens: LongTensor (B, T)) -> logits (B, T, vocab_size)``.
     ``forward(tokens, targets (B, T)) -> (ce_sum, n_targets, aux)``: cross-entropy in nats summed over
     targets ``!= -100`` (float32), their count, and the coefficient-weighted MoE auxiliary loss.
-    Parameters are initialized from the current torch RNG in creation order; scale parameters use
-    no randomness, so every strategy gets the same matrices from the same seed. ``plan`` is the
-    ``scales.ScalePlan`` the model was built from. Raises ``ValueError`` for an invalid config.
+    Parameters are initialized from the current CPU RNG in creation order, whatever the device
+    (``params.init_params``); scale parameters use no randomness, so every strategy gets the same matrices
+    from the same seed. ``plan`` is the ``scales.ScalePlan`` the model was built from. Raises ``ValueError`` for
+    an invalid config.
     """
 
     def __init__(self, cfg: ModelConfig, scfg: ScaleConfig):
@@ -363,7 +364,9 @@ class Transformer(nn.Module):
 def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None,
                 device: str | torch.device | None = None) -> Transformer:
     """Build a ``Transformer``; with ``seed`` its matrices come from ``torch.manual_seed(seed)`` (fork of the
-    global RNG, which is left untouched). ``device='meta'`` builds it without memory (parameter counts)."""
+    global RNG, which is left untouched), drawn on the CPU generator whatever ``device`` (``params.draw``), so seed
+    k is the same model on CPU and GPU (issue 34). ``device='meta'`` builds it without memory and draws nothing
+    (parameter counts)."""
     with torch.device(device or "cpu"):
         if seed is None:
             return Transformer(cfg, scfg)
