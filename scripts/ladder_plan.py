@@ -209,9 +209,17 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (``ladder_plan: ...``, exit 2) instead of the usage text."""
+
+    def error(self, message: str):
+        print(f"ladder_plan: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write one study file; 0 on success, 2 (one line on stderr, nothing written) on any refusal."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _Parser(description=__doc__.splitlines()[0])
     p.add_argument("rung")
     p.add_argument("corpus", choices=ladder.CORPORA)
     p.add_argument("--results", default=str(ROOT / "results"))

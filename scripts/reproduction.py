@@ -337,7 +337,10 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
     """Issue 23's ladder: the per-rung table, the trend of Δ with N and its 0.12B extrapolation, the C8 re-fit
     on the ladder, hours per rung, and the figure."""
     rows = ladder.read_ladder(results)
-    lines = ["### The ladder in the 0.12B model's init regime (issue 23)", ""]
+    lines = ["### The ladder in the 0.12B model's init regime (issue 23), as published: protocol v2", "",
+             "Protocol v2 (issue 23) as it was published, kept for comparison: Δ over **every** seed, the tuning "
+             "seeds 0-1 included (they carry the winner's curse of the pick), CPU kinds pooled. Protocol v3 above "
+             "is the reading to quote.", ""]
     if not rows:
         return lines + ["No ladder rung has reported yet (`scripts/study.sh ladder`).", ""]
     from scalevec.presets import get_preset
@@ -513,9 +516,391 @@ def ladder_figure(rows: list, trends: list, figures: Path, target_n: int) -> str
     return "ladder_deltas.png"
 
 
+# ---- protocol v3 and the horizon axis (issue 35) ---------------------------------------------------------------
+
+V3_STRATEGIES = ("none", "unified")
+FIT_DRAWS = 200  # seed-bootstrap draws of the (N, D) fit
+MULTIPLIER_AT = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k", "llama-0.12b", "llama-1b")
+
+
+def _ci(d) -> str:
+    if d is None:
+        return "—"
+    if math.isnan(d.lo):
+        return f"{d.delta:+.4f} (1 seed)"
+    return f"{d.delta:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]"
+
+
+def _kinds(cell) -> str:
+    short = {"AMD EPYC": "AMD", "Intel(R) Xeon(R) Processor": "Intel"}
+    parts = []
+    for k, v in sorted(cell.kinds.items()):
+        cpu, _, cap = k.partition(" / ")
+        parts.append(f"{short.get(cpu, cpu)} {cap} ×{v}")
+    return ", ".join(parts)
+
+
+def _order(cell) -> tuple:
+    return (ladder.RUNGS.index(cell.rung) if cell.rung in ladder.RUNGS else 99, cell.corpus != "shakespeare",
+            cell.tpp, cell.variant)
+
+
+def v3_table(cells: list) -> list[str]:
+    """Protocol v3's table: one row per ladder cell (both budgets)."""
+    lines = ["| cell | tokens / param (total; non-emb.) | passes | CPU kinds (runs) | held-out seeds none / unified "
+             "| Δ none, held-out [95 % CI] | Δ unified, held-out [95 % CI] | Δ on tuning seeds 0-1: none / unified "
+             "| pairs across kinds (left out) | hours |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for c in sorted(cells, key=_order):
+        arms = [c.arms.get(s) for s in V3_STRATEGIES]
+        held = " / ".join(str(len(a.held_seeds)) if a else "—" for a in arms)
+        tun = " / ".join(f"{a.tuning.delta:+.4f}" if a and a.tuning else "—" for a in arms)
+        cross = "; ".join(f"{a.strategy}: seed{'s' if len(a.cross_kind) > 1 else ''} "
+                          + ", ".join(str(k) for k, _, _ in a.cross_kind) for a in arms if a and a.cross_kind) or "0"
+        passes = ladder.passes(c.tokens, c.corpus) if c.corpus in ladder.TRAIN_TOKENS and not c.variant else None
+        p = "—" if passes is None else f"{passes:.2f}"
+        if c.variant == "-quarter":
+            p = f"{c.tokens / 1_073_110:.2f}"
+        lines.append(f"| `{c.name}` | {c.tpp:g}; {c.tokens / c.n:.0f} | {p} | {_kinds(c)} | {held} | "
+                     f"{_ci(arms[0].held_out if arms[0] else None)} | {_ci(arms[1].held_out if arms[1] else None)} | "
+                     f"{tun} | {cross} | {c.hours:.2f} |")
+    return lines
+
+
+def picks_table(cells: list) -> list[str]:
+    """Every pick with its margin over the runner-up and that margin's standard error."""
+    lines = ["| cell | sd of a neighbouring-lr difference (dof) | baseline | none | unified |", "|---|---:|---|---|---|"]
+    for c in sorted(cells, key=_order):
+        row = []
+        for s in ("baseline", *V3_STRATEGIES):
+            p = c.picks.get(s)
+            if p is None:
+                row.append("—")
+                continue
+            flag = " **within noise**" if p.within_noise else ""
+            edge = " (grid edge)" if p.at_edge else ""
+            runner = f"{p.runner_up:.3g}" if p.runner_up is not None else "—"
+            row.append(f"{p.lr:.3g}{edge} over {runner} by {p.margin:.4f} ± {p.margin_se:.4f}{flag}")
+        lines.append(f"| `{c.name}` | {c.sd:.4f} ({c.sd_dof}) | " + " | ".join(row) + " |")
+    return lines
+
+
+def v3_trend(cells: list, target_n: int) -> list[str]:
+    """The held-out Δ's weighted line in log10 N over the 20-token rungs of each corpus."""
+    from scalevec.experiments.stats import fit_line
+    from scipy import stats as scipy_stats
+
+    lines = ["| strategy | corpus | tokens / param | rungs | per-rung held-out Δ | slope per decade of N [95 % CI] | "
+             "Δ at 0.12B (extrapolated) |", "|---|---|---:|---:|---|---:|---:|"]
+    for s in V3_STRATEGIES:
+        for corpus in ladder.CORPORA:
+            for tpp in sorted({c.tpp for c in cells}):
+                pts = []
+                for c in sorted(cells, key=_order):
+                    a = c.arms.get(s)
+                    if c.corpus != corpus or c.tpp != tpp or c.variant or a is None or a.held_out is None:
+                        continue
+                    d = a.held_out
+                    if d.n >= 2 and d.hi > d.lo:
+                        pts.append((c.n, d.delta, (d.hi - d.lo) / 2 / float(scipy_stats.t.ppf(0.975, d.n - 1))))
+                if len({p[0] for p in pts}) < 2:
+                    continue
+                f = fit_line([math.log10(p[0]) for p in pts], [p[1] for p in pts], [p[2] for p in pts])
+                lo, hi = f.slope_interval
+                y, ylo, yhi = f.predict(math.log10(target_n))
+                band = "no interval (2 rungs)" if math.isnan(ylo) else f"[{ylo:+.3f}, {yhi:+.3f}]"
+                per = ", ".join(f"{p[1]:+.4f}" for p in pts)
+                lines.append(f"| {s} | {corpus} | {tpp:g} | {len(pts)} | {per} | {f.slope:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+                             f"| {y:+.3f} {band} |")
+    return lines
+
+
+def horizon_changes(cells: list) -> list[str]:
+    """Δ at a longer horizon minus Δ at 20 on the same rung and corpus (held-out seeds of each; the two cells'
+    runs are different runs, so the standard errors add: a normal interval, our approximation)."""
+    from scipy import stats as scipy_stats
+
+    def se(d):
+        return (d.hi - d.lo) / 2 / float(scipy_stats.t.ppf(0.975, d.n - 1))
+
+    by = {(c.rung, c.corpus, c.tpp, c.variant): c for c in cells}
+    lines = ["| rung | corpus | tokens / param | strategy | Δ held-out at 20 | Δ held-out here | change [95 % CI] |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    n = 0
+    for c in sorted(cells, key=_order):
+        short = by.get((c.rung, c.corpus, 20.0, ""))
+        if c.tpp == 20 or c.variant or short is None:
+            continue
+        for s in V3_STRATEGIES:
+            a, b = short.arms.get(s), c.arms.get(s)
+            if not (a and b and a.held_out and b.held_out and a.held_out.n >= 2 and b.held_out.n >= 2):
+                continue
+            diff = b.held_out.delta - a.held_out.delta
+            half = 1.959963984540054 * math.hypot(se(a.held_out), se(b.held_out))
+            lines.append(f"| {c.rung} | {c.corpus} | {c.tpp:g} | {s} | {_ci(a.held_out)} | {_ci(b.held_out)} | "
+                         f"{diff:+.4f} [{diff - half:+.4f}, {diff + half:+.4f}] |")
+            n += 1
+    return lines if n else ["No horizon cell has held-out seeds for both strategies yet."]
+
+
+def fit_points(cells: list, results: Path, corpus: str) -> dict[str, list]:
+    """Per strategy, the (N, D) fit's points of one corpus: each cell without a variant, the held-out seeds'
+    losses at the strategy's tuned lr (the tuning seeds carry the winner's curse, so they are left out)."""
+    from scalevec.experiments import ndfit, protocol3
+
+    out = {s: [] for s in ("baseline", *V3_STRATEGIES)}
+    for c in cells:
+        if c.corpus != corpus or c.variant:
+            continue
+        runs = protocol3.read_runs(results / c.name)
+        for s in out:
+            p = c.picks.get(s)
+            if p is None:
+                continue
+            got = sorted((r.seed, r.loss) for r in runs if r.strategy == s and r.lr == p.lr and r.done
+                         and r.seed not in p.seeds)
+            if got:
+                out[s].append(ndfit.Point(c.n, c.tokens, tuple(g[0] for g in got), tuple(g[1] for g in got)))
+    return out
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
+    """The (N, D) fit per corpus and strategy, its intervals, and the compute multipliers."""
+    import numpy as np
+
+    from scalevec.experiments import ndfit
+
+    lines = ["| corpus | strategy | cells (N, D) | E | A | α | B | β |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    mult = ["| corpus | strategy | " + " | ".join(MULTIPLIER_AT) + " |", "|---|---|" + "---:|" * len(MULTIPLIER_AT)]
+    sizes = {p: (ladder.non_embedding_params(p), ladder.total_params(p)) for p in MULTIPLIER_AT}
+    fitted = {}
+    for corpus in ladder.CORPORA:
+        pts = fit_points(cells, results, corpus)
+        if any(len(v) < 3 for v in pts.values()):
+            lines.append(f"| {corpus} | — | fewer than 3 cells | | | | | |")
+            continue
+        fits, boots = ndfit.bootstrap(pts, draws=FIT_DRAWS)
+        budgets = sorted({c.tpp for c in cells if c.corpus == corpus and not c.variant and "baseline" in c.picks})
+        n_ok = 0
+        for s, f in fits.items():
+            iv = ndfit.intervals(f, boots[s])
+            row = []
+            for k in ("E", "A", "alpha", "B", "beta"):
+                v = iv[k]
+                text = f"{_num(v.value)} [{_num(v.lo)}, {_num(v.hi)}]"
+                row.append(text if v.identified else f"{text} *not identified*")
+            n_ok += all(v.identified for v in iv.values())
+            lines.append(f"| {corpus} | {s} | {len(pts[s])} (at {', '.join(f'{b:g}' for b in budgets)} tokens/param) | "
+                         + " | ".join(row) + " |")
+        fitted[corpus] = (pts, fits, n_ok)
+        for s in V3_STRATEGIES:
+            row = []
+            for p in MULTIPLIER_AT:
+                n, params = sizes[p]
+                d = 100 * params
+                m = ndfit.multiplier(fits["baseline"], fits[s], n, d)
+                ms = np.array([ndfit.multiplier(b, a, n, d) for b, a in zip(boots["baseline"], boots[s])])
+                lo, hi = np.percentile(ms, [2.5, 97.5])
+                row.append(f"{_num(m)} [{_num(lo)}, {_num(hi)}]")
+            mult.append(f"| {corpus} | {s} | " + " | ".join(row) + " |")
+    return lines, {"mult": mult, "fitted": fitted}
+
+
+def horizon_figure(cells: list, figures: Path) -> str:
+    """Δ (held-out) against D/N at each N, and against N at each D/N, both strategies, with the paper's points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey="row")
+    paper = {s: (ladder.non_embedding_params(p), 100 * ladder.total_params(p) / ladder.non_embedding_params(p), v)
+             for s, p, v in PAPER_POINTS}
+    markers = {"shakespeare": "o", "kjv": "s"}
+    for row, s in enumerate(V3_STRATEGIES):
+        pts = [(c, c.arms[s].held_out) for c in cells if s in c.arms and c.arms[s].held_out is not None
+               and c.arms[s].held_out.n >= 2 and not c.variant]
+        rungs = sorted({c.rung for c, _ in pts}, key=ladder.RUNGS.index)
+        tpps = sorted({c.tpp for c, _ in pts})
+        cmap = plt.get_cmap("viridis")
+        for corpus in ladder.CORPORA:
+            for i, rung in enumerate(rungs):  # left: against D/N, one line per N
+                sel = sorted([(c.tokens / c.n, d) for c, d in pts if c.rung == rung and c.corpus == corpus])
+                if sel:
+                    colour = cmap(i / max(1, len(rungs) - 1))
+                    axes[row, 0].errorbar([x for x, _ in sel], [d.delta for _, d in sel],
+                                          yerr=[[d.delta - d.lo for _, d in sel], [d.hi - d.delta for _, d in sel]],
+                                          fmt=markers[corpus] + "-", color=colour, capsize=3, ms=4,
+                                          label=f"{rung} {corpus}")
+            for j, tpp in enumerate(tpps):  # right: against N, one line per budget
+                sel = sorted([(c.n, d) for c, d in pts if c.tpp == tpp and c.corpus == corpus])
+                if sel:
+                    colour = plt.get_cmap("tab10")(j)
+                    axes[row, 1].errorbar([x for x, _ in sel], [d.delta for _, d in sel],
+                                          yerr=[[d.delta - d.lo for _, d in sel], [d.hi - d.delta for _, d in sel]],
+                                          fmt=markers[corpus] + "-", color=colour, capsize=3, ms=4,
+                                          label=f"{tpp:g} tok/param, {corpus}")
+        if s in paper:
+            n, ratio, v = paper[s]
+            axes[row, 0].scatter([ratio], [v], marker="*", s=140, color="k", zorder=5, label="paper (DESIGN §11)")
+            axes[row, 1].scatter([n], [v], marker="*", s=140, color="k", zorder=5, label="paper (DESIGN §11)")
+        for col in (0, 1):
+            ax = axes[row, col]
+            ax.axhline(0, color="k", lw=0.8)
+            ax.set_xscale("log")
+            ax.legend(fontsize=6)
+            ax.set_title(f"Δ {s} − baseline, held-out seeds, same CPU kind (95 % CI)", fontsize=8)
+        axes[row, 0].set_ylabel("Δ final validation loss (nats/token)")
+        axes[row, 0].set_xlabel("tokens per non-embedding parameter D/N")
+        axes[row, 1].set_xlabel("non-embedding parameters N")
+    fig.tight_layout()
+    fig.savefig(figures / "horizon_deltas.png", dpi=130)
+    plt.close(fig)
+    return "horizon_deltas.png"
+
+
+def wsd_lines(cells: list, results: Path, figures: Path | None) -> list[str]:
+    """Δ(t) of the WSD cell at every evaluation (held-out same-kind pairs), with a figure."""
+    from scalevec.experiments import protocol3
+
+    cell = next((c for c in cells if c.variant == "-wsd"), None)
+    if cell is None:
+        return ["**The WSD cell** (`results/ladder-cpu-25k-shakespeare-tpp100-wsd`, Δ(t) at every evaluation): "
+                "not reached yet (its study file is queued in `scripts/study.sh horizon`).", ""]
+    lines = [f"**The WSD cell** (`results/{cell.name}`): Δ(t) on its held-out seeds at every evaluation.", "",
+             "| tokens | " + " | ".join(f"Δ {s}" for s in V3_STRATEGIES) + " |", "|---:|" + "---:|" * 2]
+    curves = {s: dict(protocol3.delta_curve(results / cell.name, cell, s)) for s in V3_STRATEGIES}
+    steps = sorted(set().union(*curves.values()))
+    for t in steps:
+        lines.append(f"| {t:,} | " + " | ".join(_ci(curves[s].get(t)) for s in V3_STRATEGIES) + " |")
+    if not steps:
+        lines.append("| (no held-out seeds yet) | | |")
+    if figures is not None and steps:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for s in V3_STRATEGIES:
+            ts = sorted(curves[s])
+            ds = [curves[s][t] for t in ts]
+            ax.plot(ts, [d.delta for d in ds], marker="o", ms=3, label=s)
+            ax.fill_between(ts, [d.lo for d in ds], [d.hi for d in ds], alpha=0.2)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("training tokens")
+        ax.set_ylabel("Δ validation loss vs baseline (nats/token)")
+        ax.set_title("WSD, cpu-25k Shakespeare, 100 tokens/param: Δ(t), held-out seeds (95 %)", fontsize=8)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        figures.mkdir(parents=True, exist_ok=True)
+        fig.savefig(figures / "horizon_wsd_delta_t.png", dpi=130)
+        plt.close(fig)
+        lines += ["", "![horizon_wsd_delta_t.png](figures/horizon_wsd_delta_t.png)"]
+    return lines + [""]
+
+
+def v3_section(results: Path, figures: Path | None) -> list[str]:
+    """Protocol v3 on every ladder cell, the horizon axis, the (N, D) fit and the figure (issue 35)."""
+    from scalevec.experiments import protocol3
+
+    cells = protocol3.read_ladder_cells(results)
+    lines = ["### Protocol v3: every ladder cell, both budgets (issue 35)", ""]
+    if not cells:
+        return lines + ["No ladder cell has reported yet.", ""]
+    target_n = ladder.non_embedding_params(ladder.TARGET)
+    lines += ["Δ = strategy − baseline, each at its own tuned lr, paired by seed, 95 % t interval, **on held-out "
+              "seeds only** (seeds on which neither arm's lr was picked: seeds ≥ 2), and only over pairs whose two "
+              "runs ran on the same CPU kind (`meta.json`'s `cpu` + `cpu_capability`); Δ on the tuning seeds 0-1 "
+              "is shown beside it (a point: 2 seeds), never pooled with it. tokens / param: the budget per total "
+              "parameter (as the ladder's 20) and what it is per non-embedding parameter; passes: over the corpus's "
+              "training tokens (> 1: data repeat); hours: the runs' wall clock added up (single-thread hours). "
+              "`-tppD`: the horizon cells (`sweeps/study-ladder-RUNG-CORPUS-tppD.yaml`); `-quarter`: the "
+              "repetition test (a quarter of the training plays, the same validation tokens); `-wsd`: the WSD cell. "
+              "A cell still training shows what has finished.", ""]
+    lines += v3_table(cells) + [""]
+    lines += ["**The picks.** Each strategy's lr is the lowest mean over its tuning seeds; shown with the runner-up "
+              "on the same curve and the margin between them. The margin's standard error is the seed-to-seed sd of "
+              "the difference between two neighbouring lrs of one strategy, pooled over every neighbouring pair of "
+              "the cell (two seeds estimate one degree of freedom each), over √(tuning seeds); *within noise*: a "
+              "margin below 2 standard errors (our rule): the pick could as well have been the runner-up.", ""]
+    lines += picks_table(cells) + [""]
+    noisy = sum(p.within_noise for c in cells for p in c.picks.values())
+    total = sum(len(c.picks) for c in cells)
+    lines += [f"{noisy} of {total} picks are within noise of their runner-up by this rule.", ""]
+    lines += ["**Trend of the held-out Δ with N** at each budget (the weighted line of `ladder.trend` on the "
+              "held-out Δs; the 0.12B value is an extrapolation):", ""]
+    lines += v3_trend(cells, target_n) + [""]
+    lines += ["**What the budget changes**: Δ at the longer horizon minus Δ at 20 tokens per parameter on the same "
+              "rung and corpus (held-out seeds of each; different runs, so the two standard errors add in "
+              "quadrature: a normal interval, our approximation; the two cells may have run on different CPU kinds, "
+              "see the table above).", ""]
+    lines += horizon_changes(cells) + [""]
+    quarter = next((c for c in cells if c.variant == "-quarter"), None)
+    full = next((c for c in cells if c.rung == "cpu-10k" and c.corpus == "shakespeare" and c.tpp == 100
+                 and not c.variant), None)
+    if quarter is None:
+        lines += ["**The repetition test** (`-quarter`): not reached yet.", ""]
+    elif full is not None:
+        lines += ["**The repetition test**: cpu-10k Shakespeare at 100 tokens per parameter on a quarter of the "
+                  "training plays (1.86 passes) against the whole corpus (0.44 passes), same N, D and validation "
+                  "tokens; held-out Δ: " + "; ".join(
+                      f"{s} {_ci(quarter.arms[s].held_out if s in quarter.arms else None)} (1.86 passes) vs "
+                      f"{_ci(full.arms[s].held_out if s in full.arms else None)} (0.44)" for s in V3_STRATEGIES) + ".",
+                  ""]
+    lines += wsd_lines(cells, results, figures)
+    fit_lines, extra = nd_section(cells, results)
+    lines += ["**The (N, D) fit** L(N, D) = E + A·(N/10⁴)^(−α) + B·(D/10⁶)^(−β) per corpus and strategy, over every "
+              "cell of both budgets without a variant, each cell's held-out seeds at the strategy's tuned lr "
+              f"(`ndfit.fit`: non-negative least squares in E, A, B for each (α, β) of a {len(ndfit_alphas())}×"
+              f"{len(ndfit_alphas())} grid of starting values, the best refined), 95 % intervals from "
+              f"{FIT_DRAWS} seed-bootstrap draws (seeds resampled within each cell, the same draw for every "
+              "strategy). *Not identified*: the interval reaches a bound of the search (0, or α, β at 0.02 or 2) "
+              "or spans more than a factor 4 — the data do not fix that parameter. While every cell of a corpus "
+              "sits at one D/N, D ∝ N and the N and D terms cannot be told apart.", ""]
+    lines += fit_lines + [""]
+    lines += ["**Compute multipliers** at 100 tokens per total parameter (D = 100 × total parameters; N "
+              "non-embedding): the baseline's compute to reach the strategy's fitted loss along the same D/N, over "
+              "the strategy's; > 1: the strategy is more efficient (the paper: 1.22–1.25 for `unified`). Point [95 % "
+              "bootstrap interval]; 1e+06 / 1e-06 mark the clamp (the baseline never / at once reaches that loss in "
+              "the fit). The ladder's rungs are inside the fitted N (cpu-80k and up: outside the fitted D at 100 "
+              "unless their horizon cells have reported); **llama-0.12b and llama-1b are extrapolations** over "
+              "2–3 decades of N that nothing here checks.", ""]
+    lines += extra["mult"] + [""]
+    ok = {c: f[2] for c, f in extra["fitted"].items()}
+    lines += ["Fits with every parameter identified: " + (", ".join(f"{c} {n} of 3" for c, n in ok.items()) or "none")
+              + ". A multiplier from a fit with a parameter not identified is one of many equally good fits: its "
+              "interval, not its point, is what the data say.", ""]
+    lines += ["**Per-seed values of the horizon cells** (final validation loss at each strategy's tuned lr; "
+              "tuning seeds in parentheses):", "", "| cell | strategy | tuned lr | per-seed loss (seed: loss) |",
+              "|---|---|---:|---|"]
+    for c in sorted((c for c in cells if c.tpp != 20 or c.variant), key=_order):
+        runs = protocol3.read_runs(results / c.name)
+        for s, p in c.picks.items():
+            vals = sorted((r.seed, r.loss) for r in runs if r.strategy == s and r.lr == p.lr and r.done)
+            text = ", ".join((f"({k}: {v:.4f})" if k in p.seeds else f"{k}: {v:.4f}") for k, v in vals)
+            lines.append(f"| `{c.name}` | {s} | {p.lr:.3g}{' (grid edge)' if p.at_edge else ''} | {text} |")
+    lines.append("")
+    if figures is not None:
+        name = horizon_figure(cells, figures)
+        lines += [f"![{name}](figures/{name})", ""]
+    return lines
+
+
+def ndfit_alphas() -> tuple:
+    from scalevec.experiments import ndfit
+
+    return ndfit.ALPHAS
+
+
 def generate(results: Path, figures: Path | None = None) -> str:
     folders = [f for f in sorted(results.iterdir()) if (f / "runs.csv").is_file()]
-    ladder_lines = ladder_section(results, figures)
+    ladder_lines = v3_section(results, figures) + ladder_section(results, figures)
     folders = [f for f in folders if not f.name.startswith("ladder-")]  # the first protocol's cells below
     cells = {folder.name: analyse(read_cell(folder)) for folder in folders}
     rows = comparisons(cells)

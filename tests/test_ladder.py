@@ -194,8 +194,10 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     fake_rungs(tmp_path, "kjv", {"baseline": 3.0, "none": 2.0, "unified": 6.0}, -0.5, seeds=10)
     script = Path(__file__).resolve().parents[1] / "scripts" / "ladder_plan.py"
     out = tmp_path / "study.yaml"
-    run = lambda *a: subprocess.run([sys.executable, str(script), *a, "--results", str(tmp_path), "--out", str(out)],
-                                    capture_output=True, text=True)
+    def run(*a):  # ladder_plan never overwrites its --out (issue 38): each call writes a new file
+        out.unlink(missing_ok=True)
+        return subprocess.run([sys.executable, str(script), *a, "--results", str(tmp_path), "--out", str(out)],
+                              capture_output=True, text=True)
     assert run("cpu-80k", "kjv").returncode == 0
     spec, plan, _ = parse(load_yaml(out))
     n = ladder.non_embedding_params("cpu-80k")

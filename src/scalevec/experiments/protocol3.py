@@ -1,0 +1,309 @@
+"""Protocol v3 (issue 35): how a ladder cell is *read*, so that Δ carries no winner's curse and no CPU-kind mix.
+
+A cell is a study folder (``results/ladder-RUNG-CORPUS[-tppD]``) with ``runs.csv`` and ``runs/RUN/meta.json``.
+This module trains nothing; from those files it gives, per strategy:
+
+- the lr pick as the study made it (the lowest mean final loss over the *tuning seeds*, the seeds every lr of the
+  strategy was run on: seeds 0-1 on the ladder), its runner-up on the same curve, and the pick's margin over the
+  runner-up with a standard error (``Pick``): the per-seed difference between two lrs of one strategy has a spread
+  that two seeds cannot estimate, so it is pooled over every pair of neighbouring lrs of the cell
+  (``neighbour_sd``); a pick whose margin is below 2 standard errors is *within noise* (our rule);
+- Δ = strategy − baseline, each at its tuned lr, paired by seed, **on held-out seeds only** (seeds that are a
+  tuning seed of neither arm), and separately on the tuning seeds (never pooled: ``StrategyV3``);
+- only pairs whose two runs ran on the same CPU kind (``cpu`` + ``cpu_capability`` of ``meta.json``; runs on two
+  kinds are not paired in the sense the t interval assumes, and kinds change between rungs); the pairs across kinds
+  are listed (``cross_kind``), never pooled.
+
+``delta_curve`` gives Δ at every evaluation of the runs (summary.json ``evals``), on the same held-out same-kind
+pairs: Δ(t) of the WSD cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scalevec.experiments.stats import PairedDelta, paired_delta, pick_lr
+
+STRATEGIES = ("baseline", "none", "unified")
+NOISE_SE = 2.0  # a pick is within noise of its runner-up when its margin is below this many standard errors
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a cell: ``loss`` is the final validation loss (nats/token; ``inf`` when diverged or unfinished),
+    ``kind`` the CPU kind it ran on (``"cpu / capability"``, ``"unknown"`` when neither runs.csv nor meta.json
+    says), ``n`` non-embedding and ``params`` total parameters, ``tokens`` training tokens."""
+
+    name: str
+    strategy: str
+    lr: float
+    seed: int
+    loss: float
+    done: bool
+    kind: str
+    n: int
+    params: int
+    tokens: int
+    wall_s: float
+
+
+def _kind(row: dict, meta: Path) -> str:
+    cpu, cap = row.get("cpu") or "", row.get("cpu_capability") or ""
+    if not (cpu and cap) and meta.is_file():
+        try:
+            m = json.loads(meta.read_text())
+            cpu, cap = cpu or str(m.get("cpu") or ""), cap or str(m.get("cpu_capability") or "")
+        except (OSError, ValueError):
+            pass
+    return f"{cpu} / {cap}" if cpu or cap else "unknown"
+
+
+def read_runs(folder: Path) -> list[Run]:
+    """The runs of a cell: the rows of its ``runs.csv`` (written when a study reports), then every finished run
+    of ``runs/NAME/`` (``DONE`` or ``DIVERGED`` beside its ``summary.json``) that runs.csv does not list yet, so a
+    cell still training shows what has finished. Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
+    columns where it has them, else the run's ``meta.json``. Empty when the cell has neither."""
+    folder = Path(folder)
+    out, seen = [], set()
+    f = folder / "runs.csv"
+    if f.is_file():
+        with f.open() as fh:
+            for r in csv.DictReader(fh):
+                done = r["status"] == "done"
+                loss = float(r["final_val_loss"]) if done and r["final_val_loss"] else math.inf
+                out.append(Run(r["run"], r["strategy"], float(r["lr"]), int(r["seed"]), loss, done,
+                               _kind(r, folder / "runs" / r["run"] / "meta.json"),
+                               int(float(r["non_embedding_params"] or 0)), int(float(r["params"] or 0)),
+                               int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0)))
+                seen.add(r["run"])
+    for d in sorted((folder / "runs").glob("*/summary.json")) if (folder / "runs").is_dir() else []:
+        run = d.parent
+        done, diverged = (run / "DONE").is_file(), (run / "DIVERGED").is_file()
+        if run.name in seen or not (done or diverged):
+            continue
+        try:
+            m = json.loads(d.read_text())
+            loss = float(m["final_val_loss"]) if done else math.inf
+            out.append(Run(run.name, str(m["strategy"]), float(m["lr"]), int(m["seed"]), loss, done,
+                           _kind({}, run / "meta.json"), int(m.get("non_embedding_params") or 0),
+                           int(m.get("params") or 0), int(m.get("tokens") or 0), float(m.get("wall_time_s") or 0)))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def tuning_seeds(runs: list[Run], strategy: str) -> set[int]:
+    """The seeds every lr of ``strategy`` was run on (finished or not): the seeds its lr was picked on."""
+    by_lr: dict[float, set[int]] = {}
+    for r in runs:
+        if r.strategy == strategy:
+            by_lr.setdefault(r.lr, set()).add(r.seed)
+    return set.intersection(*by_lr.values()) if by_lr else set()
+
+
+def _curve(runs: list[Run], strategy: str, seeds: set[int]) -> dict[float, dict[int, float]] | None:
+    """``{lr: {seed: loss}}`` on ``seeds`` (None while a tuning run is unfinished: the pick is still open)."""
+    out: dict[float, dict[int, float]] = {}
+    for r in runs:
+        if r.strategy == strategy and r.seed in seeds:
+            if not r.done and math.isfinite(r.loss):
+                return None
+            out.setdefault(r.lr, {})[r.seed] = r.loss
+    if any(set(v) != seeds for v in out.values()):
+        return None
+    return out
+
+
+def neighbour_sd(runs: list[Run], strategies=STRATEGIES) -> tuple[float, int]:
+    """The seed-to-seed standard deviation of the difference between the final losses of two neighbouring lrs of
+    one strategy, pooled over every neighbouring pair of every strategy's tuning curve in the cell (each pair
+    of k tuning seeds contributes k - 1 degrees of freedom), and those degrees of freedom. ``(nan, 0)`` when no
+    pair has two finite seeds. The spread of a pick's margin over its runner-up (two seeds estimate one dof)."""
+    ss, dof = 0.0, 0
+    for s in strategies:
+        seeds = tuning_seeds(runs, s)
+        curve = _curve(runs, s, seeds) if len(seeds) >= 2 else None
+        if not curve:
+            continue
+        lrs = sorted(curve)
+        for a, b in zip(lrs, lrs[1:]):
+            d = [curve[b][k] - curve[a][k] for k in sorted(seeds)]
+            if all(math.isfinite(x) for x in d):
+                m = sum(d) / len(d)
+                ss += sum((x - m) ** 2 for x in d)
+                dof += len(d) - 1
+    return (math.sqrt(ss / dof), dof) if dof else (math.nan, 0)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A strategy's lr pick on its tuning seeds: ``lr`` (``at_edge``: the smallest or largest lr tried), the
+    ``runner_up`` lr (second-lowest mean; None with one lr), ``margin`` = runner-up mean − pick mean (nats) and
+    its standard error ``margin_se`` = ``neighbour_sd`` / √(tuning seeds); ``within_noise`` when
+    margin < ``NOISE_SE`` · margin_se."""
+
+    strategy: str
+    lr: float
+    at_edge: bool
+    seeds: tuple[int, ...]
+    curve: dict[float, float]
+    runner_up: float | None
+    margin: float
+    margin_se: float
+
+    @property
+    def within_noise(self) -> bool:
+        return math.isfinite(self.margin_se) and self.margin < NOISE_SE * self.margin_se
+
+
+def pick(runs: list[Run], strategy: str, sd: float) -> Pick | None:
+    """The pick of ``strategy`` (``stats.pick_lr`` on the tuning seeds' mean, as ``scalevec study`` and its
+    report pick), with its margin over the runner-up; ``sd`` is ``neighbour_sd``'s. None while the strategy has
+    no tuning seed or an unfinished tuning run."""
+    seeds = tuning_seeds(runs, strategy)
+    curve = _curve(runs, strategy, seeds) if seeds else None
+    if not curve:
+        return None
+    means = {lr: sum(v.values()) / len(v) for lr, v in curve.items()}
+    best = pick_lr({lr: [m] for lr, m in means.items()})
+    others = sorted((m, lr) for lr, m in means.items() if lr != best.lr)
+    runner = others[0][1] if others else None
+    margin = others[0][0] - means[best.lr] if others else math.inf
+    se = sd / math.sqrt(len(seeds)) if math.isfinite(sd) else math.nan
+    return Pick(strategy, best.lr, best.at_edge, tuple(sorted(seeds)), means, runner, margin, se)
+
+
+@dataclass(frozen=True)
+class StrategyV3:
+    """One strategy of a cell against the baseline under protocol v3: ``held_out`` Δ (None with < 1 pair) over
+    ``held_seeds`` (same-kind pairs on seeds that tuned neither arm), ``tuning`` Δ over the same-kind pairs on the
+    tuning seeds (reported beside it, never pooled), ``cross_kind`` = ``[(seed, kind of baseline, kind of arm)]``
+    of the pairs left out because their runs ran on two CPU kinds."""
+
+    strategy: str
+    pick: Pick
+    held_out: PairedDelta | None
+    held_seeds: tuple[int, ...]
+    tuning: PairedDelta | None
+    tuning_seeds: tuple[int, ...]
+    cross_kind: tuple[tuple[int, str, str], ...]
+
+
+@dataclass
+class CellV3:
+    """A cell read under protocol v3: ``name`` (folder), ``rung``, ``corpus``, ``tpp`` (tokens per total
+    parameter, from the name; 20 without ``-tppD``), ``variant`` (what follows, e.g. ``-wsd``), ``kinds`` (runs per
+    CPU kind), ``n`` / ``params`` / ``tokens`` of the baseline, ``sd`` / ``sd_dof`` (``neighbour_sd``),
+    ``hours`` (the runs' wall clock added up), ``picks`` and ``arms`` (each non-baseline strategy)."""
+
+    name: str
+    rung: str
+    corpus: str
+    tpp: float
+    variant: str
+    kinds: Counter
+    n: int
+    params: int
+    tokens: int
+    sd: float
+    sd_dof: int
+    hours: float
+    picks: dict[str, Pick] = field(default_factory=dict)
+    arms: dict[str, StrategyV3] = field(default_factory=dict)
+
+
+NAME = re.compile(r"^ladder-(?P<rung>(?:cpu|gpu)-[0-9.]+[km])-(?P<corpus>[a-z0-9]+?)(?:-tpp(?P<tpp>[0-9.]+))?"
+                  r"(?P<variant>-[a-z0-9-]+)?$")
+
+
+def parse_name(name: str) -> tuple[str, str, float, str] | None:
+    """``(rung, corpus, tokens per parameter, variant)`` of a ladder folder name (``ladder-cpu-25k-kjv-tpp100``
+    -> ``("cpu-25k", "kjv", 100.0, "")``); None for another name."""
+    m = NAME.match(name)
+    if not m:
+        return None
+    return m["rung"], m["corpus"], float(m["tpp"] or 20), m["variant"] or ""
+
+
+def _at(runs: list[Run], strategy: str, lr: float) -> dict[int, Run]:
+    return {r.seed: r for r in runs if r.strategy == strategy and r.lr == lr and r.done}
+
+
+def compare(runs: list[Run], base: Pick, arm: Pick) -> StrategyV3:
+    """``arm`` against ``base`` (each at its pick) under protocol v3 (``StrategyV3``)."""
+    a, b = _at(runs, base.strategy, base.lr), _at(runs, arm.strategy, arm.lr)
+    tuning = set(base.seeds) | set(arm.seeds)
+    common = sorted(a.keys() & b.keys())
+    same = [k for k in common if a[k].kind == b[k].kind]
+    cross = tuple((k, a[k].kind, b[k].kind) for k in common if a[k].kind != b[k].kind)
+
+    def delta(seeds: list[int]) -> PairedDelta | None:
+        return paired_delta([a[k].loss for k in seeds], [b[k].loss for k in seeds]) if seeds else None
+
+    held = [k for k in same if k not in tuning]
+    tun = [k for k in same if k in tuning]
+    return StrategyV3(arm.strategy, arm, delta(held), tuple(held), delta(tun), tuple(tun), cross)
+
+
+def read_cell(folder: Path, strategies=STRATEGIES) -> CellV3 | None:
+    """A ladder cell under protocol v3 (None when its name is not a ladder cell's or it has no baseline pick)."""
+    folder = Path(folder)
+    parsed = parse_name(folder.name)
+    runs = read_runs(folder)
+    if parsed is None or not runs:
+        return None
+    sd, dof = neighbour_sd(runs, strategies)
+    picks = {s: p for s in strategies if (p := pick(runs, s, sd)) is not None}
+    if "baseline" not in picks:
+        return None
+    base_runs = [r for r in runs if r.strategy == "baseline" and r.done]
+    b0 = base_runs[0] if base_runs else runs[0]
+    cell = CellV3(folder.name, *parsed, Counter(r.kind for r in runs), b0.n, b0.params, b0.tokens, sd, dof,
+                  sum(r.wall_s for r in runs) / 3600, picks)
+    for s, p in picks.items():
+        if s != "baseline":
+            cell.arms[s] = compare(runs, picks["baseline"], p)
+    return cell
+
+
+def read_ladder_cells(results: Path) -> list[CellV3]:
+    """Every ladder cell under ``results`` (``ladder-*`` folders with a runs.csv or finished runs), read under
+    protocol v3."""
+    out = []
+    for f in sorted(Path(results).glob("ladder-*")):
+        if f.is_dir() and (c := read_cell(f)) is not None:
+            out.append(c)
+    return out
+
+
+def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, PairedDelta]]:
+    """Δ(t) of ``strategy`` against the baseline at every evaluation both runs of a pair have (``summary.json``
+    ``evals``: ``(tokens, Δ)``), on the held-out same-kind pairs of ``cell``; [] without them."""
+    arm = cell.arms.get(strategy)
+    if arm is None or not arm.held_seeds:
+        return []
+    runs = read_runs(folder)
+    a, b = _at(runs, "baseline", cell.picks["baseline"].lr), _at(runs, strategy, arm.pick.lr)
+
+    def evals(run: Run) -> dict[int, float]:
+        try:
+            s = json.loads((Path(folder) / "runs" / run.name / "summary.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return {int(e["tokens"]): float(e["val_loss"]) for e in s.get("evals", []) if "val_loss" in e}
+
+    ea = {k: evals(a[k]) for k in arm.held_seeds}
+    eb = {k: evals(b[k]) for k in arm.held_seeds}
+    steps = sorted(set.intersection(*(set(ea[k]) & set(eb[k]) for k in arm.held_seeds)))
+    return [(t, paired_delta([ea[k][t] for k in arm.held_seeds], [eb[k][t] for k in arm.held_seeds]))
+            for t in steps]
+
+
+__all__ = ["CellV3", "NOISE_SE", "Pick", "Run", "StrategyV3", "compare", "delta_curve", "neighbour_sd",
+           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_runs", "tuning_seeds"]

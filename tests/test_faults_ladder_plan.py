@@ -1,0 +1,121 @@
+"""scripts/ladder_plan.py as a careless user or an attacker would call it (issue 38): it never overwrites a file,
+refuses invalid arguments with one line and exit 2, and writes nothing then; and its horizon cells (issue 35) are
+centred on the 20-token picks shifted by the measured horizon exponent."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def lp():
+    spec = importlib.util.spec_from_file_location("ladder_plan", ROOT / "scripts" / "ladder_plan.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ladder_plan"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fake_results(root: Path) -> None:
+    """A 20-token ladder cell cpu-10k KJV (picks 0.02 / 0.03 / 0.04) and the horizon evidence: the first
+    protocol's cells with picks moving ×1, ×1, ×2 (cpu-10k) and ×1, ×1, ×1/4 (cpu-25k) from 20 to 100."""
+    head = "cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,non_embedding_params\n"
+    cells = {"ladder-cpu-10k-kjv": (0.02, 0.03, 0.04), "cpu-10k-shakespeare": (0.02, 0.02, 0.02),
+             "cpu-10k-shakespeare-tpp100": (0.02, 0.02, 0.04), "cpu-25k-shakespeare": (0.02, 0.01, 0.08),
+             "cpu-25k-shakespeare-tpp100": (0.02, 0.01, 0.02)}
+    for name, lrs in cells.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "results.csv").write_text(head + "".join(
+            f"c,{s},optim.lr,{lr},False,6,2.0,0.01,,,,9660\n" for s, lr in zip(("baseline", "none", "unified"), lrs)))
+
+
+def call(lp, capsys, *argv) -> tuple[int, str]:
+    try:
+        rc = lp.main(list(argv))
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    return rc, capsys.readouterr().err
+
+
+def snapshot(root: Path) -> dict:
+    return {p: (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+
+
+BAD = [
+    ("--grid-factor", "0"), ("--grid-factor", "1"), ("--grid-factor", "-2"), ("--grid-factor", "nan"),
+    ("--grid-factor", "inf"), ("--val-tokens", "0"), ("--val-tokens", "-5"), ("--max-seeds", "0"),
+    ("--tuning-seeds", "0"), ("--batch-size", "0"), ("--seq-len", "-1"), ("--eval-every", "0"),
+    ("--lr-scale", "0"), ("--lr-scale", "nan"), ("--tokens-per-param", "0"), ("--tokens-per-param", "-20"),
+    ("--tokens-per-param", "inf"), ("--target", "0"), ("--grid-factor", "x"), ("--max-seeds", "1.5"),
+]
+
+
+@pytest.mark.parametrize("flag, value", BAD)
+def test_invalid_arguments_are_one_line_and_write_nothing(lp, capsys, tmp_path, flag, value):
+    fake_results(tmp_path / "results")
+    before = snapshot(tmp_path)
+    rc, err = call(lp, capsys, "cpu-10k", "kjv", "--results", str(tmp_path / "results"),
+                   "--out", str(tmp_path / "new.yaml"), flag, value)
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("ladder_plan: ") and "Traceback" not in err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("cpu-3k", "kjv"), "unknown rung"),
+    (("cpu-10k", "kjv", "--tokens-per-param", "100", "--predicted-only"), "horizon cell"),
+    (("cpu-25k", "kjv", "--tokens-per-param", "100"), "has not reported"),  # no 20-token cell to centre on
+    (("cpu-10k", "bible"), "invalid choice"),
+])
+def test_impossible_plans_are_refused(lp, capsys, tmp_path, argv, words):
+    fake_results(tmp_path / "results")
+    before = snapshot(tmp_path)
+    rc, err = call(lp, capsys, *argv, "--results", str(tmp_path / "results"), "--out", str(tmp_path / "new.yaml"))
+    assert rc == 2 and words in err and err.count("\n") == 1
+    assert snapshot(tmp_path) == before
+
+
+def test_an_existing_out_is_never_overwritten(lp, capsys, tmp_path):
+    """README.md was overwritten with exit 0 (issue 38): an existing --out, or a link there to any file, is
+    refused and left as it was; an --out in a missing folder is one line, not a traceback."""
+    fake_results(tmp_path / "results")
+    keep = tmp_path / "README.md"
+    keep.write_text("keep me")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(keep)
+    for out in (keep, link):
+        rc, err = call(lp, capsys, "cpu-10k", "kjv", "--tokens-per-param", "100", "--results",
+                       str(tmp_path / "results"), "--out", str(out))
+        assert rc == 2 and "never overwritten" in err and err.count("\n") == 1
+    assert keep.read_text() == "keep me" and link.is_symlink()
+    rc, err = call(lp, capsys, "cpu-10k", "kjv", "--results", str(tmp_path / "results"), "--out",
+                   str(tmp_path / "missing" / "x.yaml"))
+    assert rc == 2 and "does not exist" in err and not (tmp_path / "missing").exists()
+
+
+def test_horizon_cell_is_centred_on_the_20_token_pick_times_the_shift(lp, capsys, tmp_path):
+    """The evidence above gives s = mean(log ratio)/log 5 = log(1/2)/6/log 5; at 400 tokens per parameter each
+    strategy's grid is 3 values ×√2 around pick × 20^s; the file is a valid study with held-out seeds 2-5."""
+    from scalevec.config_codec import load_yaml
+    from scalevec.experiments.study import parse
+
+    fake_results(tmp_path / "results")
+    out = tmp_path / "h.yaml"
+    rc, err = call(lp, capsys, "cpu-10k", "kjv", "--tokens-per-param", "400", "--results", str(tmp_path / "results"),
+                   "--out", str(out))
+    assert rc == 0, err
+    s = math.log(0.5) / 6 / math.log(5)
+    spec, plan, _ = parse(load_yaml(out))
+    for strategy, pick in zip(("baseline", "none", "unified"), (0.02, 0.03, 0.04)):
+        g = plan.lr_grids[strategy]
+        assert g[1] == pytest.approx(pick * 20 ** s, rel=1e-5)
+        assert g[2] / g[1] == pytest.approx(math.sqrt(2), rel=1e-5)
+    assert spec.base["tokens_per_param"] == 400 and plan.confirm_seeds == [2, 3, 4, 5]
+    assert plan.target_halfwidth == lp.HELD_OUT_TARGET and spec.name == "ladder-cpu-10k-kjv-tpp400"
+    assert "2.20 passes" in out.read_text() and "DATA REPEATS" in out.read_text()

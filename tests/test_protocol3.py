@@ -1,0 +1,145 @@
+"""Protocol v3 (issue 35, scalevec.experiments.protocol3): Δ on held-out seeds only, pairs across CPU kinds left out,
+each pick's margin over its runner-up with its standard error, cells read while still training."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from scalevec.experiments import protocol3
+
+COLUMNS = ["run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
+           "tokens", "params", "non_embedding_params", "wall_time_s", "cpu", "cpu_capability"]
+AMD, INTEL = ("AMD EPYC", "AVX2"), ("Intel(R) Xeon(R) Processor", "AVX512")
+LRS = {"baseline": (0.01, 0.02, 0.04), "unified": (0.01, 0.02, 0.04)}
+# tuning curves on seeds 0-1 (mean over the two seeds), picks: baseline 0.02, unified 0.02
+CURVE = {0.01: 2.10, 0.02: 2.00, 0.04: 2.05}
+
+
+def write_cell(folder: Path, held: dict[int, tuple[float, float]], tuning_delta: float = 1.0,
+               kinds: dict[tuple[str, int], tuple[str, str]] | None = None) -> None:
+    """A ladder cell's runs.csv: seeds 0-1 at every lr of both strategies (unified's tuning seeds carry
+    ``tuning_delta`` over the baseline at the tuned lr), then ``held = {seed: (baseline, unified)}`` at 0.02."""
+    kinds = kinds or {}
+    rows = []
+
+    def add(strategy, lr, seed, loss):
+        cpu, cap = kinds.get((strategy, seed), AMD)
+        rows.append({"run": f"{strategy}_lr{lr:g}_s{seed}", "status": "done", "preset": "cpu-10k",
+                     "strategy": strategy, "optimizer": "adamw", "schedule": "cosine", "lr": lr, "seed": seed,
+                     "final_val_loss": loss, "tokens": 1990656, "params": 19900, "non_embedding_params": 9660,
+                     "wall_time_s": 36.0, "cpu": cpu, "cpu_capability": cap})
+
+    for s in LRS:
+        for lr in LRS[s]:
+            for seed in (0, 1):
+                bump = tuning_delta if s == "unified" else 0.0  # every lr: unified's pick stays at 0.02
+                add(s, lr, seed, CURVE[lr] + bump + (0.003 if seed else -0.003))
+    for seed, (b, u) in held.items():
+        add("baseline", 0.02, seed, b)
+        add("unified", 0.02, seed, u)
+    folder.mkdir(parents=True)
+    with (folder / "runs.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+HELD = {2: (2.00, 2.01), 3: (2.02, 2.04), 4: (1.99, 2.02), 5: (2.01, 2.01)}  # unified − baseline: .01 .02 .03 0
+
+
+def test_delta_excludes_the_tuning_seeds(tmp_path):
+    """Δ on held-out seeds is the mean of seeds 2-5's differences exactly (0.015), whatever the tuning seeds say:
+    a tuning-seed difference of +1 nat would move the mean by ≥ 0.3 if seeds 0-1 entered Δ. The tuning seeds'
+    own Δ is reported separately (+1.0)."""
+    for i, delta in enumerate((1.0, -0.5)):
+        cell = protocol3.read_cell(write_cell_at(tmp_path / str(i) / "ladder-cpu-10k-shakespeare-tpp100", delta))
+        a = cell.arms["unified"]
+        assert a.held_seeds == (2, 3, 4, 5)
+        assert a.held_out.n == 4 and a.held_out.delta == pytest.approx(0.015, abs=1e-12)
+        assert a.tuning_seeds == (0, 1) and a.tuning.delta == pytest.approx(delta, abs=1e-12)
+        assert cell.picks["unified"].seeds == (0, 1) and cell.picks["unified"].lr == 0.02
+
+
+def write_cell_at(folder: Path, delta: float) -> Path:
+    write_cell(folder, HELD, tuning_delta=delta)
+    return folder
+
+
+def test_pairs_across_cpu_kinds_are_listed_not_pooled(tmp_path):
+    """Seed 3's unified run ran on another CPU kind with a +1 nat difference: it must not enter Δ (which is then
+    the mean of seeds 2, 4, 5: 0.01 + 0.03 + 0 over 3) and must be listed with both kinds."""
+    held = {**HELD, 3: (2.02, 3.02)}
+    folder = tmp_path / "ladder-cpu-25k-kjv"
+    write_cell(folder, held, kinds={("unified", 3): INTEL})
+    a = protocol3.read_cell(folder).arms["unified"]
+    assert a.held_seeds == (2, 4, 5)
+    assert a.held_out.delta == pytest.approx((0.01 + 0.03 + 0.0) / 3, abs=1e-12)
+    assert a.cross_kind == ((3, "AMD EPYC / AVX2", "Intel(R) Xeon(R) Processor / AVX512"),)
+    assert protocol3.read_cell(folder).kinds["Intel(R) Xeon(R) Processor / AVX512"] == 1
+
+
+def test_pick_margin_and_its_standard_error(tmp_path):
+    """The runner-up of the curve 2.10 / 2.00 / 2.05 is 0.04, by 0.05 nats. Every neighbouring-lr difference
+    has the same per-seed values (seed offsets cancel), so the pooled sd is 0 and the margin is not within noise;
+    with a seed-dependent neighbour difference the sd is the pooled one, by hand."""
+    folder = tmp_path / "ladder-cpu-10k-kjv"
+    write_cell(folder, HELD)
+    p = protocol3.read_cell(folder).picks["baseline"]
+    assert p.runner_up == 0.04 and p.margin == pytest.approx(0.05) and p.margin_se == pytest.approx(0.0, abs=1e-12)
+    assert not p.within_noise
+    runs = protocol3.read_runs(folder)
+    runs = [r if not (r.strategy == "baseline" and r.lr == 0.04 and r.seed == 1) else
+            protocol3.Run(r.name, r.strategy, r.lr, r.seed, r.loss + 0.2, True, r.kind, r.n, r.params, r.tokens, 0)
+            for r in runs]
+    sd, dof = protocol3.neighbour_sd(runs)
+    # 4 neighbouring pairs (2 strategies × 2), 1 dof each; only baseline 0.02→0.04 has seed-dependent differences
+    # d = (0.05, 0.25): squared deviations 2 × 0.1² = 0.02, so sd = √(0.02 / 4)
+    assert dof == 4 and sd == pytest.approx(math.sqrt(0.02 / 4))
+    p = protocol3.pick(runs, "baseline", sd)
+    assert p.runner_up == 0.01 and p.margin == pytest.approx(0.10)  # 0.04's mean is now 2.15
+    assert p.margin_se == pytest.approx(sd / math.sqrt(2)) and p.within_noise == (0.10 < 2 * sd / math.sqrt(2))
+
+
+def test_unreported_runs_are_read_from_their_folders(tmp_path):
+    """A cell still training has no runs.csv: its finished runs (DONE beside summary.json) are read, unfinished
+    ones are not, and the CPU kind comes from meta.json."""
+    folder = tmp_path / "ladder-cpu-10k-shakespeare-tpp400"
+    for name, seed, done in (("baseline_lr0.02_s0", 0, True), ("baseline_lr0.02_s1", 1, False)):
+        d = folder / "runs" / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"strategy": "baseline", "lr": 0.02, "seed": seed,
+                                                    "final_val_loss": 1.9, "tokens": 7960576, "params": 19900,
+                                                    "non_embedding_params": 9660, "wall_time_s": 100.0}))
+        (d / "meta.json").write_text(json.dumps({"cpu": "AMD EPYC", "cpu_capability": "AVX512"}))
+        if done:
+            (d / "DONE").write_text("")
+    runs = protocol3.read_runs(folder)
+    assert [(r.name, r.kind, r.loss) for r in runs] == [("baseline_lr0.02_s0", "AMD EPYC / AVX512", 1.9)]
+
+
+@pytest.mark.parametrize("name, want", [
+    ("ladder-cpu-25k-kjv", ("cpu-25k", "kjv", 20.0, "")),
+    ("ladder-cpu-10k-shakespeare-tpp400", ("cpu-10k", "shakespeare", 400.0, "")),
+    ("ladder-cpu-25k-shakespeare-tpp100-wsd", ("cpu-25k", "shakespeare", 100.0, "-wsd")),
+    ("ladder-cpu-10k-shakespeare-tpp100-quarter", ("cpu-10k", "shakespeare", 100.0, "-quarter")),
+    ("ladder-suspects-cpu-10k-shakespeare", None), ("cpu-25k-shakespeare-tpp100", None)])
+def test_cell_names(name, want):
+    assert protocol3.parse_name(name) == want
+
+
+def test_committed_cells_reproduce_the_audits_held_out_numbers():
+    """The issue's audit, re-computed independently of this code, gave Shakespeare's held-out Δ(unified) per rung
+    +0.0100, +0.0202, +0.0091, +0.0002, +0.0101, and 2 of cpu-200k KJV's 6 unified pairs across two kinds; the
+    committed results must read the same here (to the audit's printed 4 decimals)."""
+    root = Path(__file__).resolve().parents[1] / "results"
+    got = []
+    for rung in ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k"):
+        cell = protocol3.read_cell(root / f"ladder-{rung}-shakespeare")
+        got.append(round(cell.arms["unified"].held_out.delta, 4))
+    assert got == [0.0100, 0.0202, 0.0091, 0.0002, 0.0101]
+    assert len(protocol3.read_cell(root / "ladder-cpu-200k-kjv").arms["unified"].cross_kind) == 2
