@@ -721,7 +721,7 @@ def horizon_figure(cells: list, figures: Path) -> str:
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey="row")
     paper = {s: (ladder.non_embedding_params(p), 100 * ladder.total_params(p) / ladder.non_embedding_params(p), v)
              for s, p, v in PAPER_POINTS}
-    markers = {"shakespeare": "o", "kjv": "s"}
+    markers = {"shakespeare": "o-", "kjv": "s--"}  # KJV: squares, dashed
     for row, s in enumerate(V3_STRATEGIES):
         pts = [(c, c.arms[s].held_out) for c in cells if s in c.arms and c.arms[s].held_out is not None
                and c.arms[s].held_out.n >= 2 and not c.variant]
@@ -735,7 +735,7 @@ def horizon_figure(cells: list, figures: Path) -> str:
                     colour = cmap(i / max(1, len(rungs) - 1))
                     axes[row, 0].errorbar([x for x, _ in sel], [d.delta for _, d in sel],
                                           yerr=[[d.delta - d.lo for _, d in sel], [d.hi - d.delta for _, d in sel]],
-                                          fmt=markers[corpus] + "-", color=colour, capsize=3, ms=4,
+                                          fmt=markers[corpus], color=colour, capsize=3, ms=4,
                                           label=f"{rung} {corpus}")
             for j, tpp in enumerate(tpps):  # right: against N, one line per budget
                 sel = sorted([(c.n, d) for c, d in pts if c.tpp == tpp and c.corpus == corpus])
@@ -743,7 +743,7 @@ def horizon_figure(cells: list, figures: Path) -> str:
                     colour = plt.get_cmap("tab10")(j)
                     axes[row, 1].errorbar([x for x, _ in sel], [d.delta for _, d in sel],
                                           yerr=[[d.delta - d.lo for _, d in sel], [d.hi - d.delta for _, d in sel]],
-                                          fmt=markers[corpus] + "-", color=colour, capsize=3, ms=4,
+                                          fmt=markers[corpus], color=colour, capsize=3, ms=4,
                                           label=f"{tpp:g} tok/param, {corpus}")
         if s in paper:
             n, ratio, v = paper[s]
