@@ -119,3 +119,15 @@ def test_horizon_cell_is_centred_on_the_20_token_pick_times_the_shift(lp, capsys
     assert spec.base["tokens_per_param"] == 400 and plan.confirm_seeds == [2, 3, 4, 5]
     assert plan.target_halfwidth == lp.HELD_OUT_TARGET and spec.name == "ladder-cpu-10k-kjv-tpp400"
     assert "2.20 passes" in out.read_text() and "DATA REPEATS" in out.read_text()
+
+
+def test_committed_horizon_evidence_and_passes():
+    """On the committed first-protocol cells the exponent is log(2 · 1/4)/6/log 5 = −0.0718 (4 picks unchanged,
+    unified ×2 and ×1/4), and cpu-25k at 100 tokens per parameter makes 0.91 passes over Shakespeare (issue 35)."""
+    from scalevec.experiments import ladder
+
+    s, pairs = ladder.horizon_exponent(ROOT / "results")
+    assert s == pytest.approx(math.log(0.5) / 6 / math.log(5), rel=1e-9)
+    assert sorted(r for _, _, r in pairs) == [0.25, 1, 1, 1, 1, 2]
+    tokens = ladder.run_tokens(41056, 100)
+    assert tokens == 4106240 and ladder.passes(tokens, "shakespeare") == pytest.approx(0.907, abs=5e-4)

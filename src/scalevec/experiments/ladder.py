@@ -11,6 +11,10 @@ committed (``results.csv``) and answers three questions; it trains nothing and d
   (``stats.fit_line``), with the slope per decade of N and its 95 % interval;
 - ``extrapolate``: that line at the 0.12B model's non-embedding N (``TARGET``), with its (wide) interval,
   an extrapolation over two to four decades that the data cannot check.
+
+Issue 35's horizon axis (the rungs at 100 and 400 tokens per parameter): ``horizon_name``, ``horizon_exponent``
+(how a tuned lr moves with the horizon, measured on the first protocol's 20- and 100-token cells),
+``horizon_centre``, and the data arithmetic ``total_params`` / ``run_tokens`` / ``passes`` (``TRAIN_TOKENS``).
 """
 
 from __future__ import annotations
@@ -156,8 +160,9 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
     return Trend(strategy, corpus, pts, fit, target_n, fit.predict(math.log10(target_n)))
 
 
-__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "RUNGS", "RungResult", "TARGET", "Trend", "folder", "lr_grid",
-           "non_embedding_params", "predict_lr", "read_ladder", "read_rung", "trend"]
+__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "HORIZONS", "RUNGS", "RungResult", "TARGET", "TRAIN_TOKENS", "Trend",
+           "folder", "horizon_centre", "horizon_exponent", "horizon_name", "lr_grid", "non_embedding_params", "passes",
+           "predict_lr", "read_ladder", "read_rung", "run_tokens", "total_params", "trend"]
 
 
 # ---- the horizon axis (issue 35): the ladder's rungs at more tokens per parameter --------------------------------
