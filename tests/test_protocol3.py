@@ -143,3 +143,19 @@ def test_committed_cells_reproduce_the_audits_held_out_numbers():
         got.append(round(cell.arms["unified"].held_out.delta, 4))
     assert got == [0.0100, 0.0202, 0.0091, 0.0002, 0.0101]
     assert len(protocol3.read_cell(root / "ladder-cpu-200k-kjv").arms["unified"].cross_kind) == 2
+
+
+def test_an_edge_lr_still_training_leaves_the_tuning_seeds_alone(tmp_path):
+    """While the study adds an lr past a grid edge, seed 0 finishes there before seed 1: seed 1 must stay a tuning
+    seed (not become held-out), and that lr stays out of the curve until both have finished."""
+    folder = tmp_path / "ladder-cpu-10k-kjv-tpp100"
+    write_cell(folder, HELD)
+    with (folder / "runs.csv").open("a", newline="") as fh:
+        csv.DictWriter(fh, fieldnames=COLUMNS).writerow(
+            {"run": "unified_lr0.005_s0", "status": "done", "preset": "cpu-10k", "strategy": "unified",
+             "optimizer": "adamw", "schedule": "cosine", "lr": 0.005, "seed": 0, "final_val_loss": 1.0,
+             "tokens": 1990656, "params": 19900, "non_embedding_params": 9660, "wall_time_s": 1.0,
+             "cpu": AMD[0], "cpu_capability": AMD[1]})
+    cell = protocol3.read_cell(folder)
+    assert cell.picks["unified"].seeds == (0, 1) and 0.005 not in cell.picks["unified"].curve
+    assert cell.arms["unified"].held_seeds == (2, 3, 4, 5)

@@ -99,25 +99,25 @@ def read_runs(folder: Path) -> list[Run]:
 
 
 def tuning_seeds(runs: list[Run], strategy: str) -> set[int]:
-    """The seeds every lr of ``strategy`` was run on (finished or not): the seeds its lr was picked on."""
-    by_lr: dict[float, set[int]] = {}
+    """The seeds ``strategy``'s lr was picked on: those run at two or more of its lrs (the ladder runs seeds 0-1 at
+    every lr and the held-out seeds at the tuned lr alone; counting seeds at >= 2 lrs, rather than at every lr,
+    keeps a seed whose run at a new edge lr is still training a tuning seed). Empty with a single lr."""
+    lrs_of: dict[int, set[float]] = {}
     for r in runs:
         if r.strategy == strategy:
-            by_lr.setdefault(r.lr, set()).add(r.seed)
-    return set.intersection(*by_lr.values()) if by_lr else set()
+            lrs_of.setdefault(r.seed, set()).add(r.lr)
+    return {k for k, v in lrs_of.items() if len(v) >= 2}
 
 
 def _curve(runs: list[Run], strategy: str, seeds: set[int]) -> dict[float, dict[int, float]] | None:
-    """``{lr: {seed: loss}}`` on ``seeds`` (None while a tuning run is unfinished: the pick is still open)."""
+    """``{lr: {seed: loss}}`` over the lrs that have every tuning seed finished (an lr still training is left
+    out until it has); None when no lr has."""
     out: dict[float, dict[int, float]] = {}
     for r in runs:
         if r.strategy == strategy and r.seed in seeds:
-            if not r.done and math.isfinite(r.loss):
-                return None
             out.setdefault(r.lr, {})[r.seed] = r.loss
-    if any(set(v) != seeds for v in out.values()):
-        return None
-    return out
+    out = {lr: v for lr, v in out.items() if set(v) == seeds}
+    return out or None
 
 
 def neighbour_sd(runs: list[Run], strategies=STRATEGIES) -> tuple[float, int]:
