@@ -7,9 +7,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
+# constraints.txt pins the releases the golden losses and committed results were made with (torch, numpy,
+# transformers, tokenizers, ...); with SCALEVEC_TORCH=skip the machine's own torch is kept (its line dropped)
+constraints=constraints.txt
 if [ "${SCALEVEC_TORCH:-}" != "skip" ]; then
-  .venv/bin/python -m pip install -q "torch==2.13.0" ${SCALEVEC_TORCH_INDEX:+--index-url "$SCALEVEC_TORCH_INDEX"}
+  .venv/bin/python -m pip install -q "torch==2.13.0" -c "$constraints" ${SCALEVEC_TORCH_INDEX:+--index-url "$SCALEVEC_TORCH_INDEX"}
+else
+  constraints=.venv/constraints-without-torch.txt
+  grep -v '^torch==' constraints.txt > "$constraints"
 fi
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev]" -c "$constraints"
 .venv/bin/scalevec info --preset small --strategy unified
 echo "ready: activate with 'source .venv/bin/activate'"

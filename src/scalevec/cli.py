@@ -25,6 +25,8 @@ SUBCOMMANDS = [
      "tune lr per strategy until the best is inside the grid, then add seeds (resumable)"),
     ("report", "scalevec.experiments.report",
      "rebuild report.md, results.csv and figures from a sweep's run directories"),
+    ("plot", "scalevec.experiments.gamma_plot",
+     "draw a run's γ trajectories: rms(γ) of every scale vector over the steps, one panel per role"),
     ("theory", "scalevec.experiments.theory.lab",
      "run a DESIGN.md §4 theory experiment (fold, precondition, ..., all)"),
     ("convert", "scalevec.hf.convert",

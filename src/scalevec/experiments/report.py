@@ -25,6 +25,7 @@ from scalevec.experiments import sweepdir
 from scalevec.experiments.analysis import Analysis, analyze
 from scalevec.experiments.figures import plot_loss_curves, plot_lr_sweep, plot_scaling
 from scalevec.experiments.frames import results_frame, runs_frame, to_csv
+from scalevec.experiments.gamma_plot import plot_cells
 from scalevec.experiments.records import RunRecord, load_runs, machines, validation_splits
 from scalevec.experiments.tables import (
     LEGEND,
@@ -121,6 +122,8 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     if a.scaling:
         plot_scaling(a, root / "scaling.png")
         figures.append("scaling.png")
+    if plot_cells(a, root / "gamma_trajectories.png"):  # rms(γ) per layer over steps, per strategy and role
+        figures.append("gamma_trajectories.png")
     (root / "runs.csv").write_text(to_csv(runs_frame(runs)))
     (root / "results.csv").write_text(to_csv(results_frame(a)))
     (root / "report.md").write_text(render_markdown(a, root, figures))

@@ -7,16 +7,17 @@ the modules that read a normalized input by scalevec's own placement modules, bu
 ``generate()``, loss and gradient checkpointing (the decoder layers are untouched: only their norm and
 projection submodules change)::
 
-    HF module (per layer)              becomes                                          scalevec name
-    input_layernorm                    SiteNorm: γ ⊙ n(x), γ = plan.attn's own γ         layers.i.attn.proj.scale
-    self_attn.{q,k,v}_proj             scales.Projection: s ⊙ (W diag(γ_b) u)           layers.i.attn.proj.branches.*
-    self_attn.o_proj, mlp.down_proj    scales.Projection (plan.o, plan.down)            layers.i.attn.o, layers.i.mlp.down
-    self_attn.{q,k}_norm (Qwen3)       scales.OutputNorm (QK-norm γ)                    layers.i.attn.{q,k}_norm
-    post_attention_layernorm           SiteNorm (plan.mlp or plan.moe)                  layers.i.mlp(.proj).scale
-    mlp.{gate,up}_proj (dense)         Projection / ProjNormedBranch (DNP: s ⊙ n(...))  layers.i.mlp.proj.branches.*
-    mlp.gate (MoE router)              kept; γ_router as ``in_scale`` on its input      layers.i.mlp.router
-    mlp.experts (MoE)                  scalevec's ``moe.Experts`` (banks with γ_b, s)   layers.i.mlp.experts
-    model.norm                         SiteNorm (plan.head)                             head.scale
+    HF module (layer i)          becomes                                          scalevec name
+    input_layernorm              SiteNorm: γ ⊙ n(x), γ = plan.attn's own γ         layers.i.attn.proj(.scale)
+    self_attn.{q,k,v}_proj       scales.Projection: s ⊙ (W diag(γ_b) u)           layers.i.attn.proj.branches.*
+    self_attn.o_proj             scales.Projection (plan.o)                       layers.i.attn.o
+    self_attn.{q,k}_norm         scales.OutputNorm (Qwen3's QK-norm γ)            layers.i.attn.{q,k}_norm
+    post_attention_layernorm     SiteNorm (plan.mlp, or plan.moe)                 layers.i.mlp.proj (MoE: layers.i.mlp)
+    mlp.{gate,up}_proj           Projection / ProjNormedBranch (DNP: s ⊙ n(...))  layers.i.mlp.proj.branches.*
+    mlp.down_proj                scales.Projection (plan.down)                    layers.i.mlp.down
+    mlp.gate (MoE router)        kept; γ_router as ``in_scale`` on its input      layers.i.mlp.router
+    mlp.experts (MoE)            scalevec's ``moe.Experts`` (banks with γ_b, s)   layers.i.mlp.experts
+    model.norm                   SiteNorm (plan.head)                             head
 
 The embedding and ``lm_head`` keep their HF modules. Every parameter gets its
 §5 role (``params.new_param``'s record), so ``params.param_roles`` and ``count_params`` read the model and
@@ -557,5 +558,5 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
         return export_model(sv.eval(), out_dir, tok_dir, dtype=dtype)
 
 
-__all__ = ["ProjNormedBranch", "SiteNorm", "StrategyInfo", "scale_config", "strategy_name", "hf_shape", "apply_strategy",
-           "scalevec_name", "to_scalevec", "fold", "save"]
+__all__ = ["ProjNormedBranch", "SiteNorm", "StrategyInfo", "scale_config", "strategy_name", "hf_shape",
+           "apply_strategy", "scalevec_name", "to_scalevec", "fold", "save"]

@@ -145,7 +145,8 @@ class ScaleTelemetry:
     # -- optimizer hooks ---------------------------------------------------------------------------------------
 
     def attach(self, optimizers: torch.optim.Optimizer | list[torch.optim.Optimizer],
-               due: Callable[[], bool] | None = None, every: int | None = None, collect: bool = False) -> ScaleTelemetry:
+               due: Callable[[], bool] | None = None, every: int | None = None,
+               collect: bool = False) -> ScaleTelemetry:
         """Capture from a step pre-hook of the first optimizer (before any parameter moves) on the steps where
         ``due()`` is true, or every ``every``-th optimizer step counted from the first (step 0, ``every``, ...);
         with ``collect``, a post-hook of the last optimizer fills ``latest`` with ``collect()``'s row part after

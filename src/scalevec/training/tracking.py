@@ -169,4 +169,5 @@ def open_tracker(name: str, run_dir: str | Path, config: dict, start_step: int =
     return Tracker()
 
 
-__all__ = ["TRACKERS", "VECTOR_SERIES", "TensorBoardTracker", "Tracker", "WandbTracker", "check", "flatten_row", "open_tracker"]
+__all__ = ["TRACKERS", "VECTOR_SERIES", "TensorBoardTracker", "Tracker", "WandbTracker", "check", "flatten_row",
+           "open_tracker"]

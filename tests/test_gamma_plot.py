@@ -1,0 +1,65 @@
+"""``scalevec plot RUN`` and report's γ trajectories (issue 36): rms(γ) per scale vector over steps, a panel per role."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import fakerun
+from scalevec.cli import main
+from scalevec.config_codec import to_dict
+from scalevec.experiments.gamma_plot import layer_of, plot_runs, trajectories
+from scalevec.resolve import resolve_config
+
+
+def rows():
+    """Three logged steps of two layers' q-branch γ (input_scale) and a QK-norm γ (output_scale), plus an eval row."""
+    out = []
+    for step in (0, 10, 20):
+        out.append({"kind": "train", "step": step, "scales": {
+            "layers.0.attn.proj.branches.q.in_scale": {"role": "input_scale", "rms": 1.0 + step / 100},
+            "layers.1.attn.proj.branches.q.in_scale": {"role": "input_scale", "rms": 1.0 - step / 100},
+            "layers.0.attn.q_norm.scale": {"role": "output_scale", "rms": 2.0},
+            "head.scale": {"mean": 0.6, "std": 0.8, "min": 0.0, "max": 1.0}}})  # an older row: rms from mean, std
+        out.append({"kind": "eval", "step": step, "val_loss": 3.0})
+    return out
+
+
+def test_trajectories_are_rms_per_vector_by_role():
+    t = trajectories(rows())
+    assert set(t) == {"input_scale", "output_scale"}
+    assert t["input_scale"]["layers.1.attn.proj.branches.q.in_scale"] == ([0, 10, 20], [1.0, 0.9, 0.8])
+    assert t["input_scale"]["head.scale"][1] == [pytest.approx(math.hypot(0.6, 0.8))] * 3  # sqrt(mean² + std²)
+    assert t["output_scale"]["layers.0.attn.q_norm.scale"] == ([0, 10, 20], [2.0, 2.0, 2.0])
+    assert layer_of("model.layers.12.self_attn.q_proj.in_scale") == 12 and layer_of("head.scale") is None
+
+
+def test_plot_runs_draws_a_row_per_run_and_says_when_there_is_nothing(tmp_path):
+    assert plot_runs([("baseline", rows()), ("unified", rows())], tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 5000
+    assert not plot_runs([("none", [{"kind": "train", "step": 0, "scales": {}}])], tmp_path / "n.png")
+    assert not (tmp_path / "n.png").exists()
+
+
+def test_plot_command_and_report(tmp_path, capsys):
+    """``scalevec plot RUN`` writes RUN/gamma_trajectories.png and says what it drew; a folder that is not a run is
+    one line, exit 2; ``report`` adds the figure per strategy of the cell."""
+    runs = tmp_path / "sweep"
+    for strategy in ("baseline", "unified"):
+        cfg = to_dict(resolve_config("tiny", strategy, ["train.steps=50", f"train.seed={0}"]))
+        fakerun.write_run(runs / f"{strategy}_s0", cfg)
+    run = runs / "unified_s0"
+    assert main(["plot", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert (run / "gamma_trajectories.png").stat().st_size > 5000
+    assert "plot: " in out and "input_scale: 1 vectors" in out and "5 logged steps" in out
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "is not a scalevec run directory" in capsys.readouterr().err
+    from scalevec.experiments.report import write_report
+
+    write_report(runs, quiet=True)
+    assert (runs / "gamma_trajectories.png").is_file()
+    assert "![gamma_trajectories.png](gamma_trajectories.png)" in (runs / "report.md").read_text()
+    assert json.loads((run / "summary.json").read_text())["strategy"] == "unified"
