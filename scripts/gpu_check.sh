@@ -8,7 +8,7 @@
 #   bash scripts/gpu_check.sh OUT                 # on one CUDA GPU, about 9 minutes
 #   DEVICE=cpu bash scripts/gpu_check.sh OUT      # the rehearsal: every stage at tiny sizes on CPU, ~3 minutes
 #
-# Knobs (environment): DEVICE=cuda|cpu, BUDGET_S=<wall seconds, default 510 on cuda, 240 on cpu>,
+# Knobs (environment): DEVICE=cuda|cpu, BUDGET_S=<wall seconds, default 510 on cuda, 240 on cpu>, ONLY=<stages>,
 #   PYTHON=<interpreter; default .venv/bin/python if there is one, else python3>.
 # Exit status: 0 when every stage is ok, 1 when one failed or was skipped, 2 for bad input (no CUDA device,
 # an OUT that is not empty).
@@ -23,4 +23,4 @@ if [ -z "$PY" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
 fi
 export PYTHON="$PY" PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" -m scalevec.bench.gpu_check "$1" --device "${DEVICE:-cuda}" ${BUDGET_S:+--budget-s "$BUDGET_S"}
+exec "$PY" -m scalevec.bench.gpu_check "$1" --device "${DEVICE:-cuda}" ${BUDGET_S:+--budget-s "$BUDGET_S"} ${ONLY:+--only "$ONLY"}

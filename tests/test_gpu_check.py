@@ -137,3 +137,18 @@ def test_cpu_rehearsal_runs_every_stage_ok(tmp_path):
     assert figures["fsdp2_compile_resume"]["resume_bitwise"] is True  # CPU fp32: resume is bitwise
     assert figures["ladder_rung"]["runs_done"] == 3
     assert "| fsdp2_compile_resume | ok |" in (out / "summary.md").read_text()
+
+
+def test_resume_is_judged_against_the_runs_own_drift():
+    """On CUDA two uninterrupted runs drift apart (atomics): a resume within that drift passes (the H200 check's
+    own losses), one that lost its optimizer state (a jump at the first resumed step) fails; on CPU only 0 passes."""
+    from scalevec.bench.gpu_stages import resume_verdict
+
+    a = {18: 3.2093, 19: 3.0946, 20: 3.1589, 21: 3.1289, 39: 2.8314}
+    b = {18: 3.2096, 19: 3.0964, 20: 3.1587, 21: 3.1274, 39: 2.8377}  # results/gpu/2026-12-04: resume-a vs -b
+    v = resume_verdict(a, b, 20, exact=False)
+    assert v["resume_ok"] and v["drift_before_checkpoint"] == pytest.approx(0.0018)
+    assert not resume_verdict(a, {**b, 20: 3.30}, 20, exact=False)["resume_ok"]  # a jump at the first resumed step
+    assert not resume_verdict(a, {k: v for k, v in b.items() if k != 21}, 20, exact=False)["resume_ok"]  # a gap
+    assert not resume_verdict(a, b, 20, exact=True)["resume_ok"]
+    assert resume_verdict(a, dict(a), 20, exact=True)["resume_ok"]

@@ -193,8 +193,8 @@ def pack_runs(work: Path, tar_path: Path) -> int:
     return tar_path.stat().st_size
 
 
-def check(out: Path, device: str, budget_s: float, py: str = sys.executable) -> int:
-    """Run every stage into ``out`` (see the module docstring); the exit status."""
+def check(out: Path, device: str, budget_s: float, py: str = sys.executable, only: list[str] | None = None) -> int:
+    """Run every stage (or those named in ``only``) into ``out`` (see the module docstring); the exit status."""
     start = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
@@ -213,6 +213,8 @@ def check(out: Path, device: str, budget_s: float, py: str = sys.executable) -> 
     results: list[Stage] = []
     with open(out / "gpu_check.log", "a") as log:
         for plan in plans(device, work, py):
+            if only and plan.name not in only:
+                continue
             left = budget_s - (time.monotonic() - start)
             if left < MIN_STAGE_S:
                 results.append(Stage(plan.name, "skipped", 0.0, {}, f"{left:.0f} s of the budget left"))
@@ -244,7 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="an empty or new folder for the check's files")
     p.add_argument("--device", choices=["cuda", "cpu"], default=os.environ.get("DEVICE", "cuda"))
     p.add_argument("--budget-s", type=float, help="wall-time budget in seconds (default 510 on cuda, 240 on cpu)")
+    p.add_argument("--only", help="comma-separated stage names to run (default: all, in order)")
     args = p.parse_args(argv)
+    names = [pl.name for pl in plans("cpu", Path("."), "python")]
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    if only and set(only) - set(names):
+        print(f"gpu_check: --only {args.only}: unknown stage(s) {', '.join(sorted(set(only) - set(names)))}; "
+              f"choose from {', '.join(names)}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         print(f"gpu_check: {out} is not an empty folder; give a new or empty one", file=sys.stderr)
@@ -264,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     out.mkdir(parents=True, exist_ok=True)
-    return check(out, args.device, args.budget_s or BUDGET_S[args.device], os.environ.get("PYTHON") or sys.executable)
+    return check(out, args.device, args.budget_s or BUDGET_S[args.device], os.environ.get("PYTHON") or sys.executable,
+                 only)
 
 
 if __name__ == "__main__":

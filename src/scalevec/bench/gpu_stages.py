@@ -15,8 +15,12 @@ The sizes depend on the device: on CUDA the stages measure at the sizes the issu
   model, loss, backward, clip, optimizer), step time, tokens/s and the GPU-busy fraction (the sum of the CUDA
   kernels' device time over the wall time of the same steps, ``torch.profiler``); on CPU the fraction is None.
 - ``resume``: ``llama-0.12b`` / unified, bf16, FSDP2 + ``torch.compile`` (under ``torchrun``): one run of ``2k``
-  steps, and a second run stopped after ``k`` (its checkpoint) then resumed to ``2k``; the two runs' losses of
-  steps ``k+1..2k`` compared (bitwise, else the largest difference), and the first run's speed, MFU and memory.
+  steps, and a second run stopped after ``k`` (its checkpoint) then resumed to ``2k``; the two runs' logged losses
+  compared (bitwise, else the largest difference), and the first run's speed, MFU and memory. On CUDA two
+  uninterrupted runs are not bitwise equal (atomic adds in backward kernels), so the losses logged *before* the
+  checkpoint, where both runs are uninterrupted, measure that run-to-run drift, and a resume is judged against it
+  (``resume_ok``: the first logged step after the checkpoint within ``RESUME_TOL`` of the drift at the checkpoint,
+  every later one within 0.05 nats; on CPU both must be 0).
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ import torch
 # by O(1)).
 PARITY_TOL = {"init": 1e-4, "after_5_steps": 1e-2}
 PARITY_LR = 1e-3
+# A resume that restored everything continues the same trajectory: its first logged step after the checkpoint differs
+# from the uninterrupted run by about the drift the two runs already had (measured on the steps before it), plus what
+# one nondeterministic step adds; 5e-3 nats is ~3x the drift measured on an H200 at step 19 of 0.12B (1.8e-3). A lost
+# optimizer state or schedule step moves it by far more (AdamW restarting from zero moments: > 0.1).
+RESUME_TOL = 5e-3
 
 SIZES = {  # per device: (preset, batch, seq) of each stage
     "cuda": {"parity": ("cpu-200k", 4, 64), "busy": ("gpu-6m", 64, 256), "resume": ("llama-0.12b", 16, 1024)},
@@ -189,6 +198,23 @@ def busy(device: str) -> dict:
             "compile": False, **rows, "ok": math.isfinite(rows["unified_step_ratio"])}
 
 
+def resume_verdict(a: dict[int, float], b: dict[int, float], k: int, exact: bool) -> dict:
+    """Compare the uninterrupted run's logged losses ``a`` with the resumed run's ``b`` (``{step index: nats}``,
+    step index ``k`` the first after the checkpoint). ``exact``: every resumed loss must equal (CPU); else the
+    first resumed step must lie within ``RESUME_TOL`` of the drift the runs had before the checkpoint and every
+    later one within 0.05 nats (see the module docstring). Returns the figures and ``resume_ok``."""
+    before = [abs(a[s] - b[s]) for s in sorted(a) if s < k and s in b]  # both runs uninterrupted here
+    steps = [s for s in sorted(a) if s >= k]
+    missing = [s for s in steps if s not in b]
+    diffs = [abs(a[s] - b[s]) for s in steps if s in b]
+    drift = before[-1] if before else 0.0
+    ok = bool(diffs) and not missing and (max(diffs) == 0.0 if exact else
+                                          diffs[0] <= drift + RESUME_TOL and max(diffs) <= 0.05)
+    return {"resumed_steps_compared": len(diffs), "resume_missing_steps": missing, "drift_before_checkpoint": drift,
+            "resume_first_step_diff": diffs[0] if diffs else None, "resume_bitwise": bool(diffs) and max(diffs) == 0.0,
+            "resume_max_abs_loss_diff": max(diffs, default=None), "resume_ok": ok}
+
+
 def resume(device: str, work: Path) -> dict:
     """Run A of ``2k`` steps, run B stopped at ``k`` and resumed (see the module docstring); rank 0 returns the
     figures. Launched under ``torchrun --nproc_per_node 1``: the process group is made here, once, with
@@ -210,7 +236,9 @@ def resume(device: str, work: Path) -> dict:
             "train.steps": 2 * k, "train.batch_size": batch, "train.micro_batch_size": batch, "train.seq_len": seq,
             "train.device": device, "train.dtype": "bfloat16" if cuda else "float32", "train.dist": "fsdp2",
             "train.compile": "true" if cuda else "false", "train.ckpt_every": k, "train.eval_every": 2 * k,
-            "train.log_every": 1, "schedule.warmup": k // 2, "data.tokenizer": "bytes", "data.val_tokens": 8 * seq})
+            # log every 5th step on CUDA: the median step time is that of a step without telemetry
+            "train.log_every": 5 if cuda else 1, "schedule.warmup": k // 2, "data.tokenizer": "bytes",
+            "data.val_tokens": 8 * seq})
         t0 = time.perf_counter()
         train(cfg, work / "resume-a", quiet=True)
         t_a = time.perf_counter() - t0
@@ -219,16 +247,11 @@ def resume(device: str, work: Path) -> dict:
         if dist.get_rank() != 0:
             return {}
         loss = {r: {m["step"]: m["loss"] for m in read_metrics(work / r, "train")} for r in ("resume-a", "resume-b")}
-        steps = [s for s in sorted(loss["resume-a"]) if s > k]
-        missing = [s for s in steps if s not in loss["resume-b"]]
-        diffs = [abs(loss["resume-a"][s] - loss["resume-b"][s]) for s in steps if s in loss["resume-b"]]
+        verdict = resume_verdict(loss["resume-a"], loss["resume-b"], k, exact=not cuda)
         fig = run_figures(work / "resume-a")
         return {"preset": preset, "strategy": "unified", "batch": [batch, seq], "steps": 2 * k, "checkpoint_at": k,
                 "dtype": cfg.train.dtype, "compile": cfg.train.compile, "dist": "fsdp2", "wall_s_run_a": t_a,
-                "resumed_steps_compared": len(diffs), "resume_missing_steps": missing,
-                "resume_bitwise": bool(diffs) and max(diffs) == 0.0,
-                "resume_max_abs_loss_diff": max(diffs, default=None),
-                **fig, "ok": bool(diffs) and not missing and max(diffs) < 1e-2 and fig["loss_last"] < fig["loss_first"]}
+                **verdict, **fig, "ok": verdict["resume_ok"] and fig["loss_last"] < fig["loss_first"]}
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
