@@ -7,8 +7,9 @@
 # seeds; results land in results/ladder-RUNG-CORPUS/ in the format of the CPU rungs, so
 # scripts/reproduction.py puts them on the same table, trend and figure.
 # Usage: scripts/gpu_ladder.sh [RUNG ...]       (default: cpu-1m gpu-3m gpu-6m)
-# Knobs (environment): JOBS=9 (runs at once on the GPU), BUDGET_S=540 (no rung starts after this many
-#   seconds, so the whole fits in 10 minutes of one H200 with the smallest rungs first), CORPUS=shakespeare,
+# Knobs (environment): JOBS=9 (runs at once on the GPU), BUDGET_S=540 (no rung starts after this many seconds,
+#   and a rung still training then is stopped with SIGTERM: its finished runs stay, the rest resume on a rerun;
+#   so the whole fits in 10 minutes of one H200 with the smallest rungs first), CORPUS=shakespeare,
 #   DEVICE=cuda, TPP=20 (tokens per parameter), BATCH=64, SEQ=256, SEEDS=2, RESULTS=results,
 #   PREDICTED_ONLY=1 (each strategy at its predicted lr alone, no grid), VAL_TOKENS (default 131,072),
 #   PYTHON=.venv/bin/python, DEST=<where the rung folders go, default RESULTS> (scripts/gpu_check.sh keeps
@@ -48,6 +49,8 @@ for rung in "${RUNGS[@]}"; do
       "${GRID[@]}" --lr-scale "$LR_SCALE" || exit 2
   fi
   echo "== $(date -u +%H:%M:%S) $rung -> $out ($JOBS at once on $DEVICE)"
-  "$PY" -m scalevec study "$spec" --out "$out" --jobs "$JOBS" || status=1
+  # a hard deadline: SIGTERM stops the study where it is (resumable), so the whole fits the window it was given
+  timeout --signal=TERM --kill-after=30 "$(( BUDGET_S - elapsed ))" "$PY" -m scalevec study "$spec" --out "$out" \
+    --jobs "$JOBS" || status=1
 done
 exit $status
