@@ -429,14 +429,19 @@ def test_hf_trainer_trains_unified_and_logs_every_vector(tmp_path):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Data(), optimizers=(opt, None))
     cb = add_scale_metrics(trainer)
     assert isinstance(cb, ScaleMetricsCallback) and trainer.callback_handler.callbacks[0] is cb
-    seen = []
+    seen, printed = [], []
 
     class Record(transformers.TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            seen.append(dict(logs))
+        def __init__(self, out):
+            self.out = out
 
-    trainer.add_callback(Record())
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.out.append(dict(logs))
+
+    trainer.callback_handler.callbacks.insert(1, Record(seen))  # where the reporters sit
+    trainer.add_callback(Record(printed))  # where the console printer sits: the series are out again
     trainer.train()
+    assert printed and not any(k.startswith("scales.") for r in printed for k in r)
     losses = [r["loss"] for r in seen if "loss" in r]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.5, losses
     n_vectors = sum(1 for m in model.modules() if type(m).__name__ in ("ORScale", "DirectScale", "ERScale"))

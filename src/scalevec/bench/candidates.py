@@ -5,6 +5,8 @@ the way a strategy applies its scales, ``hf-llama`` (``transformers.LlamaForCaus
 SDPA attention, holding the baseline's initial weights, trained with the same loss, clipping and a torch
 AdamW with the same settings: decay on matrices and LM head, none on embedding and norm gains), and
 ``dense-active`` (an MoE preset's dense twin with the same active matmul parameters, less the router).
+``NAME+metrics`` is candidate ``NAME`` with the per-scale-vector telemetry (``training/telemetry.py``, issue 36)
+captured and collected on every step: its cost at ``train.log_every=1``, the most it can cost.
 Every candidate starts from the same matrices, so their initial losses agree (a check on equal work).
 """
 
@@ -24,11 +26,13 @@ from scalevec.hf.export import hf_config, hf_state_dict
 from scalevec.model.fold import fold_scales
 from scalevec.model.transformer import Transformer, build_model
 from scalevec.training.optim import build_optimizers, param_groups
+from scalevec.training.telemetry import ScaleTelemetry
 
 HF = "hf-llama"
 DENSE = "dense-active"  # an MoE preset's dense twin with the same active matmul parameters (less the router)
 DEFAULT_STRATEGIES = "baseline,hg,dp,or,er,iwd,unified_foldable,unified,hf-llama"
 GPU_STRATEGIES = "baseline,unified,unified_foldable,hf-llama"  # the issue's GPU set: few compilations
+METRICS = "+metrics"  # NAME+metrics: the per-vector telemetry on every step (issue 36)
 
 
 @dataclass
@@ -53,10 +57,12 @@ def parse_candidates(spec: str) -> list[str]:
     if not names:
         raise ValueError("--strategies is empty; give a comma-separated list, e.g. --strategies baseline,unified")
     for n in names:
-        base, _, apply = n.partition(":")
-        if n not in (HF, DENSE) and (base not in PRESET_NAMES or (apply and apply not in SCALE_CHOICES["apply"])):
+        bare = n.removesuffix(METRICS)
+        base, _, apply = bare.partition(":")
+        if bare not in (HF, DENSE) and (base not in PRESET_NAMES or (apply and apply not in SCALE_CHOICES["apply"])):
             raise ValueError(f"unknown candidate {n!r} in --strategies; use {HF}, {DENSE} (MoE presets), a strategy "
-                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:APPLY ({' / '.join(SCALE_CHOICES['apply'])})")
+                             f"({', '.join(PRESET_NAMES)}) or STRATEGY:APPLY ({' / '.join(SCALE_CHOICES['apply'])}), "
+                             f"each optionally +metrics")
     if len(set(names)) != len(names):
         raise ValueError(f"--strategies lists a candidate twice: {spec}; list each once")
     return names
@@ -124,6 +130,8 @@ def make_candidate(name: str, cfg: ModelConfig, x: Tensor, y: Tensor, device: to
 
     ``x``, ``y``: the (batch, seq) input and target ids every step reuses; ``autocast``: a context manager
     (bf16 autocast or a null context); ``compile``: compile each block, as the trainer does."""
+    full, metrics = name, name.endswith(METRICS)
+    name = name.removesuffix(METRICS)
     if name == HF:
         model = hf_llama(cfg, build_model(cfg, ScaleConfig.preset("baseline"), seed=seed)).to(device)
         optimizers = [hf_optimizer(model, ocfg)]
@@ -145,6 +153,8 @@ def make_candidate(name: str, cfg: ModelConfig, x: Tensor, y: Tensor, device: to
         for layer in layers:  # per block, as the trainer compiles (distributed.wrap)
             layer.compile()
     params = list(model.parameters())
+    # hf-llama carries no roles: its +metrics has no per-layer part (and no scale vectors)
+    telemetry = ScaleTelemetry(model, {} if name == HF else None).attach(optimizers, every=1) if metrics else None
 
     def step() -> Tensor:
         with autocast:
@@ -157,6 +167,8 @@ def make_candidate(name: str, cfg: ModelConfig, x: Tensor, y: Tensor, device: to
         torch.nn.utils.clip_grad_norm_(params, ocfg.grad_clip)
         for opt in optimizers:
             opt.step()
+        if telemetry is not None:
+            telemetry.collect()  # captured by the optimizer pre-hook; one device-to-host transfer
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         return loss.detach()
@@ -165,4 +177,4 @@ def make_candidate(name: str, cfg: ModelConfig, x: Tensor, y: Tensor, device: to
         with torch.inference_mode(), autocast:
             return logits()
 
-    return Candidate(name, model, optimizers, step, forward, sum(p.numel() for p in params))
+    return Candidate(full, model, optimizers, step, forward, sum(p.numel() for p in params))

@@ -11,7 +11,8 @@
   optimizer steps: it captures in ``on_pre_optimizer_step`` (gradients after clipping), collects in
   ``on_optimizer_step`` and adds the scalars to the next ``on_log``'s ``logs``. Callbacks see ``logs`` in list
   order and transformers puts a user's callbacks after its reporters, so ``add_scale_metrics(trainer)`` puts
-  it first: then ``report_to`` (TensorBoard, W&B, ...) gets every series.
+  it first: then ``report_to`` (TensorBoard, W&B, ...) gets every series, which it takes out again before the
+  console's progress printer. transformers' reporters prefix every training series with ``train/``.
 """
 
 from __future__ import annotations
@@ -91,16 +92,37 @@ class ScaleMetricsCallback(TrainerCallback):
             self.pending = _scalars(self.telemetry.collect())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        self.added = []
         if self.pending and logs is not None and "loss" in logs:
             logs.update(self.pending)
+            self.added = list(self.pending)
             self.pending = {}
+
+
+class _StripScaleMetrics(TrainerCallback):
+    """Takes the series ``ScaleMetricsCallback`` added to ``logs`` out again, after the reporters and before the
+    console printers (``ProgressCallback`` / ``PrinterCallback`` would print every series of every vector)."""
+
+    def __init__(self, source: ScaleMetricsCallback):
+        self.source = source
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            for key in getattr(self.source, "added", []):
+                logs.pop(key, None)
 
 
 def add_scale_metrics(trainer, every: int | None = None) -> ScaleMetricsCallback:
     """Add a ``ScaleMetricsCallback`` to ``trainer`` (a ``transformers.Trainer``) first in its callback list, so that
-    the reporters of ``report_to`` log its series too; returns the callback."""
+    the reporters of ``report_to`` (TensorBoard, W&B, ...) log its series too, and take the series out of the logs
+    again before the console's progress printer; returns the callback."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
     cb = ScaleMetricsCallback(every)
-    trainer.callback_handler.callbacks.insert(0, cb)
+    callbacks = trainer.callback_handler.callbacks
+    printers = [i for i, c in enumerate(callbacks) if isinstance(c, (PrinterCallback, ProgressCallback))]
+    callbacks.insert(printers[0] if printers else len(callbacks), _StripScaleMetrics(cb))
+    callbacks.insert(0, cb)
     return cb
 
 
