@@ -5,7 +5,7 @@ One Input-Norm feeds the router and every expert's gate and up projections::
     x ──n──> u ──(γ)──┬──(γ_router)── W_router ── softmax ── top-k ── renormalize ──> w_t1..w_tk
                       │                                                        (which experts, how much)
                       ├──(γ_gate[e])── W_gate[e] ──(s_gate[e])──> g ─┐
-                      ├──(γ_up[e])──── W_up[e] ────(s_up[e])──> v ───┴─ silu(g)·v ── W_down[e] ──> y_e
+                      ├──(γ_up[e])──── W_up[e] ────(s_up[e])──> v ───┴─ silu(g)·v ── W_down[e] ──(s_down[e])──> y_e
                       └── shared experts (optional): an always-on SwiGLU reading the same u
 
     MoE(x) = Σ_j w_tj · y_{e_tj}(u_t)  (+ shared experts' output)
@@ -14,8 +14,10 @@ Where scale vectors sit is ``ScalePlan.moe`` (``scales.scale_plan``, the same ru
 ``shared`` puts one γ on the norm; ``branch`` (HG) gives γ_router, γ_gate and γ_up (shared by all experts,
 or one per expert with ``per_expert``: shape ``(E, d_model)``); ``dual`` (DP) adds an output scale s per
 expert, shape ``(E, d_expert)``, on gate and up (foldable into the expert's rows); ``dual_norm`` (DNP)
-computes ``s ⊙ n(W_e u)`` with n over d_expert (``NormedExpertProj``). The router never gets an output
-scale. ``magdir``/``magdir_exp`` reparameterize every γ and s (per expert: one magnitude per expert).
+computes ``s ⊙ n(W_e u)`` with n over d_expert (``NormedExpertProj``). The down banks are planned too
+(``ScalePlan.expert_down``, and ``ScalePlan.down`` for the shared experts): with ``dual_sites`` ``down`` (opt-in)
+each expert's W_down gets an s of its own, shape ``(E, d_model)``, folded into its rows. The router never gets an
+output scale. ``magdir``/``magdir_exp`` reparameterize every γ and s (per expert: one magnitude per expert).
 
 Expert weights are 3-D banks ``(E, d_out, d_in)`` with role ``matrix`` (Muon treats each expert slice as
 its own matrix, DESIGN.md §5); the router weight ``(E, d_model)`` has role ``router``. Scales are always
