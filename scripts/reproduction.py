@@ -764,45 +764,55 @@ def horizon_figure(cells: list, figures: Path) -> str:
     return "horizon_deltas.png"
 
 
-def wsd_lines(cells: list, results: Path, figures: Path | None) -> list[str]:
-    """Δ(t) of the WSD cell at every evaluation (held-out same-kind pairs), with a figure."""
+def delta_t_lines(cells: list, results: Path, figures: Path | None) -> list[str]:
+    """Δ(t) at every evaluation of each horizon cell (held-out same-kind pairs), the WSD cell's with a figure."""
     from scalevec.experiments import protocol3
 
-    cell = next((c for c in cells if c.variant == "-wsd"), None)
-    if cell is None:
-        return ["**The WSD cell** (`results/ladder-cpu-25k-shakespeare-tpp100-wsd`, Δ(t) at every evaluation): "
-                "not reached yet (its study file is queued in `scripts/study.sh horizon`).", ""]
-    lines = [f"**The WSD cell** (`results/{cell.name}`): Δ(t) on its held-out seeds at every evaluation.", "",
-             "| tokens | " + " | ".join(f"Δ {s}" for s in V3_STRATEGIES) + " |", "|---:|" + "---:|" * 2]
-    curves = {s: dict(protocol3.delta_curve(results / cell.name, cell, s)) for s in V3_STRATEGIES}
-    steps = sorted(set().union(*curves.values()))
-    for t in steps:
-        lines.append(f"| {t:,} | " + " | ".join(_ci(curves[s].get(t)) for s in V3_STRATEGIES) + " |")
-    if not steps:
-        lines.append("| (no held-out seeds yet) | | |")
-    if figures is not None and steps:
-        import matplotlib
+    lines = ["**Δ during training** (Δ(t): each evaluation of the horizon cells, on the same held-out same-kind "
+             "pairs as their final Δ; tokens seen so far; the paper says `unified`'s advantage grows through WSD's "
+             "stable phase).", ""]
+    wsd = next((c for c in cells if c.variant == "-wsd"), None)
+    if wsd is None:
+        lines += ["The WSD cell (`results/ladder-cpu-25k-shakespeare-tpp100-wsd`) has not been reached yet (its "
+                  "study file is queued in `scripts/study.sh horizon`).", ""]
+    shown = 0
+    for cell in sorted((c for c in cells if c.tpp != 20), key=_order):
+        curves = {s: dict(protocol3.delta_curve(results / cell.name, cell, s)) for s in V3_STRATEGIES}
+        steps = sorted(set().union(*curves.values()))
+        if not steps:
+            continue
+        shown += 1
+        lines += [f"`{cell.name}`:", "", "| tokens | " + " | ".join(f"Δ {s} [95 % CI] (pairs)" for s in V3_STRATEGIES)
+                  + " |", "|---:|" + "---:|" * len(V3_STRATEGIES)]
+        for t in steps:
+            lines.append(f"| {t:,} | " + " | ".join(
+                (f"{_ci(curves[s][t])} ({curves[s][t].n})" if t in curves[s] else "—") for s in V3_STRATEGIES) + " |")
+        lines.append("")
+        if cell is wsd and figures is not None:
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        for s in V3_STRATEGIES:
-            ts = sorted(curves[s])
-            ds = [curves[s][t] for t in ts]
-            ax.plot(ts, [d.delta for d in ds], marker="o", ms=3, label=s)
-            ax.fill_between(ts, [d.lo for d in ds], [d.hi for d in ds], alpha=0.2)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xlabel("training tokens")
-        ax.set_ylabel("Δ validation loss vs baseline (nats/token)")
-        ax.set_title("WSD, cpu-25k Shakespeare, 100 tokens/param: Δ(t), held-out seeds (95 %)", fontsize=8)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        figures.mkdir(parents=True, exist_ok=True)
-        fig.savefig(figures / "horizon_wsd_delta_t.png", dpi=130)
-        plt.close(fig)
-        lines += ["", "![horizon_wsd_delta_t.png](figures/horizon_wsd_delta_t.png)"]
-    return lines + [""]
+            fig, ax = plt.subplots(figsize=(6, 3.6))
+            for s in V3_STRATEGIES:
+                ts = sorted(curves[s])
+                ds = [curves[s][t] for t in ts]
+                ax.plot(ts, [d.delta for d in ds], marker="o", ms=3, label=s)
+                ax.fill_between(ts, [d.lo for d in ds], [d.hi for d in ds], alpha=0.2)
+            ax.axhline(0, color="k", lw=0.8)
+            ax.set_xlabel("training tokens")
+            ax.set_ylabel("Δ validation loss vs baseline (nats/token)")
+            ax.set_title("WSD, cpu-25k Shakespeare, 100 tokens/param: Δ(t), held-out seeds (95 %)", fontsize=8)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            figures.mkdir(parents=True, exist_ok=True)
+            fig.savefig(figures / "horizon_wsd_delta_t.png", dpi=130)
+            plt.close(fig)
+            lines += ["![horizon_wsd_delta_t.png](figures/horizon_wsd_delta_t.png)", ""]
+    if not shown:
+        lines += ["No horizon cell has held-out pairs yet.", ""]
+    return lines
 
 
 def v3_section(results: Path, figures: Path | None) -> list[str]:
@@ -853,7 +863,7 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
                       f"{s} {_ci(quarter.arms[s].held_out if s in quarter.arms else None)} (1.86 passes) vs "
                       f"{_ci(full.arms[s].held_out if s in full.arms else None)} (0.44)" for s in V3_STRATEGIES) + ".",
                   ""]
-    lines += wsd_lines(cells, results, figures)
+    lines += delta_t_lines(cells, results, figures)
     fit_lines, extra = nd_section(cells, results)
     lines += ["**The (N, D) fit** L(N, D) = E + A·(N/10⁴)^(−α) + B·(D/10⁶)^(−β) per corpus and strategy, over every "
               "cell of both budgets without a variant, each cell's held-out seeds at the strategy's tuned lr "
