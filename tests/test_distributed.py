@@ -167,8 +167,10 @@ def test_two_processes_match_one(runs, dist_mode, strategy, optimizer, arch):
     assert max_diff([r["val_loss"] for r in ref_val], [r["val_loss"] for r in got_val]) <= TOL
     ref_scales, got_scales = ref[-1]["scales"], got[-1]["scales"]
     assert set(ref_scales) == set(got_scales) and ref_scales
-    stats = ("mean", "std", "min", "max")
+    stats = ("mean", "std", "min", "max", "rms", "grad_norm", "update_norm")  # FSDP2: shards gathered / summed
     assert max(abs(ref_scales[k][s] - got_scales[k][s]) for k in ref_scales for s in stats) <= W_TOL
+    ref_layers, got_layers = ref[-1]["grad_norms"], got[-1]["grad_norms"]  # per-layer matrix gradient norms
+    assert set(ref_layers) == set(got_layers) and max(abs(ref_layers[k] - got_layers[k]) for k in ref_layers) <= TOL
 
 
 @pytest.mark.parametrize("dist_mode", ["ddp", "fsdp2"])

@@ -146,6 +146,10 @@ def test_apply_strategy_refuses_bad_input_in_one_line():
     model = apply(tiny_hf(), "unified")
     with pytest.raises(ValueError, match="already carries strategy unified, which cannot fold"):
         apply_strategy(model, "baseline")
+    tied = tiny_hf(tie=True)  # none cannot hold the final γ with a tied head: refused before anything changes
+    with pytest.raises(ValueError, match="strategy none with tied embeddings"):
+        apply_strategy(tied, "none")
+    assert type(tied.model.layers[0].self_attn.q_proj) is torch.nn.Linear and not hasattr(tied, "scalevec_info")
 
 
 def test_apply_strategy_to_scalevecs_own_model_converts_in_place():
@@ -390,6 +394,19 @@ def test_scale_metrics_are_right_and_cost_one_transfer(monkeypatch):
     metrics.capture()
     metrics.collect()
     assert calls == {"tolist": 1, "item": 0}
+
+
+def test_update_norm_of_a_direct_scale_is_the_step_taken():
+    """A direct γ is the parameter itself, which the optimizer changes in place: the update is still the step's."""
+    model = apply(tiny_hf("llama"), "baseline").train()
+    opt = torch.optim.AdamW(param_groups(model, lr=1e-2), foreach=True)
+    metrics = scale_metrics(model, opt)
+    hf_loss(model, batch()).backward()
+    before = model.model.norm.scale.weight.detach().clone()
+    opt.step()
+    step = (model.model.norm.scale.weight.detach() - before).norm().item()
+    assert step > 1e-3
+    assert metrics.latest["scales"]["model.norm.scale"]["update_norm"] == pytest.approx(step, rel=1e-5)
 
 
 def test_scalevec_trainer_telemetry_agrees_with_the_standalone_collector():

@@ -170,9 +170,7 @@ def _branch(linear: nn.Linear, plan, eps: float, ops) -> Branch:
     """The ``scales.Projection`` (or DNP's ``ProjNormedBranch``) of ``plan`` (a ``BranchPlan``) around ``linear``'s own
     weight Parameter, so that its name (``q_proj.weight``) does not change; its scale vectors at γ = s = 1
     (``assign`` sets γ after)."""
-    if linear.bias is not None:
-        raise ValueError("a projection with a bias is not supported (scalevec's model has none)")
-    w = linear.weight
+    w = linear.weight  # no bias (_check)
     cls = ProjNormedBranch if plan.normalized else Projection
     with torch.device("meta"):
         b = cls(w.shape[1], w.shape[0], plan, eps, ops)
@@ -218,6 +216,7 @@ def _apply_hf(model: nn.Module, scfg: ScaleConfig, name: str) -> StrategyInfo:
     if not scfg.foldable:
         info.notes.append("DNP normalizes the outputs of W_gate/W_up, which the source does not")
     base = model.model
+    _check(model, cfg, plan)  # every refusal before the first module is replaced: no half-converted model
     lost = []
 
     def replace(parent: nn.Module, name: str, new: nn.Module, path: str) -> None:
@@ -276,14 +275,9 @@ def _apply_hf(model: nn.Module, scfg: ScaleConfig, name: str) -> StrategyInfo:
         gamma = _norm_weight(base.norm)
         norm = _site_norm(base.norm, plan.head.gamma, cfg.d_model, eps, ops)
         head = model.lm_head
-        if plan.head.branches["lm_head"].gamma is not None or plan.head.branches["lm_head"].s is not None:
-            raise ValueError("a strategy with scale vectors on the LM head's own branch is not supported here")
         if norm.scale is not None:
             _set_gamma(norm.scale, gamma)
-        elif not torch.equal(gamma, torch.ones_like(gamma)):
-            if head.weight is base.embed_tokens.weight:
-                raise ValueError("strategy none with tied embeddings cannot hold the final norm's γ; choose a "
-                                 "strategy with scale vectors (or untie the LM head)")
+        elif not torch.equal(gamma, torch.ones_like(gamma)):  # strategy none, untied (_check): into the head
             head.weight.mul_(gamma.to(head.weight.dtype))
         replace(base, "norm", norm, "model.norm")
         if head.weight is not base.embed_tokens.weight:
@@ -293,6 +287,35 @@ def _apply_hf(model: nn.Module, scfg: ScaleConfig, name: str) -> StrategyInfo:
         info.notes.append(f"strategy {info.strategy} has no slot for the QK-norm γ of {', '.join(lost[:2])}"
                           + (f" (and {len(lost) - 2} more)" if len(lost) > 2 else ""))
     return info
+
+
+def _check(model: nn.Module, cfg: ModelConfig, plan) -> None:
+    """Raise ``ValueError`` for what ``_apply_hf`` cannot put in, before it changes anything: a projection with a
+    bias, MoE experts in another layout, scale vectors on the LM head's own branch, the final norm's γ ≠ 1 with
+    no vector to hold it (``none``) and a tied LM head to fold it into."""
+    base = model.model
+    for layer in base.layers:
+        linears = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj]
+        mlp = layer.mlp
+        if hasattr(mlp, "experts"):
+            ex = mlp.experts
+            if getattr(ex, "gate_up_proj", None) is None or ex.gate_up_proj.dim() != 3 or \
+                    getattr(ex, "is_transposed", False) or not getattr(ex, "is_concatenated", True):
+                raise ValueError(f"{type(ex).__name__}: expert weights in a layout scalevec does not read (it reads "
+                                 f"gate_up_proj (E, 2·d_expert, d) concatenated, as transformers 5 holds Mixtral and "
+                                 f"Qwen3-MoE)")
+        else:
+            linears += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if any(getattr(m, "bias", None) is not None for m in linears):
+            raise ValueError("a projection with a bias is not supported (scalevec's model has none)")
+    head = plan.head.branches["lm_head"]
+    if head.gamma is not None or head.s is not None:
+        raise ValueError("a strategy with scale vectors on the LM head's own branch is not supported here")
+    gamma = base.norm.weight
+    if plan.head.gamma is None and not torch.equal(gamma, torch.ones_like(gamma)) and \
+            model.lm_head.weight is base.embed_tokens.weight:
+        raise ValueError("strategy none with tied embeddings cannot hold the final norm's γ; choose a strategy with "
+                         "scale vectors (or untie the LM head)")
 
 
 def _put_moe(mlp: nn.Module, cfg: ModelConfig, plan, ops, gamma: Tensor, norm_has_scale: bool) -> type:
@@ -312,10 +335,7 @@ def _put_moe(mlp: nn.Module, cfg: ModelConfig, plan, ops, gamma: Tensor, norm_ha
         _set_gamma(sv, gamma)
         router.in_scale = sv
         router.register_forward_pre_hook(_router_pre_hook)
-    gate_up, down = hf.gate_up_proj, hf.down_proj
-    if gate_up.dim() != 3 or getattr(hf, "is_transposed", False) or not getattr(hf, "is_concatenated", True):
-        raise ValueError(f"{type(hf).__name__}: expert weights in a layout scalevec does not read (it reads "
-                         f"gate_up_proj (E, 2·d_expert, d) concatenated, as transformers 5 holds Mixtral/Qwen3-MoE)")
+    gate_up, down = hf.gate_up_proj, hf.down_proj  # the layout _check accepted
     f = cfg.moe.d_expert
     with torch.device("meta"):
         ex = Experts(cfg, plan, ops)

@@ -96,7 +96,7 @@ class ScaleTelemetry:
     @torch.no_grad()
     def capture(self) -> None:
         """Take the gradients (squared norms, on the device: no sync) and γ before the optimizer step."""
-        before = [_gamma(m) for _, m, _, _ in self.vectors]
+        before = [_gamma(m).clone() for _, m, _, _ in self.vectors]  # a direct γ is the parameter: copy it
         vec = [[_sq(p.grad, self.device) for p in ps] for _, _, _, ps in self.vectors]
         lay = [[_sq(p.grad, self.device) for p in ps] for ps in self.layers.values()]
         self._captured = (before, vec, lay)
