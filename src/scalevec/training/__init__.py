@@ -1,6 +1,9 @@
 """Training one run into a run directory (DESIGN.md §5-§8, §11).
 
-- ``trainer``: ``scalevec train``: the config of a run, the ``Trainer`` loop, telemetry and the health guard
+- ``trainer``: ``scalevec train``'s ``Trainer``: construction, the step, evaluation, the loop, checkpointing
+- ``run_owner``: the run directory during training: lock, checks, create or restart, rank 0's writes
+- ``health``: the health guard (its rules and saved state, ``DIVERGED``)
+- ``monitors``: callbacks after each step and evaluation (metrics rows, console, probes, trackers, summary)
 - ``optim``: parameter groups by role and the optimizers (AdamW, Muon)
 - ``schedule``: learning-rate schedules as pure functions of the step
 - ``distributed``: devices, DDP / FSDP2 wrapping and the sharded Muon
