@@ -61,7 +61,7 @@ def scale_metrics(model: nn.Module, optimizer=None, every: int = 1) -> LoopMetri
 class ScaleMetricsCallback(TrainerCallback):
     """Per-scale-vector and per-layer metrics for ``transformers.Trainer`` (module docstring). ``every``: optimizer
     steps between two collections (default: ``args.logging_steps``); collected on the steps whose count after
-    the step is a multiple of it (the steps the Trainer logs) and on the first."""
+    the step is a multiple of it (the steps the Trainer logs), and on the first with ``logging_first_step``."""
 
     def __init__(self, every: int | None = None):
         if TrainerCallback is object:
@@ -80,7 +80,8 @@ class ScaleMetricsCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         step = state.global_step + 1  # the step count the Trainer logs this step under
-        if model is not None and (step % self._every(args, state) == 0 or state.global_step == 0):
+        first = state.global_step == 0 and getattr(args, "logging_first_step", False)
+        if model is not None and (step % self._every(args, state) == 0 or first):
             if self.telemetry is None:
                 from scalevec.integrations.groups import model_roles
 
