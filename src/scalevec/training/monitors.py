@@ -29,6 +29,8 @@ from scalevec.config_codec import to_dict
 from scalevec.model.params import count_params
 from scalevec.run_budget import run_tokens, tokens_per_step
 from scalevec.training import rundir, tracking
+from scalevec.training.optim import group_table
+from scalevec.training.schedule import warmup_warning
 from scalevec.training.telemetry import moe_stats
 
 
@@ -124,6 +126,22 @@ class Console(Monitor):
         except BrokenPipeError:
             self.quiet = True
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush must not fail
+
+    def header(self) -> None:
+        """The lines that open a new run (rank 0): a warmup warning on stderr (even when quiet); the run, the
+        corpus's documents and which are validation, the parameter groups and the compile decision on stdout."""
+        tr = self.trainer
+        if not tr.write:
+            return
+        note = warmup_warning(tr.steps, tr.cfg.schedule)
+        if note:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+        per_step = tokens_per_step(tr.cfg)
+        self.say(f"run {tr.out} · {tr.cfg.preset} · {tr.cfg.strategy} · {count_params(tr.model)['params']:,} params "
+                 f"· {tr.steps} steps × {per_step:,} tokens · {tr.world} process(es) on {tr.device}")
+        self.say(tr.data.describe())
+        self.say(group_table(tr.groups))
+        self.say(f"compile: {'on' if tr.compiled else 'off'} ({tr.compile_why})")
 
     def after_step(self, ev: StepEvent) -> None:
         if self.bar is None and not self.quiet and sys.stderr.isatty():

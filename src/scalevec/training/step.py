@@ -1,4 +1,4 @@
-"""The arithmetic of one training step: the loss over a split global batch (DESIGN.md §8).
+"""The arithmetic of one training step, the loss over a split global batch, and of an evaluation (DESIGN.md §8).
 
 ``accumulate_gradients`` runs forward and backward over one rank's micro-batches so that the gradient is
 that of the token-mean loss of the *whole* global batch, however it is split over micro-batches and
@@ -7,6 +7,7 @@ ranks. The optimizer step, clipping and the health guard are the trainer's (``tr
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 
 import torch
@@ -42,4 +43,29 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: list[tuple[torch
     return loss, distributed.all_reduce_sum(aux_total) / world
 
 
-__all__ = ["accumulate_gradients"]
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], n_bytes: int,
+             device: torch.device, autocast=None) -> tuple[float, float]:
+    """``(loss in nats/token, bits per byte)`` of ``model`` over the fixed validation set ``batches`` (DESIGN.md
+    §8; ``sampler.val_batches``, whose targets stand for ``n_bytes`` UTF-8 bytes). Rank r of W evaluates batches
+    r, r+W, ... and the sums are all-reduced, so every rank calls and gets the same figures; every rank runs the
+    same number of forwards (FSDP2 all-gathers in each), a spare one not counted. Leaves ``model`` in train mode."""
+    rank, world = distributed.rank(), distributed.world_size()
+    model.eval()
+    ce_sum = torch.zeros((), device=device, dtype=torch.float64)
+    n = torch.zeros((), device=device, dtype=torch.float64)
+    mine = batches[rank::world]
+    for i in range(-(-len(batches) // world)):
+        x, y = mine[i] if i < len(mine) else batches[0]
+        with autocast or nullcontext():
+            ce, cnt, _ = model(x.to(device), y.to(device))
+        if i < len(mine):
+            ce_sum += ce.double()
+            n += cnt
+    ce_sum, n = distributed.all_reduce_sum(ce_sum), distributed.all_reduce_sum(n)
+    model.train()
+    loss = (ce_sum / n).item()
+    return loss, ce_sum.item() / (math.log(2) * n_bytes)
+
+
+__all__ = ["accumulate_gradients", "evaluate"]

@@ -38,7 +38,6 @@ from scalevec.config_codec import config_diff, format_diff
 from scalevec.data.corpus import prepare_data
 from scalevec.data.sampler import TrainSampler, val_batches
 from scalevec.model.flops import flops_per_token, peak_flops
-from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
 from scalevec.resolve import fit_vocab
 from scalevec.run_budget import tokens_per_step, total_steps
@@ -51,8 +50,8 @@ from scalevec.training.health import BLOWUP_RATIO, BLOWUP_STEPS, HealthGuard, Tr
 from scalevec.training.monitors import EvalEvent, StepEvent
 from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
 from scalevec.training.run_owner import RunDirOwner, TrainingFailed, check_target
-from scalevec.training.schedule import lr_multiplier, warmup_warning
-from scalevec.training.step import accumulate_gradients
+from scalevec.training.schedule import lr_multiplier
+from scalevec.training.step import accumulate_gradients, evaluate
 from scalevec.training.telemetry import ScaleTelemetry
 
 
@@ -271,24 +270,9 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         return stats[0], stats[1], stats[2]
 
-    @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
-        """Validation loss in nats/token and bits-per-byte over the fixed validation set."""
-        self.wrapped.eval()
-        ce_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        n = torch.zeros((), device=self.device, dtype=torch.float64)
-        mine = self.val[self.rank::self.world]
-        for i in range(-(-len(self.val) // self.world)):  # the same number of forwards on every rank (FSDP2
-            x, y = mine[i] if i < len(mine) else self.val[0]  # all-gathers in each); a spare one is not counted
-            with self.autocast:
-                ce, cnt, _ = self.wrapped(x.to(self.device), y.to(self.device))
-            if i < len(mine):
-                ce_sum += ce.double()
-                n += cnt
-        ce_sum, n = distributed.all_reduce_sum(ce_sum), distributed.all_reduce_sum(n)
-        self.wrapped.train()
-        loss = (ce_sum / n).item()
-        return loss, ce_sum.item() / (math.log(2) * self.val_bytes)
+        """Validation loss in nats/token and bits-per-byte over the fixed validation set (``step.evaluate``)."""
+        return evaluate(self.wrapped, self.val, self.val_bytes, self.device, self.autocast)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -311,18 +295,9 @@ class Trainer:
             raise self.run_dir.failed(e, self.step) from None
 
     def _train(self, stop_at: int | None) -> dict:
-        per_step = tokens_per_step(self.cfg)
         self.end = min(self.steps, stop_at) if stop_at is not None else self.steps
-        note = warmup_warning(self.steps, self.cfg.schedule)
-        if note and self.step == 0 and self.write:
-            print(f"warning: {note}", file=sys.stderr, flush=True)
-        if self.step == 0 and self.write:
-            params = count_params(self.model)["params"]
-            self.say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {params:,} params · "
-                     f"{self.steps} steps × {per_step:,} tokens · {self.world} process(es) on {self.device}")
-            self.say(self.data.describe())  # how many documents the corpus gave and which are validation
-            self.say(group_table(self.groups))
-            self.say(f"compile: {'on' if self.compiled else 'off'} ({self.compile_why})")
+        if self.step == 0:
+            self.console.header()
         t_start = time.perf_counter() - self.elapsed
         self.wrapped.train()
         with deferred_sigint(True, sigint=self.world == 1) as interrupt:
