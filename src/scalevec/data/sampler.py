@@ -108,9 +108,14 @@ class TrainSampler:
     seq_len 128) or ``"feistel"``, where ``perm_e`` is ``feistel_permutation`` keyed by ``(seed, e)``:
     computed per index, O(batch) memory whatever the corpus size. Default: the token container's
     ``sample_order`` attribute (``prepared.ShardedTokens``: ``feistel``), else ``permutation``.
+
+    ``pin_memory``: batches in page-locked memory (needs CUDA), so that ``.to(cuda, non_blocking=True)``
+    copies them without stalling the host; the values are the same.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, order: str | None = None):
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, order: str | None = None,
+                 pin_memory: bool = False):
+        self.pin_memory = pin_memory  # page-locked batches, for non_blocking copies to a CUDA device
         if seq_len < 1 or batch_size < 1 or seed < 0:
             raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive and seed={seed} >= 0")
         self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
@@ -149,8 +154,9 @@ class TrainSampler:
         return out
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, y)``: int64 tensors ``(batch_size // world_size, seq_len)``, ``y`` = ``x`` shifted by one.
-        Raises ``ValueError`` if batch_size is not divisible by world_size or rank is out of range."""
+        """``(x, y)``: int64 tensors ``(batch_size // world_size, seq_len)``, ``y`` = ``x`` shifted by one (pinned
+        with ``pin_memory``). Raises ``ValueError`` if batch_size is not divisible by world_size or rank is out of
+        range."""
         if world_size < 1 or self.batch_size % world_size:
             raise ValueError(f"batch_size={self.batch_size} is not divisible by world_size={world_size}; "
                              f"use a global batch that is a multiple of the number of processes")
@@ -160,4 +166,5 @@ class TrainSampler:
         starts = self.windows(step)[rank * per_rank:(rank + 1) * per_rank] * self.seq_len
         idx = starts[:, None] + np.arange(self.seq_len + 1)  # (b, T+1)
         w = torch.from_numpy(np.asarray(self.tokens[idx], dtype=np.int64))
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        return (x.pin_memory(), y.pin_memory()) if self.pin_memory else (x, y)

@@ -3,6 +3,7 @@
 ``accumulate_gradients`` runs forward and backward over one rank's micro-batches so that the gradient is
 that of the token-mean loss of the *whole* global batch, however it is split over micro-batches and
 ranks. The optimizer step, clipping and the health guard are the trainer's (``trainer.Trainer.train_step``).
+``accumulate_gradients`` copies nothing to the host: the step's one host sync is the health guard's (issue 34).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: list[tuple[torch
     """
     world = distributed.world_size()
     device = micro_batches[0][0].device
-    n_local = sum(int((y != -100).sum()) for _, y in micro_batches)
-    n_global = distributed.all_reduce_sum(torch.tensor(float(n_local), device=device))
+    # the target count stays on the device (a host copy would stall the step until the device caught up); as
+    # fp32, the value torch.tensor(float(count)) gave before, so the normalization is bitwise unchanged
+    n_local = sum((y != -100).sum() for _, y in micro_batches)
+    n_global = distributed.all_reduce_sum(n_local.float())
     ce_total = torch.zeros((), device=device)
     aux_total = torch.zeros((), device=device)
     for i, (x, y) in enumerate(micro_batches):

@@ -131,7 +131,8 @@ class Trainer:
                 raise ValueError(f"--resume with a config that differs from {self.out / rundir.CONFIG} in: "
                                  f"{format_diff(diff)}; "
                                  f"resume with the stored config (scalevec train --resume --out {self.out})")
-        self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed)
+        self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed,
+                                    pin_memory=self.device.type == "cuda")  # copied with non_blocking
         self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
         self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
         self.model.set_memory_options(checkpoint_blocks(t.activation_checkpointing, cfg.model.n_layers),
@@ -252,10 +253,13 @@ class Trainer:
     # -- the step and evaluation ----------------------------------------------------------------------------
 
     def train_step(self, step: int) -> tuple[float, float, float]:
-        """One optimizer step; returns (loss in nats/token over the global batch, aux loss, grad norm)."""
+        """One optimizer step; returns (loss in nats/token over the global batch, aux loss, grad norm).
+
+        One host sync (issue 34): the guard's three scalars, copied together; the batch is copied without
+        waiting (pinned on CUDA) and the target count stays on the device (``step.accumulate_gradients``)."""
         set_lr(self.optimizers, lr_multiplier(step, self.steps, self.cfg.schedule))
         x, y = self.sampler.batch(step, self.rank, self.world)
-        x, y = x.to(self.device), y.to(self.device)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         micro = [(x[i:i + self.micro], y[i:i + self.micro]) for i in range(0, self.local_batch, self.micro)]
         loss, aux = accumulate_gradients(self.wrapped, micro, self.autocast)
         clip = self.cfg.optim.grad_clip
