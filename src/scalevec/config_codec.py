@@ -341,12 +341,14 @@ def _short_container(value: Any, limit: int) -> str:
     return "[" + ", ".join(items)[:limit + 1] + ("" if len(value) <= 4 else ", ...") + "]"
 
 
-def read_bounded(path: str | Path, what: str, limit: int, fix: str) -> bytes:
-    """The bytes of ``path``, a regular file (a symbolic link to one is fine) of at most ``limit`` bytes.
+def read_bounded(path: str | Path, what: str, limit: int, fix: str, devices: bool = False) -> bytes:
+    """The bytes of ``path``, a regular file (a symbolic link to one is fine) of at most ``limit`` bytes; with
+    ``devices`` also a character device, read up to ``limit + 1`` bytes (``/dev/null`` is empty, ``/dev/zero``
+    too long).
 
-    Opens without blocking, so a FIFO or device never hangs the command: ``ValueError`` (one line naming the
-    path, ``what`` it should be and ``fix``) for a missing path, a directory, anything but a regular file or a
-    file over ``limit`` bytes; ``OSError`` for the rest (permissions)."""
+    Opens without blocking, so a FIFO never hangs the command: ``ValueError`` (one line naming the path, ``what``
+    it should be and ``fix``) for a missing path, a directory, a FIFO, socket or (without ``devices``) device, or
+    more than ``limit`` bytes; ``OSError`` for the rest (permissions)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -358,8 +360,11 @@ def read_bounded(path: str | Path, what: str, limit: int, fix: str) -> bytes:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise ValueError(f"{what} {p} is a directory; {fix}")
-        if not stat.S_ISREG(st.st_mode):
+        device = devices and stat.S_ISCHR(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) and not device:
             raise ValueError(f"{what} {p} is not a regular file (a FIFO, socket or device); {fix}")
+        if device:
+            os.set_blocking(fd, True)
         if st.st_size > limit:
             raise ValueError(f"{what} {p} is {st.st_size:,} bytes, more than the {limit:,} such a file may be; {fix}")
     except BaseException:

@@ -51,6 +51,12 @@ def check_paths(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
     if src == dst or dst in src.parents:
         raise ValueError(f"--out {out} is the source {source} or holds it; choose another --out (the source is "
                          f"never written)")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is an existing file, not a directory; choose a new --out (convert writes "
+                              f"a directory and never replaces a file)")
+    blocker = next((a for a in out.absolute().parents if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise NotADirectoryError(f"{blocker} is a file, so --out {out} cannot be created; choose another --out")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if fmt == "hf":
@@ -100,6 +106,17 @@ def convert(args: argparse.Namespace) -> Path:
     return out
 
 
+def check_finite(model, source: Path) -> None:
+    """Refuse a converted model whose weights hold a NaN or an infinity (a damaged source): ``ValueError`` naming
+    the first such tensor, before anything is written (issue 38: an export from a NaN source was written, exit 0)."""
+    from scalevec.hf.generate import nonfinite_tensor
+
+    bad = nonfinite_tensor(model.named_parameters())
+    if bad is not None:
+        raise ValueError(f"the converted model's {bad} holds non-finite values (NaN or inf): the weights of {source} "
+                         f"are damaged; convert a healthy checkpoint (nothing was written)")
+
+
 def _trainer(cfg, out: Path, init, overwrite: bool = False) -> Trainer:
     """The trainer's set-up for ``cfg`` from ``init`` (the converted model, the report printed); nothing written."""
     return Trainer(cfg, out, overwrite=overwrite, quiet=True, init=init)
@@ -113,6 +130,12 @@ def _write_run(cfg, out: Path, init, overwrite: bool) -> None:
     init; ``OSError`` names the cause and the fix."""
     created = not out.exists()
     trainer = _trainer(cfg, out, init, overwrite)
+    try:
+        check_finite(trainer.model, init.source)
+    except ValueError:
+        trainer.release()
+        distributed.teardown(trainer.dist)
+        raise
     failed = None
     try:
         trainer.setup_run_dir()  # from here the run is ours (locked): removing it on failure touches no other
@@ -137,6 +160,7 @@ def _write_export(cfg, out: Path, init, verify: bool) -> str:
     """What ``scalevec export`` writes from the converted model with its tokenizer (saved as a run saves
     ``tokenizer/``); returns the format. The trainer is built on a path that is never created."""
     from scalevec.hf.export import plan_export, write_export
+    from scalevec.hf.generate import nonfinite_tensor
     from scalevec.hf.verify import verify_tokens
 
     with tempfile.TemporaryDirectory(prefix="scalevec-convert-") as tmp:
@@ -145,7 +169,12 @@ def _write_export(cfg, out: Path, init, verify: bool) -> str:
             tok_dir = Path(tmp) / "tokenizer"
             trainer.data.tokenizer.save(tok_dir)
             model = trainer.model.eval()
+            check_finite(model, init.source)
             plan = plan_export(model, out, tok_dir)
+            bad = nonfinite_tensor(plan.state.items())
+            if bad is not None:  # finite weights whose fold overflows
+                raise ValueError(f"the export of {init.source} would hold non-finite values in {bad} (the folded "
+                                 f"scale vectors overflow float32); nothing was written")
             tokens = None
             if verify:
                 tokens, where = verify_tokens(cfg)
@@ -172,7 +201,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="convert a Hugging Face directory that declares custom code (auto_map); the code is never "
                         "run, its weights are read as the standard model config.json names")
     p.add_argument("--verify", action="store_true",
-                   help="--format hf: load the export with transformers and compare it with the converted model")
+                   help="--format hf: load the export with transformers and compare it with the converted model "
+                        "(every logit within 1e-4, custom code 1e-5, times the largest |logit|; the loss; greedy "
+                        "ids); a mismatch writes nothing and exits 1")
     p.add_argument("--data", help="the run's data (default shakespeare): the first validation batch of the report")
     p.add_argument("--tokenizer", help="bytes, bpe:N or a tokenizer.json (default: the Hugging Face model's own "
                                        "tokenizer.json, else bytes)")

@@ -36,7 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from scalevec.training import rundir
@@ -184,6 +186,8 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     Returns ``{task: {metric: value}}``. Raises ``FileNotFoundError`` for a path that holds no model and
     as ``evaluate_hf_dir`` (``trust_remote_code``: run custom code that is not scalevec's)."""
     path = Path(path)
+    if write:
+        check_eval_file(path)  # before the evaluation: a file the scores cannot merge into is refused now
     if rundir.has_config(path):
         from scalevec.hf.export import export_run
 
@@ -206,13 +210,44 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     return results
 
 
+def check_eval_file(directory: str | Path) -> None:
+    """Refuse, before an evaluation runs, an ``eval.json`` in ``directory`` that the scores could not be merged
+    into: not a regular file, larger than ``MAX_EVAL_JSON_BYTES``, not JSON, or not ``{"tasks": {...}}`` as
+    ``write_eval`` writes it (issue 38: ``[]`` failed after the whole evaluation, with a traceback). Raises
+    ``ValueError`` naming the file and the fix; an absent file passes."""
+    from scalevec.config_codec import read_bounded
+
+    file = Path(directory) / EVAL
+    if not file.exists() and not file.is_symlink():
+        return
+    fix = "move it away (the scores are merged into it) or pass --no-write"
+    raw = read_bounded(file, "the scores file", MAX_EVAL_JSON_BYTES, fix)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ValueError(f"the scores file {file} is not JSON; {fix}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tasks", {}), dict):
+        raise ValueError(f"the scores file {file} is not one scalevec eval writes (it holds "
+                         f"{type(data).__name__ if not isinstance(data, dict) else 'tasks that are no mapping'}, not "
+                         f'{{"tasks": {{...}}}}); {fix}')
+
+
+MAX_TEXT_BYTES = 64 << 20  # --text FILE: larger held-out sets go through prepare-data (memory-mapped)
+MAX_EVAL_JSON_BYTES = 16 << 20
+
+
 def read_text(path: str | Path) -> str:
-    """The text of a held-out file: ``FileNotFoundError`` when missing, ``ValueError`` when empty, not UTF-8
-    (binary data) or holding NUL bytes; a UTF-8 byte-order mark is dropped."""
+    """The text of a held-out file: ``FileNotFoundError`` when missing, ``ValueError`` when it is not a regular
+    file (a FIFO would hang, ``/dev/zero`` never ends), larger than ``MAX_TEXT_BYTES``, empty, not UTF-8 (binary
+    data) or holding NUL bytes; a UTF-8 byte-order mark is dropped."""
+    from scalevec.config_codec import read_bounded
+
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"--text {path}: no such file (pass a UTF-8 text file or a prepare-data folder)")
-    data = path.read_bytes()  # a device (/dev/null) reads as it is: empty, and so refused below
+    data = read_bounded(path, "--text", MAX_TEXT_BYTES,
+                        "pass a UTF-8 text file, or a `scalevec prepare-data` folder for a larger held-out set",
+                        devices=True)
     if not data:
         raise ValueError(f"--text {path} is empty (0 bytes); pass a file with text")
     try:
@@ -228,10 +263,11 @@ def read_text(path: str | Path) -> str:
 
 
 def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = None, batch_size: int = 8,
-                    device: str = "cpu", trust_remote_code: bool = False) -> dict:
+                    device: str = "cpu", trust_remote_code: bool = False, progress: bool = False) -> dict:
     """Held-out perplexity of the model at ``path`` (run or exported HF directory) on ``text``: a UTF-8 file
     (one document, ``perplexity.text_stream``) or a prepare-data folder (its validation split, as tokenized).
-    Windows of ``seq_len`` (default: the model's context, max_seq_len / max_position_embeddings).
+    Windows of ``seq_len`` (default ``default_seq_len``: a run's ``train.seq_len``, an export's context); with
+    ``progress`` a line on stderr every ``PROGRESS_EVERY`` seconds says how far the scoring is.
     Returns ``training.perplexity.perplexity``'s dict plus ``source``. Raises ``FileNotFoundError`` /
     ``ValueError`` for a path that holds no model, bad text (``read_text``), a prepare-data folder tokenized
     with another tokenizer, a ``seq_len`` outside ``[1, context]``, and as ``check_hf_dir``."""
@@ -264,22 +300,46 @@ def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = No
         stream = data.val
     else:
         stream = text_stream(content, tok)
-    seq_len = model.context if seq_len is None else seq_len
+    where = "--seq-len"
+    if seq_len is None:  # a run: its training windows (the validation loss it logged); an export: its context
+        seq_len, where = default_seq_len(path, model.context)
     if not 1 <= seq_len <= model.context:
-        raise ValueError(f"--seq-len {seq_len} must be in [1, {model.context}] (the model's context)")
+        raise ValueError(f"{where} {seq_len} must be in [1, {model.context}] (the model's context)")
+    n_targets, done, last = len(stream) - 1, [0], [time.monotonic()]
 
     def nll(x, y):
         logits = model.logits(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), y.to(logits.device).flatten(), reduction="sum")
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(logits.device).flatten(), reduction="sum")
+        done[0] += y.numel()
+        if progress and time.monotonic() - last[0] >= PROGRESS_EVERY and done[0] < n_targets:
+            last[0] = time.monotonic()
+            print(f"eval --text: {done[0]:,} of {n_targets:,} tokens scored ({100 * done[0] / n_targets:.0f} %)",
+                  file=sys.stderr, flush=True)
+        return loss
 
     n_bytes = None if prepared else len(content.encode("utf-8"))  # a text's own bytes, as issue 26 defines
     out = perplexity(nll, stream, seq_len, tok.token_bytes(), batch_size, n_bytes)
     out["source"] = f"{text} (validation split)" if prepared else str(text)
+    out["seq_len_from"] = where
     return out
 
 
+PROGRESS_EVERY = 10.0  # seconds between eval --text's progress lines (stderr)
+
+
+def default_seq_len(path: Path, context: int) -> tuple[int, str]:
+    """``(window length, where it comes from)`` for ``eval --text`` without ``--seq-len``: a run's
+    ``train.seq_len`` (the windows its logged validation loss was computed on; issue 38), capped at the model's
+    context; an export's context (``max_position_embeddings``: an export does not record the training length)."""
+    if rundir.has_config(path):
+        n = rundir.load_config(path).train.seq_len
+        return min(n, context), "the run's train.seq_len"
+    return context, "the model's context"
+
+
 def print_perplexity(r: dict) -> None:
-    print(f"text {r['source']}: {r['tokens']:,} tokens, {r['bytes']:,} bytes, windows of {r['seq_len']}")
+    how = f" ({r['seq_len_from']})" if r.get("seq_len_from", "--seq-len") != "--seq-len" else ""
+    print(f"text {r['source']}: {r['tokens']:,} tokens, {r['bytes']:,} bytes, windows of {r['seq_len']}{how}")
     print(f"perplexity {r['perplexity']:.4f}  nats/token {r['nats_per_token']:.4f}  bits/byte {r['bits_per_byte']:.4f}")
 
 
@@ -294,7 +354,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="held-out perplexity and bits/byte on a UTF-8 text file, or on the validation split of a "
                         "`scalevec prepare-data` folder (no lm-eval needed; printed, not written)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="--text window length (default: the model's context, max_seq_len)")
+                   help="--text window length (default: a run's train.seq_len, the windows of its validation "
+                        "loss; an export's context)")
     p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
     p.add_argument("--limit", type=float, default=None, help="evaluate only the first N documents of each task")
     p.add_argument("--batch-size", type=int, default=8,
@@ -311,9 +372,11 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     if args.tasks is None and args.text is None:
         raise ValueError("pass --tasks (lm-eval tasks) or --text FILE (held-out perplexity), or both")
+    if args.tasks is not None and not args.no_write:
+        check_eval_file(args.path)  # before --text's scoring and the tasks: one line, nothing evaluated
     if args.text is not None:
         print_perplexity(text_perplexity(args.path, args.text, args.seq_len, args.batch_size, args.device,
-                                         args.trust_remote_code))
+                                         args.trust_remote_code, progress=True))
         if args.tasks is None:
             return 0
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -134,15 +134,18 @@ def custom_code_trusted(hf_dir: str | Path, trust_remote_code: bool = False) -> 
                              f"scalevec cannot check; {fix}")
         files.add(ref.rsplit(".", 1)[0] + ".py")  # module.Class -> module.py, as transformers resolves it
     files |= {str(f.relative_to(hf_dir)) for f in hf_dir.rglob("*.py")}
-    shipped = set(shipped_code_hashes().values())
+    shipped = shipped_code_hashes()  # by file name: two shipped files swapped are not the shipped code
     for name in sorted(files):
         f = hf_dir / name
         if not f.is_file():
             raise ValueError(f"{hf_dir}'s auto_map names {name}, which the directory does not hold; export the "
                              f"model again, or {fix}")
-        if hashlib.sha256(f.read_bytes()).hexdigest() not in shipped:
+        if name not in shipped:
+            raise ValueError(f"{f} is not one of the files of custom code this scalevec ships "
+                             f"({', '.join(sorted(shipped))}) and would run on loading; {fix}")
+        if hashlib.sha256(f.read_bytes()).hexdigest() != shipped[name]:
             raise ValueError(f"{f} is not the custom code this scalevec ships (its sha256 differs from "
-                             f"scalevec/hf/remote's) and would run on loading; {fix}")
+                             f"scalevec/hf/remote/{name}'s) and would run on loading; {fix}")
     return True
 
 
@@ -250,7 +253,21 @@ def load_hf_model(hf_dir: Path, trust: bool):
         raise ValueError(f"{hf_dir}'s weights do not match its config.json (model_type "
                          f"{model.config.model_type!r}, {type(model).__name__}): {problems}; fix config.json, or "
                          f"export the model again")
+    bad = nonfinite_tensor(model.named_parameters())
+    if bad is not None:
+        raise ValueError(f"{hf_dir}'s weight {bad} holds non-finite values (NaN or inf), so every output would be "
+                         f"garbage; export the model again from a healthy checkpoint of its run")
     return model
+
+
+def nonfinite_tensor(named) -> str | None:
+    """The name of the first floating-point tensor of ``named`` (``(name, tensor)`` pairs: ``named_parameters()``,
+    a state dict's items) holding a NaN or an infinity, else None. Such weights make every logit NaN: ``generate``
+    would print NUL bytes and ``eval`` a perplexity of inf, exit 0 (issue 38)."""
+    for name, t in named:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def loading_problems(info: dict) -> str:

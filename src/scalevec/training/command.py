@@ -136,7 +136,58 @@ def config_from_args(args, base: dict | None = None) -> RunConfig:
              if getattr(args, name, None) is not None]
     if getattr(args, "compile", None) is not None:
         flags.append(f"train.compile={'true' if args.compile else 'false'}")
-    return resolve_config(args.preset, args.strategy, flags + list(args.overrides), file_data)
+    return absolute_paths(resolve_config(args.preset, args.strategy, flags + list(args.overrides), file_data))
+
+
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a relative ``data.source`` / ``data.tokenizer`` that names an existing file or folder made
+    absolute, as ``config.yaml`` stores it: ``train --resume`` then finds the data from any working directory
+    (issue 38; ``sweep`` and ``study`` already resolved theirs). Names (``shakespeare``, ``kjv``, ``hf:NAME``,
+    ``bytes``, ``bpe:N``) and paths that do not exist (refused later, naming them) are kept as written."""
+    import os
+    from pathlib import Path
+
+    from scalevec.data.documents import BUNDLED
+
+    data = cfg.data
+    changes = {}
+    for key in ("source", "tokenizer"):
+        value = getattr(data, key)
+        if (not isinstance(value, str) or not value or value in BUNDLED or value == "bytes" or ":" in value
+                or Path(value).is_absolute() or value.startswith("~")):
+            continue
+        if Path(value).exists():
+            changes[key] = os.path.abspath(value)
+    return replace(cfg, data=replace(data, **changes)) if changes else cfg
+
+
+# a model whose weights alone pass this machine's memory fails in the allocator with a traceback (issue 38:
+# model.d_model 10^9 in a run's config on resume); refused first, one line
+def check_fits_memory(cfg: RunConfig) -> None:
+    """Raise ``ValueError`` when ``cfg``'s model cannot exist here: its matrices and embedding alone (a lower
+    bound on its parameters, ``flops.matmul_params_per_token`` + the embedding) in float32 need more bytes than
+    this machine's physical memory and every visible GPU's together. Lenient by design: it refuses only the
+    impossible, never a model that offloading or sharding could fit."""
+    import os
+
+    import torch
+
+    from scalevec.model.flops import matmul_params_per_token
+
+    m = cfg.model
+    params = matmul_params_per_token(m) + m.d_model * m.vocab_size
+    need = 4 * params
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if torch.cuda.is_available():
+        have += sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+    if need > have:
+        raise ValueError(f"the model (d_model {m.d_model:,}, {m.n_layers:,} layers, d_ff {m.d_ff:,}, vocabulary "
+                         f"{m.vocab_size:,}) has at least {params:.3g} parameters, {need / 2**30:,.0f} GiB in float32, "
+                         f"more than this machine's {have / 2**30:,.0f} GiB of memory; choose a smaller model (for "
+                         f"--resume: the model section of the run's config.yaml)")
 
 
 def preset_conflict(source) -> str:
@@ -175,6 +226,7 @@ def run(args) -> int:
     if getattr(args, "print_config", False):
         print_config(cfg)
         return 0
+    check_fits_memory(cfg)
     note = init_from.tokenizer_note(init, cfg) if init is not None else None
     if note:  # even with --quiet: a default that the user did not see is the point
         print(f"note: {note}", file=sys.stderr, flush=True)
@@ -206,5 +258,6 @@ def print_config(cfg: RunConfig) -> None:
     sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-__all__ = ["DIVERGED_EXIT", "FAILED_EXIT", "FLAG_FIELDS", "PREEMPTED_EXIT", "add_arguments", "config_from_args",
+__all__ = ["DIVERGED_EXIT", "FAILED_EXIT", "FLAG_FIELDS", "PREEMPTED_EXIT", "absolute_paths", "add_arguments",
+           "check_fits_memory", "config_from_args",
            "fields_help", "print_config", "run"]

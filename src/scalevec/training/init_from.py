@@ -72,6 +72,9 @@ def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: st
     if schedule_from not in SCHEDULE_FROM:
         raise ValueError(f"--schedule-from {schedule_from!r} is unknown; use restart or continue")
     p = Path(source)
+    if p.exists() and not p.is_dir():
+        raise FileNotFoundError(f"{flag} {p} is a file, not a directory (give a Hugging Face model directory, a run "
+                                f"directory or RUN/checkpoints/step_N)")
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p} does not exist (give a Hugging Face model directory, a run "
                                 f"directory or RUN/checkpoints/step_N)")
