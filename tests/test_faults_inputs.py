@@ -340,3 +340,88 @@ def test_second_study_on_one_folder_is_refused_with_the_first_pid(tmp_path, caps
     finally:
         holder.kill()
         holder.wait()
+
+
+# ------------------------------------------------------------------------------------------------ weak messages
+
+
+def test_usage_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--lr", "1e-3,1e-2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "usage" not in err, err
+    assert "invalid float value" in err and "compare --lr" in err and "scalevec train --help" in err
+
+
+@pytest.mark.parametrize("argv", [["train", "--lr", "-1e-3", "--print-config"],
+                                  ["compare", "--lr", "-1e-3", "--dry-run"]])
+def test_a_negative_lr_reaches_the_lr_check(capsys, argv):
+    assert main(argv) == 2
+    one_line_error(capsys, "optim.lr=-0.001 must be finite and > 0")
+
+
+def _enospc(path=None):
+    import errno
+
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path) if path else None)
+
+
+def test_full_disk_in_prepare_data_names_the_place_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    from scalevec.data import prepared
+
+    src = tmp_path / "corpus.txt"
+    src.write_text("".join(f"document {i}: some words of text.\n\n\n" for i in range(50)))
+    real = prepared._ShardWriter._write
+
+    def full(self, arr):
+        real(self, arr[: len(arr) // 2])
+        raise _enospc(self.dir / f"{self._name}.bin")
+
+    monkeypatch.setattr(prepared._ShardWriter, "_write", full)
+    out = tmp_path / "data" / "prep"
+    assert main(["prepare-data", str(src), "--out", str(out), "--quiet"]) == 2
+    one_line_error(capsys, "No space left on device", str(out), "free space")
+    assert not out.exists() and list((tmp_path / "data").iterdir()) == []
+
+
+def test_full_disk_in_report_leaves_no_truncated_figure(tmp_path, capsys, monkeypatch):
+    import matplotlib.figure
+
+    spec = spec_from_dict(FAKE_SWEEP)
+    out = tmp_path / "out"
+    assert run_sweep(spec, out, train_cmd=FAKE, report=False, quiet=True) == 0
+    real = matplotlib.figure.Figure.savefig
+
+    def full(self, path, *a, **k):
+        Path(path).write_bytes(b"")  # what a full disk leaves: the file created, nothing in it
+        raise _enospc(path)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    assert main(["report", str(out)]) == 2
+    one_line_error(capsys, "No space left on device", "free space", str(out))
+    assert not list(out.glob("*.png")) and not list(out.glob(".*tmp*"))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", real)
+    assert main(["report", str(out)]) == 0
+    assert (out / "loss_curves.png").stat().st_size > 0
+
+
+def test_step_time_that_the_load_made_implausible_is_flagged():
+    import math
+
+    from scalevec.experiments.analysis import StrategyResult
+    from scalevec.experiments.tables import LEGEND, LOAD_MARK, step_time_text
+
+    def result(extra: int, ratio: float) -> StrategyResult:
+        r = StrategyResult.__new__(StrategyResult)
+        r.extra_params, r.step_time_ratio = extra, ratio
+        return r
+
+    assert step_time_text(result(0, 1.0), is_baseline=True) == "1.00×"
+    assert step_time_text(result(1663, 0.92)) == f"0.92× {LOAD_MARK}"  # more work, 8 % faster: the load changed
+    assert step_time_text(result(1663, 0.56)) == f"0.56× {LOAD_MARK}"
+    assert step_time_text(result(1663, 0.97)) == "0.97×"  # within noise
+    assert step_time_text(result(1663, 1.10)) == "1.10×"
+    assert step_time_text(result(-336, 0.90)) == "0.90×"  # fewer parameters: faster is plausible
+    assert step_time_text(result(1663, math.nan)) == "—"
+    assert LOAD_MARK in LEGEND and "load" in LEGEND

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 # (name, module, help). Each module registers its own arguments; its work runs only for its subcommand.
@@ -42,6 +43,32 @@ SUBCOMMANDS = [
 
 BROKEN_PIPE_EXIT = 141  # what a shell reports for a process killed by SIGPIPE
 
+# a negative number in scientific notation (`--lr -1e-3`) is taken for an option by argparse: joined to its flag
+_NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line naming the problem and where the help is (issue 38:
+    `train --lr 1e-3,1e-2` printed 17 lines of usage before its error), exit 2 as every bad input."""
+
+    def error(self, message: str):
+        hint = ""
+        if "invalid float value" in message and "," in message:
+            hint = " (one number; several lrs are tuned by `scalevec compare --lr a,b,c` or a sweep file)"
+        self.exit(2, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``[--flag, -1e-3]`` -> ``[--flag=-1e-3]``, so that a negative number reaches the flag's own check (which
+    names the value and its range) instead of argparse's "expected one argument"."""
+    out: list[str] = []
+    for item in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NEGATIVE.match(item):
+            out[-1] = f"{out[-1]}={item}"
+        else:
+            out.append(item)
+    return out
+
 
 def main(argv: list[str] | None = None) -> int:
     try:
@@ -52,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="scalevec", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="scalevec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module, help_text in SUBCOMMANDS:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     # key=value overrides may stand between flags (`train a=1 --steps 3 b=2`): argparse leaves the later ones over
     if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -236,6 +237,24 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
     if is_prepared(source):
         raise ValueError(f"{source} is already prepared data (it holds {MANIFEST}); train on it with --data {source}")
     docs = iter_documents(source)  # validates the path / type before anything is written
+    try:
+        return _prepare_into(out, source, docs, tokenizer, workers, val_frac, shard_tokens, progress, val_split,
+                             val_seed)
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        # a full disk mid-write was a bare "[Errno 28] No space left on device" (issue 38): say where and what to do
+        raise OSError(f"cannot write the prepared data for {out} ({e.filename or out.parent}: {e.strerror}); free "
+                      f"space there or choose another --out (nothing was left: the partial folder was removed)") from None
+
+
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # writing failed, not reading
+
+
+def _prepare_into(out: Path, source: str, docs, tokenizer: str, workers: int, val_frac: float, shard_tokens: int,
+                  progress: bool, val_split: str, val_seed: int) -> dict:
+    """``prepare_shards``' writing part: everything into a temporary folder beside ``out``, renamed into place at
+    the end; the temporary folder is removed whatever happens."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir()

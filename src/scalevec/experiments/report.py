@@ -19,6 +19,7 @@ axis was tuned, which strategy is the baseline), like lingua's run folder → Da
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from scalevec.experiments import sweepdir
@@ -36,6 +37,7 @@ from scalevec.experiments.tables import (
     scaling_rows,
     text_table,
 )
+from scalevec.training.rundir import write_atomic
 
 
 def _tally_text(found: list[tuple[str, int]], n_runs: int, *, none: str, one: str, many: str,
@@ -102,6 +104,19 @@ def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:
     return "\n".join(out)
 
 
+def _figure(plot, a: Analysis, path: Path):
+    """``plot(a, file)`` into a temporary file beside ``path``, renamed over it once whole: a full disk leaves the
+    previous figure (or none), never a truncated one. Returns what ``plot`` returns; re-raises its ``OSError``."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    try:
+        made = plot(a, tmp)
+        if tmp.exists():
+            os.replace(tmp, path)
+        return made
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     """Read every run under ``root`` and write ``report.md``, ``results.csv``, ``runs.csv`` and figures there.
 
@@ -114,19 +129,24 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     a = analyze(runs, spec)
     if not a.cells:
         raise ValueError(f"no finished runs to compare in {root} ({'; '.join(a.warnings)}); finish the sweep first")
-    figures = ["loss_curves.png"]
-    plot_loss_curves(a, root / "loss_curves.png")
-    if any(c.tune_key for c in a.cells):
-        plot_lr_sweep(a, root / "lr_sweep.png")
-        figures.append("lr_sweep.png")
-    if a.scaling:
-        plot_scaling(a, root / "scaling.png")
-        figures.append("scaling.png")
-    if plot_cells(a, root / "gamma_trajectories.png"):  # rms(γ) per layer over steps, per strategy and role
-        figures.append("gamma_trajectories.png")
-    (root / "runs.csv").write_text(to_csv(runs_frame(runs)))
-    (root / "results.csv").write_text(to_csv(results_frame(a)))
-    (root / "report.md").write_text(render_markdown(a, root, figures))
+    try:
+        figures = ["loss_curves.png"]
+        _figure(plot_loss_curves, a, root / "loss_curves.png")
+        if any(c.tune_key for c in a.cells):
+            _figure(plot_lr_sweep, a, root / "lr_sweep.png")
+            figures.append("lr_sweep.png")
+        if a.scaling:
+            _figure(plot_scaling, a, root / "scaling.png")
+            figures.append("scaling.png")
+        if _figure(plot_cells, a, root / "gamma_trajectories.png"):  # rms(γ) per layer over steps, per strategy/role
+            figures.append("gamma_trajectories.png")
+        write_atomic(root / "runs.csv", to_csv(runs_frame(runs)))
+        write_atomic(root / "results.csv", to_csv(results_frame(a)))
+        write_atomic(root / "report.md", render_markdown(a, root, figures))
+    except OSError as e:  # a full disk was a bare "[Errno 28]" and left a 0-byte figure (issue 38)
+        raise OSError(f"cannot write the report into {root} ({e.filename or root}: {e.strerror or e}); free space "
+                      f"there (or make it writable) and rerun scalevec report {root}; every file it holds is whole "
+                      f"(the report's files are written whole or not at all)") from None
     if not quiet:
         print(f"report: {root / 'report.md'} ({len(a.cells)} cell(s), {len(runs)} runs; figures: {', '.join(figures)})")
         for w in a.warnings:

@@ -43,10 +43,30 @@ def cell_rows(cell: Cell) -> tuple[list[str], list[list[str]]]:
             row.append(f"{r.pick.lr:g}{' †' if r.pick.at_edge else ''}" if r.pick else "—")
         row += [str(len(r.runs)), f"{r.loss_mean:.4f} ± {_num(r.loss_std)}", format_delta(r.delta),
                 _num(r.bpb_mean), "—" if i == 0 else _token_eff(r),
-                f"{r.params:,}", f"{r.extra_params:+,}",
-                f"{r.step_time_ratio:.2f}×" if math.isfinite(r.step_time_ratio) else "—"]
+                f"{r.params:,}", f"{r.extra_params:+,}", step_time_text(r, i == 0)]
         rows.append(row)
     return header, rows
+
+
+STEP_NOISE = 0.05  # step-time ratios within 5 % of 1 are noise between runs of one machine (docs/performance.md)
+LOAD_MARK = "‡"
+
+
+def load_made_implausible(r: StrategyResult, is_baseline: bool = False) -> bool:
+    """Whether ``r``'s step-time ratio contradicts the work its strategy does: more parameters than the baseline
+    (scale vectors on the same matrices: never less work per step) and yet faster by more than ``STEP_NOISE``.
+    Such a ratio measured the machine's load, which changed between the runs (issue 38: the main job printed
+    ``unified 0.56×`` after its last runs ran alone), not the model."""
+    return (not is_baseline and math.isfinite(r.step_time_ratio) and r.extra_params > 0
+            and r.step_time_ratio < 1 - STEP_NOISE)
+
+
+def step_time_text(r: StrategyResult, is_baseline: bool = False) -> str:
+    """The step-time cell: ``1.03×``, ``0.92× ‡`` when the load made it implausible (``load_made_implausible``),
+    ``—`` when not measured."""
+    if not math.isfinite(r.step_time_ratio):
+        return "—"
+    return f"{r.step_time_ratio:.2f}×" + (f" {LOAD_MARK}" if load_made_implausible(r, is_baseline) else "")
 
 
 def _token_eff(r: StrategyResult) -> str:
@@ -78,8 +98,10 @@ LEGEND = ("Final validation loss in nats/token on the same validation tokens for
           "(seed-averaged validation curves, interpolated; > 1 is better; ≥ when reached by the first evaluation, "
           "'not reached' when never). Step time is the process CPU time per optimizer step relative to the "
           "baseline, or the wall clock when a run of the cell did not log CPU time (results.csv: step_time_clock); "
-          "a busy machine still inflates it through shared caches, so compare with care. † marks a tuned value at "
-          "the edge of its grid.")
+          "a busy machine still inflates it through shared caches, so compare with care. ‡ marks a step time more "
+          f"than {STEP_NOISE:.0%} below the baseline's for a strategy with more parameters (more work per step): "
+          "the machine's load changed between the runs, so that ratio measures the load, not the strategy (measure "
+          "the overhead with `scalevec bench`). † marks a tuned value at the edge of its grid.")
 
 
 SCALING_LEGEND = (
@@ -128,5 +150,5 @@ def overhead_rows(a: Analysis) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-__all__ = ["LEGEND", "SCALING_LEGEND", "cell_rows", "format_delta", "md_table", "overhead_rows", "scaling_rows",
-           "text_table"]
+__all__ = ["LEGEND", "LOAD_MARK", "SCALING_LEGEND", "STEP_NOISE", "cell_rows", "format_delta", "load_made_implausible",
+           "md_table", "overhead_rows", "scaling_rows", "step_time_text", "text_table"]
