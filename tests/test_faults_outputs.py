@@ -147,6 +147,15 @@ def test_eval_text_defaults_to_the_runs_seq_len(runs, tmp_path, capsys):
     assert r["seq_len"] == 16
 
 
+def test_eval_text_says_how_far_it_is(runs, tmp_path, capsys, monkeypatch):
+    text = tmp_path / "t.txt"
+    text.write_text("Thou art a villain, and thou knowest it well enough.\n" * 20)
+    monkeypatch.setattr(evaluation, "PROGRESS_EVERY", 0.0)
+    assert main(["eval", str(runs["baseline"]), "--text", str(text), "--batch-size", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "tokens scored" in err and "%" in err, err
+
+
 def test_eval_text_inputs_are_bounded(runs, tmp_path, capsys):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -229,3 +238,31 @@ def test_data_and_init_from_paths_are_stored_absolute(runs, tmp_path, monkeypatc
     for n in ("r-data", "r-init", "r-conv"):
         capsys.readouterr()
         assert main(["train", "--resume", "--out", str(work / n), "--quiet"]) == 0, capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------- README's transformers snippet
+
+
+def test_readme_transformers_snippet_generates_what_scalevec_generates(runs, tmp_path, capsys):
+    """README's snippet for a custom-code export (tokenizer with trust_remote_code, the attention mask passed)
+    prints the text `scalevec generate` prints, also for a prompt with newlines (a bytes export's pad token is the
+    newline byte: a mask inferred from it would hide them)."""
+    import contextlib
+    import io
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "AutoTokenizer" in b)
+    assert "trust_remote_code=True" in snippet.split("AutoTokenizer.from_pretrained")[1].splitlines()[0]
+    assert "**inputs" in snippet
+    hf = export_run(runs["unified"], tmp_path / "hf")
+    prompt = "ROMEO:\nO, she"
+    code = (snippet.replace('"hf/unified"', repr(str(hf))).replace('"ROMEO:"', repr(prompt))
+            .replace("max_new_tokens=40", "max_new_tokens=12"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 (the README's own snippet)
+    capsys.readouterr()
+    assert main(["generate", str(hf), "--prompt", prompt, "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    ours = capsys.readouterr().out
+    assert out.getvalue().rstrip("\n") == "\n" + ours.rstrip("\n")  # the snippet's decode keeps the BOS newline
