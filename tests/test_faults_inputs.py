@@ -425,3 +425,21 @@ def test_step_time_that_the_load_made_implausible_is_flagged():
     assert step_time_text(result(-336, 0.90)) == "0.90×"  # fewer parameters: faster is plausible
     assert step_time_text(result(1663, math.nan)) == "—"
     assert LOAD_MARK in LEGEND and "load" in LEGEND
+
+
+@pytest.mark.parametrize("body", ["strategy: {x}", "preset: {x}", "optim: {{name: {x}}}", "data: {{source: {x}}}"])
+def test_a_huge_value_is_quoted_as_a_short_prefix(tmp_path, capsys, body):
+    f = tmp_path / "c.yaml"
+    f.write_text(body.format(x="x" * 200_000) + "\n")
+    assert main(["train", "--config", str(f), "--out", str(tmp_path / "out"), "--steps", "1"]) == 2
+    one_line_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fifo_as_data_source_is_refused(tmp_path, capsys):
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    with deadline(60):
+        assert main(["train", "--preset", "tiny", "--data", str(fifo), "--steps", "1", "--out",
+                     str(tmp_path / "out"), "--quiet"]) == 2
+    one_line_error(capsys, str(fifo), "not a regular file")

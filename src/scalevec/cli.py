@@ -55,7 +55,17 @@ class OneLineParser(argparse.ArgumentParser):
         hint = ""
         if "invalid float value" in message and "," in message:
             hint = " (one number; several lrs are tuned by `scalevec compare --lr a,b,c` or a sweep file)"
-        self.exit(2, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+        self.exit(2, clip_message(f"{self.prog}: error: {message}{hint}; see {self.prog} --help") + "\n")
+
+
+LONG_WORD = 400  # an error message's word (a value quoted from a file) longer than this is cut to a prefix
+
+
+def clip_message(text: str) -> str:
+    """``text`` with every run of more than ``LONG_WORD`` non-blank characters cut to its first 200 and ``...``: a
+    message quotes at most a short prefix of a value (issue 38: a 200 KB ``strategy:`` was printed whole), while
+    the paths and names it gives stay whole."""
+    return re.sub(r"\S{%d,}" % (LONG_WORD + 1), lambda m: m.group()[:200] + "...", text)
 
 
 def join_negative_values(argv: list[str]) -> list[str]:
@@ -105,7 +115,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"scalevec {args.command}: {e}", file=sys.stderr)
         return PREEMPTED_EXIT
     except (ValueError, OSError) as e:  # bad input, an unusable file or directory (FileNotFoundError, a full disk)
-        print(f"scalevec {args.command}: error: {e}", file=sys.stderr)
+        print(clip_message(f"scalevec {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"scalevec {args.command}: interrupted", file=sys.stderr)

@@ -79,8 +79,16 @@ def check_source(source: str) -> list[Path] | None:
                              "hf:roneneldan/TinyStories")
         return None
     path = Path(source).expanduser()
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as e:  # a name too long for the file system, ...
+        raise ValueError(f"data source {source[:80]!r}{'...' if len(source) > 80 else ''} is not a usable path "
+                         f"({e.strerror}); {SOURCE_HELP}") from None
+    if not exists:
         raise FileNotFoundError(f"data source {source!r} does not exist; {SOURCE_HELP}")
+    if not path.is_dir() and not path.is_file():
+        raise ValueError(f"data source {path} is not a regular file (a FIFO, socket or device would never end or "
+                         f"hang); {SOURCE_HELP}")
     if path.is_dir():
         files = sorted(f for f in path.rglob("*.txt") if f.is_file())
         if not files:

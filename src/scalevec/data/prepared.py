@@ -76,7 +76,10 @@ DEFAULT_SHARD_TOKENS = 1 << 28  # a new shard starts after a document once a sha
 def is_prepared(source: str | os.PathLike) -> bool:
     """True when ``source`` is a folder written by ``prepare-data`` (it holds ``manifest.json``)."""
     p = Path(source).expanduser()
-    return p.is_dir() and (p / MANIFEST).is_file()
+    try:
+        return p.is_dir() and (p / MANIFEST).is_file()
+    except OSError:  # not a usable path (a name too long for the file system): not prepared data
+        return False
 
 
 # --------------------------------------------------------------------------------------------- chunks

@@ -156,8 +156,11 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
         if (not isinstance(value, str) or not value or value in BUNDLED or value == "bytes" or ":" in value
                 or Path(value).is_absolute() or value.startswith("~")):
             continue
-        if Path(value).exists():
-            changes[key] = os.path.abspath(value)
+        try:
+            if Path(value).exists():
+                changes[key] = os.path.abspath(value)
+        except OSError:  # not a usable path (too long): left as written, refused by the data's own check
+            continue
     return replace(cfg, data=replace(data, **changes)) if changes else cfg
 
 
