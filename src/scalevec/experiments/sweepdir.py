@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from scalevec.config_codec import load_yaml
+from scalevec.training.rundir import LOCK
 
 SPEC_FILE = "sweep.yaml"
 MORE_SPECS = "sweeps"
@@ -54,7 +55,7 @@ def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
     is not a sweep's."""
     out = Path(out)
     own = Path(spec_file).resolve() if spec_file else None
-    if not out.is_dir() or all(p.resolve() == own or p.name == ".lock" for p in out.iterdir()):  # a study's lock
+    if not out.is_dir() or all(p.resolve() == own or p.name == LOCK for p in out.iterdir()):  # a study's lock
         return
     if (out / SPEC_FILE).is_file():
         fix = f"choose another --out (a sweep writes its own {SPEC_FILE} there)"
@@ -67,7 +68,7 @@ def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
         return
     if (out / RUNS).is_dir():
         return
-    names = sorted(p.name for p in out.iterdir() if p.resolve() != own and p.name != ".lock")
+    names = sorted(p.name for p in out.iterdir() if p.resolve() != own and p.name != LOCK)
     raise FileExistsError(f"--out {out} holds files that are not a scalevec sweep's ({', '.join(names[:4])}"
                           f"{', ...' if len(names) > 4 else ''}); choose a new or empty --out (a sweep writes "
                           f"report.md, results.csv, runs.csv and figures there)")
