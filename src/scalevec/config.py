@@ -479,8 +479,9 @@ class TrainConfig:
     """Sequences per validation forward pass."""
     log_every: int = 10
     """Write a training row (loss, lr, gradient norm, scale statistics) to metrics.jsonl every this many steps."""
-    ckpt_every: int = 0
-    """Checkpoint every this many steps; 0: only at the end."""
+    ckpt_every: int = 100
+    """Checkpoint every this many steps, after a step that ends 30 minutes since the last checkpoint
+    (trainer.CKPT_MINUTES) and at the end; the two newest are kept. 0: only at the end."""
     compile: str = "auto"
     """auto | true | false: torch.compile each block (training/autocompile.py decides for auto)."""
     peak_flops: float = 0.0
@@ -511,7 +512,7 @@ class TrainConfig:
     guard_dead_steps: int = 10
     """Stop as dead after this many steps in a row at loss ln(vocab) with gradient norm below 1e-6 (0: off).
 
-    The health guard (training/trainer.py, besides the always-on non-finite check): a stop writes DIVERGED,
+    The health guard (training/health.py, besides the always-on non-finite check): a stop writes DIVERGED,
     naming the newest checkpoint from before the first bad step (DESIGN.md §8)."""
     guard_spike_ratio: float = 2.0
     """A spike is a loss above this × the mean of the last guard_spike_window losses (and their mean + 6 std; 0: off).
@@ -617,7 +618,7 @@ SEED_LIMIT = 2**63  # seeds are below it: torch's generators take a 64-bit seed,
 # How a run executes, not what it computes: these may differ when a run is resumed or a sweep is rerun
 # (DESIGN.md §8: the same global batch gives the same losses on 1 or N processes; the thread count and
 # compile change the last bits of fp32 sums, which meta.json records, not the experiment).
-EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile", "train.tracker", "train.threads")
+EXECUTION_FIELDS = ("train.dist", "train.device", "train.compile", "train.tracker", "train.threads", "train.ckpt_every")
 
 
 def _positive(obj: Any, *names: str) -> None:

@@ -10,7 +10,7 @@ writes checks ``trainer.write`` (rank 0). Adding a monitor is one class here and
 training reads: a run's numbers are the same with any set of monitors.
 
 - ``MetricsRows``: the ``train`` and ``eval`` rows of ``metrics.jsonl`` (loss, lr, gradient norm, speed, MFU,
-  per-scale-vector and MoE telemetry from ``telemetry``)
+  per-scale-vector and MoE telemetry from ``telemetry``, and on CUDA the peak memory)
 - ``Console``: the progress lines on stdout, or a progress bar on a terminal
 - ``Probes``: the theory probes (``train.probe_every``, ``train.sharpness_every``) as ``probe`` rows
 - ``Trackers``: TensorBoard / W&B mirrors of the rows (``tracking``)
@@ -25,6 +25,8 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from scalevec.config_codec import to_dict
 from scalevec.model.params import count_params
 from scalevec.run_budget import run_tokens, tokens_per_step
@@ -32,6 +34,8 @@ from scalevec.training import rundir, tracking
 from scalevec.training.optim import group_table
 from scalevec.training.schedule import warmup_warning
 from scalevec.training.telemetry import moe_stats
+
+GIB = 2 ** 30
 
 
 @dataclass
@@ -80,6 +84,15 @@ class Monitor:
         when it finished, ``None`` when it stopped before its last step or failed."""
 
 
+def memory_fields(device: torch.device) -> dict[str, float]:
+    """``{"max_memory_gib": ...}`` on CUDA: the peak of memory allocated by tensors since the process started
+    (``torch.cuda.max_memory_allocated``, GiB = 2**30 bytes; the caching allocator's reserve excluded); ``{}``
+    elsewhere. A counter of the allocator: reading it does not synchronize the device."""
+    if device.type != "cuda":
+        return {}
+    return {"max_memory_gib": torch.cuda.max_memory_allocated(device) / GIB}
+
+
 class MetricsRows(Monitor):
     """The ``train`` row of every log step and the ``eval`` row of every evaluation (``metrics.jsonl``). The
     scale-vector statistics (``trainer.telemetry``, a ``telemetry.ScaleTelemetry`` that captured the step's
@@ -95,7 +108,7 @@ class MetricsRows(Monitor):
                "grad_norm": ev.grad_norm, "tok_per_s": ev.tokens / ev.step_time, "step_time": ev.step_time,
                # process CPU seconds of the step (all threads): comparable on a loaded machine
                "cpu_time": ev.cpu_time, "flops_per_s": flops,
-               "mfu": flops / tr.peak_flops if tr.peak_flops else None,
+               "mfu": flops / tr.peak_flops if tr.peak_flops else None, **memory_fields(tr.device),
                **tr.telemetry.collect()}
         if tr.cfg.model.moe is not None:
             row["aux_loss"] = ev.aux
@@ -260,4 +273,4 @@ class RunSummary(Monitor):
 MONITORS: tuple[type[Monitor], ...] = (MetricsRows, Console, Probes, Trackers, RunSummary)
 
 __all__ = ["MONITORS", "Console", "EvalEvent", "MetricsRows", "Monitor", "Probes", "RunSummary", "StepEvent",
-           "Trackers"]
+           "Trackers", "memory_fields"]

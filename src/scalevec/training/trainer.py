@@ -18,7 +18,9 @@ command line: ``command``.
 The trainer keeps construction, the step, evaluation, the loop and checkpointing; its parts live beside it:
 the run directory's lock, checks and rank-0 writes in ``run_owner.RunDirOwner``, the health guard and its
 state in ``health.HealthGuard``, and everything the run reports (metrics rows, trackers, console, probes,
-the summary) in ``monitors``, called back after each step and evaluation.
+the summary) in ``monitors``, called back after each step and evaluation. Checkpoints are periodic
+(``train.ckpt_every`` steps, and at least every ``CKPT_MINUTES`` of training) and at the end; a resumed run
+says which checkpoint and step it continues from.
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ from scalevec.training.run_owner import RunDirOwner, TrainingFailed, check_targe
 from scalevec.training.schedule import lr_multiplier
 from scalevec.training.step import accumulate_gradients, evaluate
 from scalevec.training.telemetry import ScaleTelemetry
+
+# Periodic checkpoints by wall time too (issue 38): with train.ckpt_every > 0, a checkpoint is also written
+# after the first step that ends CKPT_MINUTES of training after the last one, so a slow run (a big model, a
+# loaded machine) never loses more than that to a kill. 0 turns both off (a checkpoint at the end only).
+CKPT_MINUTES = 30.0
 
 
 @contextmanager
@@ -198,6 +205,8 @@ class Trainer:
             if state is not None:
                 self.load(state)
                 self.run_dir.truncate_metrics(self.step)  # rows past the checkpoint belong to a lost future
+                ckpt = self.out / layout.CKPT_DIR / layout.step_name(self.step)
+                self.say(f"resume: {self.out} continues from checkpoint {ckpt} (step {self.step} of {self.steps})")
             else:
                 self.run_dir.restart(self._write_run_files)
         distributed.barrier()
@@ -317,17 +326,20 @@ class Trainer:
 
     def _fit_loop(self, t_start: float, interrupt: dict) -> None:
         """The steps of ``fit``, each followed by the monitors' ``after_step`` (and, on an evaluation step, the
-        evaluation, the guard's check and ``after_eval``), then by a checkpoint every ``train.ckpt_every`` steps
-        and at the end. On Ctrl-C (``interrupt["set"]``) it checkpoints the completed steps and raises
-        ``KeyboardInterrupt``; on SIGTERM (``interrupt["term"]``, agreed by every rank) it does the same and raises
-        ``Preempted``; ``--resume`` continues from there, bit for bit."""
+        evaluation, the guard's check and ``after_eval``), then by a checkpoint every ``train.ckpt_every`` steps,
+        after the step that ends ``CKPT_MINUTES`` since the last one, and at the end. On Ctrl-C
+        (``interrupt["set"]``) it checkpoints the completed steps and raises ``KeyboardInterrupt``; on SIGTERM
+        (``interrupt["term"]``, agreed by every rank) it does the same and raises ``Preempted``; ``--resume``
+        continues from there, bit for bit."""
         t = self.cfg.train
         per_step = tokens_per_step(self.cfg)
-        saved = self.step
+        saved, saved_at = self.step, time.perf_counter()
         while self.step < self.end:
             term = interrupt["term"]
-            if self.world > 1:
-                term = distributed.all_reduce_sum(torch.tensor(float(term), device=self.device)).item() > 0
+            overdue = bool(t.ckpt_every) and time.perf_counter() - saved_at >= CKPT_MINUTES * 60
+            if self.world > 1:  # every rank must agree: a stop and a checkpoint are collectives
+                flags = torch.tensor([float(term), float(overdue)], device=self.device)
+                term, overdue = (v > 0 for v in distributed.all_reduce_sum(flags).tolist())
             if term:
                 if self.step > saved:
                     self.elapsed = time.perf_counter() - t_start
@@ -364,10 +376,10 @@ class Trainer:
                 self.best_val = min(self.best_val, val_loss)
                 for m in self.monitors:
                     m.after_eval(EvalEvent(self.step, val_loss, val_bpb))
-            if (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (self.end, self.steps):
+            if overdue or (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (self.end, self.steps):
                 self.elapsed = time.perf_counter() - t_start
                 self.checkpoint()
-                saved = self.step
+                saved, saved_at = self.step, time.perf_counter()
 
 
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
@@ -392,5 +404,5 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
 
 
 # TrainingDiverged, TrainingFailed and the blow-up constants are part of this module's interface (command.py, tests)
-__all__ = ["BLOWUP_RATIO", "BLOWUP_STEPS", "Trainer", "TrainingDiverged", "TrainingFailed",
+__all__ = ["BLOWUP_RATIO", "BLOWUP_STEPS", "CKPT_MINUTES", "Trainer", "TrainingDiverged", "TrainingFailed",
            "check_target", "deferred_sigint", "train"]
