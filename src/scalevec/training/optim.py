@@ -1,11 +1,14 @@
 """Optimizer parameter groups built from parameter roles, never from names (DESIGN.md §5).
 
-``build_optimizers(model, optim_cfg, scale_cfg)`` returns the optimizers (AdamW alone, or Muon for
-``matrix`` parameters plus AdamW for every other role) and a printable group table. Weight decay per
-role: ``matrix`` and ``lm_head`` get ``weight_decay``; ``embedding`` and ``router`` only if configured;
-``input_scale`` / ``output_scale`` as the strategy's ``wd`` switch says (IWD = input scales only);
-``scale_direction`` (OR/ER's α, scale-invariant) never. The scale roles' lr is ``optim.lr × scale.lr_mult``.
-Every parameter is in exactly one group.
+``param_groups(model, optim_cfg, scale_cfg, roles)`` makes one ``Group`` per role and optimizer (every
+parameter in exactly one group, asserted) and ``group_table`` prints them; ``build_optimizers(groups, optim_cfg)``
+returns the optimizers (AdamW alone, or Muon for ``matrix`` parameters plus AdamW for every other role).
+Weight decay per role (``role_weight_decay``): ``matrix`` and ``lm_head`` get ``weight_decay``; ``embedding`` and
+``router`` only if configured; the scale roles (``input_scale``, ``output_scale``, ``scale_direction``) as the
+strategy's ``wd`` switch says through ``scales.decayed_scale_roles`` (IWD = input scales only; OR/ER's
+scale-invariant direction α only under ``wd: direction``), at ``scale.weight_decay`` when it is set. The scale
+roles' lr is ``optim.lr × scale.lr_mult``. ``scalevec.integrations.param_groups`` offers the same rules to a
+model trained in another loop.
 """
 
 from __future__ import annotations
