@@ -201,12 +201,23 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"{flag} {v} must be a finite number > 0"
     if args.rung not in ladder.RUNGS:
         return f"unknown rung {args.rung!r}; choose one of {', '.join(ladder.RUNGS)}"
-    horizon = args.tokens_per_param != 20 or args.schedule != "cosine"
-    if horizon and (args.predicted_only or args.no_confirm or args.lr_scale != 1 or args.device != "cpu"
-                    or args.compile):
-        return ("a horizon cell (--tokens-per-param other than 20, or --schedule wsd) takes none of --predicted-only,"
-                " --no-confirm, --lr-scale, --device, --compile")
+    if args.schedule != "cosine" and _gpu_ladder(args):
+        return ("--schedule wsd is a horizon cell's (tuned on CPU); it takes none of --predicted-only, --no-confirm, "
+                "--lr-scale, --device, --compile")
     return None
+
+
+def _gpu_ladder(args) -> bool:
+    """The flags of a GPU-ladder rung (scripts/gpu_ladder.sh): lrs predicted up the rungs, not tuned on CPU."""
+    return (args.predicted_only or args.no_confirm or args.lr_scale != 1 or args.device != "cpu"
+            or args.compile)
+
+
+def is_horizon(args) -> bool:
+    """A horizon cell (issue 35): a CPU cell tuned at another budget than 20 tokens per parameter, or under WSD.
+    The same budget with the GPU-ladder flags is a rung planned up the ladder (``plan``), e.g. gpu_ladder.sh's
+    CPU rehearsal at a tiny TPP."""
+    return (args.tokens_per_param != 20 or args.schedule != "cosine") and not _gpu_ladder(args)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"ladder_plan: {bad}", file=sys.stderr)
         return 2
-    horizon = args.tokens_per_param != 20 or args.schedule != "cosine"
+    horizon = is_horizon(args)
     name = ladder.horizon_name(args.rung, args.corpus, args.tokens_per_param) + (
         "-wsd" if args.schedule == "wsd" else "")
     out = Path(args.out) if args.out else ROOT / "sweeps" / f"study-{name}.yaml"
