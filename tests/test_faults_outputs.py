@@ -240,19 +240,20 @@ def test_data_and_init_from_paths_are_stored_absolute(runs, tmp_path, monkeypatc
         assert main(["train", "--resume", "--out", str(work / n), "--quiet"]) == 0, capsys.readouterr().err
 
 
-# -------------------------------------------------------------------------------------- README's transformers snippet
+# ------------------------------------------------------------------------------ the guide's transformers snippet
 
 
-def test_readme_transformers_snippet_generates_what_scalevec_generates(runs, tmp_path, capsys):
-    """README's snippet for a custom-code export (tokenizer with trust_remote_code, the attention mask passed)
+def test_guide_transformers_snippet_generates_what_scalevec_generates(runs, tmp_path, capsys):
+    """docs/guide.md's snippet (README links it) for a custom-code export (tokenizer with trust_remote_code, the attention mask passed)
     prints the text `scalevec generate` prints, also for a prompt with newlines (a bytes export's pad token is the
     newline byte: a mask inferred from it would hide them)."""
     import contextlib
     import io
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "AutoTokenizer" in b)
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text(encoding="utf-8")
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                   if "AutoTokenizer" in b and '"hf/unified"' in b)  # the custom-code export's snippet
     assert "trust_remote_code=True" in snippet.split("AutoTokenizer.from_pretrained")[1].splitlines()[0]
     assert "**inputs" in snippet
     hf = export_run(runs["unified"], tmp_path / "hf")
@@ -261,7 +262,7 @@ def test_readme_transformers_snippet_generates_what_scalevec_generates(runs, tmp
             .replace("max_new_tokens=40", "max_new_tokens=12"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 (the README's own snippet)
+        exec(compile(code, "docs/guide.md", "exec"), {})  # noqa: S102 (the guide's own snippet)
     capsys.readouterr()
     assert main(["generate", str(hf), "--prompt", prompt, "--max-new-tokens", "12", "--temperature", "0"]) == 0
     ours = capsys.readouterr().out
