@@ -19,7 +19,7 @@ warmup is ``default_warmup(steps)``, 10 % of the run's steps, at most the field'
 short run warms up over its first tenth instead of ramping for its whole length. Consumers (the
 trainer, the model builder) take the result as given, but for one rule applied once the tokenizer is
 known: ``fit_vocab`` (a preset's vocabulary is a default). The token budget per parameter needs a
-model to count and lives with the sweep (``sweep.assigned_config``, which resolves again with the
+model to count and lives with the sweep (``sweep_grid.assigned_config``, which resolves again with the
 budget, so that a default warmup is a share of its steps); its arithmetic is ``run_budget.budget_tokens``.
 """
 
@@ -109,7 +109,7 @@ def warmup_given(schedule_section: Any, overrides: list[str] | Mapping[str, Any]
 
 def _strategy_scales(strategy: str, scale_section: Any) -> ScaleConfig:
     """The defaults of the ``scale`` section: the named preset (DESIGN.md §3), or, for a variant's name (a
-    sweep bundle's label, ``sweep.strategy_label``: stored run configs carry it), the plain defaults that
+    sweep bundle's label, ``sweep_spec.strategy_label``: stored run configs carry it), the plain defaults that
     the run's own ``scale`` section then sets. ``ValueError`` for an unknown name without a ``scale`` section."""
     if strategy in PRESET_NAMES or not isinstance(scale_section, Mapping):
         return ScaleConfig.preset(strategy)

@@ -1,7 +1,7 @@
 """``scalevec compare``: strategies × seeds on one config, each strategy at its own tuned lr (DESIGN.md §9).
 
 A comparison is an ordinary sweep whose grid is strategy × (lr) × seed: this module only turns the
-command line into a ``sweep.SweepSpec``, runs it with ``sweep.run_sweep`` (finished runs are skipped,
+command line into a ``sweep_spec.SweepSpec``, runs it with ``sweep.run_sweep`` (finished runs are skipped,
 so rerunning the same command resumes) and prints the table that ``report`` builds from the run
 directories. The same seed gives every strategy the same data order, validation tokens and initial
 matrices (the trainer guarantees it), which is what makes the per-seed differences paired.
@@ -30,7 +30,8 @@ from scalevec.config import ScaleConfig
 from scalevec.config_codec import YAMLBoundError, safe_load, section_message, section_of
 from scalevec.experiments import ladder
 from scalevec.experiments.report import write_report
-from scalevec.experiments.sweep import canonical_key, run_sweep, spec_from_dict
+from scalevec.experiments.sweep import run_sweep
+from scalevec.experiments.sweep_spec import canonical_key, spec_from_dict
 from scalevec.experiments.tables import LEGEND, cell_rows, text_table
 from scalevec.presets import LADDER_INIT_WIDTH
 
@@ -236,7 +237,7 @@ def build_spec(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_dict(build_spec(args), where="compare")
-    from scalevec.experiments.sweep import expand
+    from scalevec.experiments.sweep_grid import expand
     from scalevec.run_budget import total_steps
     from scalevec.training.schedule import warmup_warning
 

@@ -1,6 +1,6 @@
 """``scalevec study``: learning-rate tuning a reviewer accepts, on top of ``sweep`` (issue 12, DESIGN.md §9).
 
-A study file is a sweep file (``sweep.py``) whose grid has an ``lr`` axis and a ``seed`` axis (the
+A study file is a sweep file (``sweep_spec.py``) whose grid has an ``lr`` axis and a ``seed`` axis (the
 tuning seeds, usually ``[0]``), plus a ``study`` section::
 
     study:
@@ -50,19 +50,9 @@ from scalevec.config import SEED_LIMIT
 from scalevec.config_codec import load_yaml, short
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
-from scalevec.experiments.sweep import (
-    Run,
-    SweepSpec,
-    check_sources,
-    dry_run_text,
-    expand,
-    run_params,
-    run_status,
-    run_sweep,
-    spec_from_dict,
-    strategy_label,
-    yaml_number,
-)
+from scalevec.experiments.sweep import check_sources, dry_run_text, run_sweep
+from scalevec.experiments.sweep_grid import Run, expand, run_params, run_status
+from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label, yaml_number
 from scalevec.run_budget import run_tokens, total_steps
 from scalevec.training import rundir
 
@@ -535,7 +525,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec, plan, stored = parse(load_yaml(args.spec), where=str(args.spec))
-    spec = replace(spec, file=str(args.spec))  # its relative data paths resolve beside it (sweep.spec_paths)
+    spec = replace(spec, file=str(args.spec))  # its relative data paths resolve beside it (sweep_spec.spec_paths)
     if args.step_time is not None and not args.step_time > 0:
         raise ValueError(f"--step-time {args.step_time} must be > 0 (seconds per optimizer step, e.g. 0.1)")
     return run_study(spec, plan, stored, args.out or f"runs/{spec.name}", jobs=args.jobs, dry_run=args.dry_run,
