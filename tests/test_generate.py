@@ -327,3 +327,27 @@ def test_bench_generate_reports_every_way_side_by_side(capsys):
         assert row["vs_hf"] == pytest.approx(row["hf"]["times_s"][0] / row["scalevec"]["times_s"][0])
     assert main(["bench", "--generate", "--preset", "tiny", "--new-tokens", "500"]) == 2
     assert "exceed preset tiny's context of 256" in capsys.readouterr().err
+
+
+def test_model_dir_kind_is_the_one_run_or_export_dispatch(tmp_path):
+    """``rundir.model_dir_kind``: a run directory (config.yaml) is a run even beside a config.json, a config.json
+    alone an export, anything else refused by one line naming both; generate's and eval's loaders ask it."""
+    from scalevec.hf.evaluation import evaluate
+    from scalevec.hf.generate import load_generator, load_text_model
+    from scalevec.training import rundir
+
+    run, hf, both, empty = (tmp_path / n for n in ("run", "hf", "both", "empty"))
+    for d in (run, hf, both, empty):
+        d.mkdir()
+    (run / rundir.CONFIG).write_text("{}\n")
+    (hf / "config.json").write_text("{}\n")
+    (both / rundir.CONFIG).write_text("{}\n")
+    (both / "config.json").write_text("{}\n")
+    assert [rundir.model_dir_kind(d) for d in (run, hf, both)] == ["run", "hf", "run"]
+    for missing in (empty, tmp_path / "nowhere"):
+        with pytest.raises(FileNotFoundError, match=r"neither a scalevec run directory \(config.yaml\) nor an "
+                                                    r"exported Hugging Face directory \(config.json\)"):
+            rundir.model_dir_kind(missing)
+    for load in (load_text_model, load_generator, lambda p: evaluate(p, ["x"], write=False)):
+        with pytest.raises(FileNotFoundError, match="neither a scalevec run directory"):
+            load(empty)

@@ -188,7 +188,7 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
     path = Path(path)
     if write:
         check_eval_file(path)  # before the evaluation: a file the scores cannot merge into is refused now
-    if rundir.has_config(path):
+    if rundir.model_dir_kind(path) == "run":
         from scalevec.hf.export import export_run
 
         if not (rundir.tokenizer_dir(path) / "tokenizer.json").is_file():
@@ -199,12 +199,9 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
             hf_dir = export_run(path, Path(tmp) / "hf")
             # our own fresh export: its code is the shipped code, trusted without the flag
             results = evaluate_hf_dir(hf_dir, tasks, num_fewshot, limit, batch_size, device, include_path)
-    elif (path / "config.json").is_file():
+    else:
         results = evaluate_hf_dir(path, tasks, num_fewshot, limit, batch_size, device, include_path,
                                   trust_remote_code)
-    else:
-        raise FileNotFoundError(f"{path} is neither a scalevec run directory (config.yaml) nor an exported Hugging "
-                                f"Face directory (config.json); pass one of those")
     if write:
         write_eval(path, results, num_fewshot, limit)
     return results

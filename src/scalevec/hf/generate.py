@@ -167,12 +167,9 @@ def load_text_model(path: str | Path, device: str = "cpu", trust_remote_code: bo
     (``config.json``, checked and loaded by ``load_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is
     neither, and as ``load_hf_dir``."""
     path = Path(path)
-    if rundir.has_config(path):
+    if rundir.model_dir_kind(path) == "run":
         return _run_text_model(path, device)
-    if (path / "config.json").is_file():
-        return _hf_text_model(path, device, trust_remote_code)
-    raise FileNotFoundError(f"{path} is neither a scalevec run directory (config.yaml) nor an exported Hugging Face "
-                            f"directory (config.json); pass one of those")
+    return _hf_text_model(path, device, trust_remote_code)
 
 
 def _run_text_model(run_dir: Path, device: str) -> TextModel:
@@ -331,12 +328,9 @@ def load_generator(path: str | Path, device: str = "cpu", trust_remote_code: boo
     ``load_hf_dir``). Raises ``FileNotFoundError`` when ``path`` is neither or has no tokenizer,
     ``rundir.RunDirError`` for a run without an intact, healthy checkpoint, and as ``load_hf_dir``."""
     path = Path(path)
-    if rundir.has_config(path):
+    if rundir.model_dir_kind(path) == "run":
         return _run_generator(path, device)
-    if (path / "config.json").is_file():
-        return _hf_generator(path, device, trust_remote_code)
-    raise FileNotFoundError(f"{path} is neither a scalevec run directory (config.yaml) nor an exported Hugging Face "
-                            f"directory (config.json); pass one of those")
+    return _hf_generator(path, device, trust_remote_code)
 
 
 def _generator(model, tok, device: str) -> Generator:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
-from scalevec.hf_format.names import FORMATS, NORM_SITES, name_map
+from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer
 
@@ -60,7 +60,7 @@ class PlainWeights:
 
 def is_hf_dir(path: str | Path) -> bool:
     """True when ``path`` looks like a Hugging Face model directory (``config.json`` with a ``model_type``)."""
-    p = Path(path) / "config.json"
+    p = Path(path) / HF_CONFIG
     if not p.is_file():
         return False
     try:
@@ -449,7 +449,7 @@ def read_hf_config(hf_dir: str | Path) -> tuple[str, ModelConfig]:
     d = Path(hf_dir)
     if not is_hf_dir(d):
         raise FileNotFoundError(f"{d} is not a Hugging Face model directory (no config.json with a model_type)")
-    fmt, cfg = model_config_from_hf(json.loads((d / "config.json").read_text()))
+    fmt, cfg = model_config_from_hf(json.loads((d / HF_CONFIG).read_text()))
     check_size(cfg)
     check_shapes(fmt, cfg, tensor_shapes(weight_files(d)))
     return fmt, cfg

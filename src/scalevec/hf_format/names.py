@@ -8,6 +8,7 @@ tensors, no files, no transformers.
 
 from __future__ import annotations
 
+HF_CONFIG = "config.json"  # a Hugging Face model directory's config (transformers' name), beside its safetensors
 REMOTE_FORMAT = "scalevec"  # the custom architecture (config.json auto_map + trust_remote_code)
 # Hugging Face model_type -> the architecture class an export declares in config.json (the plain families)
 FORMATS = {

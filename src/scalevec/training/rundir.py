@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalevec.hf_format.names import HF_CONFIG
 from scalevec.training.checkpoint.layout import CKPT_DIR, checkpoint_dirs, owned_entry
 
 CONFIG = "config.yaml"
@@ -200,6 +201,22 @@ def has_config(path: str | Path) -> bool:
     """Whether ``path`` holds a ``config.yaml``: what export, generate, eval and report take for a run to read
     (as against an exported Hugging Face directory, with ``config.json``). Deleting asks more: ``is_run``."""
     return (Path(path) / CONFIG).is_file()
+
+
+def model_dir_kind(path: str | Path) -> str:
+    """What a model is read from at ``path``: ``"run"`` for a scalevec run directory (``has_config``),
+    ``"hf"`` for a Hugging Face model directory (a ``config.json``, as ``scalevec export`` and transformers write
+    it). A run is asked first: a run directory is never taken for an export. The one answer for the commands that
+    take either (generate, eval); the directory's contents are checked by whoever loads it. ``train --init-from``
+    asks its own question (``init_from.resolve``: a checkpoint folder too, and a Hugging Face config it can
+    import). Raises ``FileNotFoundError`` naming both kinds when ``path`` is neither."""
+    path = Path(path)
+    if has_config(path):
+        return "run"
+    if (path / HF_CONFIG).is_file():
+        return "hf"
+    raise FileNotFoundError(f"{path} is neither a scalevec run directory ({CONFIG}) nor an exported Hugging Face "
+                            f"directory ({HF_CONFIG}); pass one of those")
 
 
 def tokenizer_dir(run_dir: str | Path) -> Path:
@@ -642,7 +659,8 @@ __all__ = [
     "CONFIG", "DIVERGED", "DONE", "EVAL", "GROUPS", "KEPT", "LOCK", "META", "METRICS", "RUN_ENTRIES", "RUN_FORMAT",
     "SUMMARY", "TOKENIZER", "TRACKER_ENTRIES", "WANDB_ID", "RunDirError", "RunLock", "RunLocked", "append_metrics",
     "check_no_links", "check_out_dir", "clean_temporaries", "has_config", "is_diverged", "is_done", "is_run",
-    "last_row", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done", "one_line", "read_diverged",
+    "last_row", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done", "model_dir_kind",
+    "one_line", "read_diverged",
     "read_json", "read_meta", "read_metrics", "read_summary", "remove_run", "rewrite_metrics", "state",
     "tokenizer_dir", "write_atomic", "write_json", "write_meta", "write_run_files", "write_summary",
 ]
