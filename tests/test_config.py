@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -192,3 +193,15 @@ def test_load_yaml_errors(tmp_path):
 def test_head_dim_is_d_model_over_heads():
     """ModelConfig.head_dim = d_model // n_heads (DESIGN.md §2)."""
     assert dataclasses.replace(ModelConfig(), d_model=96, n_heads=3).head_dim == 32
+
+
+def test_typed_input_tests_refuse_bools_and_text():
+    """``config_codec.is_int`` / ``is_number``, the one type test of parsed YAML or JSON: ``true`` is no count and no
+    number (Python's bool is an int), ``2.0`` no whole number, text no number; bounds and finiteness as asked."""
+    from scalevec.config_codec import is_int, is_number
+
+    assert [is_int(v) for v in (0, -3, 2**70, True, False, 2.0, "2", None)] == [True] * 3 + [False] * 5
+    assert is_int(5, least=5, most=5) and not is_int(4, least=5) and not is_int(6, most=5)
+    assert [is_number(v) for v in (0, 1e-3, -2, True, "1e-3", None, math.inf, math.nan)] == [True] * 3 + [False] * 5
+    assert is_number(math.inf, finite=False) and is_number(math.nan, finite=False) and not is_number(True, finite=False)
+    assert not is_number(0, above=0) and is_number(0, least=0) and not is_number(-1e-9, least=0)

@@ -3,7 +3,10 @@
 Generic over the schemas of ``config.py`` (DESIGN.md §12): ``to_dict`` / ``from_dict`` (typed, checked
 keys), ``apply_overrides`` (``section.field=value``), ``load_yaml`` / ``save_yaml`` (a run directory's
 ``config.yaml``, ``--config FILE``), ``config_diff`` (resume and sweep refuse a non-empty one) and
-``config_fields`` (every field with its type, default and description: ``scalevec train --help``, issue 26).
+``config_fields`` (every field with its type, default and description: ``scalevec train --help``, issue 26),
+and the type tests of parsed input (``is_int``, ``is_number``: a ``bool`` is no number) that every reader of
+typed YAML or JSON shares (a Hugging Face config.json, a study section, a prepared manifest, a checkpoint's
+train state, a metrics row).
 This module defines no field and no rule about a field's value: those are the schemas' (``config.py``);
 the one resolution of a run's inputs is ``resolve.py``.
 """
@@ -14,6 +17,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import stat
 import textwrap
@@ -204,6 +208,28 @@ def config_diff(a: Any, b: Any) -> dict[str, tuple[Any, Any]]:
 def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
     """``config_diff``'s result as one line: ``optim.lr: 0.003 -> 0.01, train.steps: 10 -> 20``."""
     return ", ".join(f"{k}: {short(va)} -> {short(vb)}" for k, (va, vb) in diff.items())
+
+
+# --------------------------------------------------------------------------------------------- typed input
+
+
+def is_int(value: Any, least: int | None = None, most: int | None = None) -> bool:
+    """Whether ``value``, as YAML or JSON parsing gives it, is a whole number in ``[least, most]`` (either bound
+    optional): an ``int`` and not a ``bool`` (``True`` is an ``int`` to Python, and ``true`` in a file is no
+    count), not a float (``2.0``) or text. Each reader keeps its own message; the rule lives here."""
+    return (isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
+            and (most is None or value <= most))
+
+
+def is_number(value: Any, above: float | None = None, least: float | None = None, finite: bool = True) -> bool:
+    """Whether ``value`` is a number as YAML or JSON parsing gives it (an ``int`` or a ``float``, not a ``bool``),
+    finite (``finite=False``: NaN and infinities pass, for a reader that tests them after), ``> above`` and
+    ``>= least`` when given. Text is not a number here: YAML 1.1's ``1e-3`` string is the caller's to convert."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if finite and not math.isfinite(value):
+        return False
+    return (above is None or value > above) and (least is None or value >= least)
 
 
 # --------------------------------------------------------------------------------------------- files
@@ -476,4 +502,4 @@ def field_docs(cls: type) -> dict[str, str]:
 
 __all__ = ["to_dict", "from_dict", "apply_overrides", "config_diff", "format_diff", "load_yaml", "save_yaml",
            "BoundedLoader", "YAMLBoundError", "check_expansion", "check_plain", "read_bounded", "safe_load", "short",
-           "FieldDoc", "config_fields", "field_docs"]
+           "FieldDoc", "config_fields", "field_docs", "is_int", "is_number"]

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import VAL_SPLITS
+from scalevec.config_codec import is_int, is_number
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
 from scalevec.data.split import Split, SplitRecord, plan_split, split_stream
 from scalevec.data.tokenizer import (
@@ -454,9 +455,9 @@ def check_manifest(root: Path, m: object) -> dict:
             raise bad(name, "is missing")
         v = obj[key]
         if kind is int:
-            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            ok = is_int(v, least=0)
         elif kind is float:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            ok = is_number(v, finite=False)
         else:
             ok = isinstance(v, kind)  # always true for object
         if not ok:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.config import SEED_LIMIT
-from scalevec.config_codec import load_yaml, short
+from scalevec.config_codec import is_int, is_number, load_yaml, short
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.sweep import check_sources, dry_run_text, run_sweep
@@ -76,7 +76,7 @@ class StudyPlan:
 def _int(plan: dict, key: str, default: int, least: int, where: str) -> int:
     """``plan[key]`` (else ``default``): a whole number >= ``least``; not a bool, a float or text."""
     v = plan.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+    if not is_int(v, least=least):
         raise ValueError(f"{where}.study.{key} must be a whole number >= {least}, like {default}; got {short(v)}")
     return v
 
@@ -85,8 +85,7 @@ def _positive(v: Any, above: float = 0) -> float | None:
     """``v`` as a finite number > ``above``, else None. YAML 1.1 reads ``1e-3`` as text: that is the number, as in
     a grid (``sweep.yaml_number``)."""
     x = yaml_number(v)
-    ok = not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > above
-    return float(x) if ok else None
+    return float(x) if is_number(x, above=above) else None
 
 
 def _float(v: Any, key: str, above: float, like: str, where: str, most: float | None = None) -> float:
@@ -106,9 +105,7 @@ EXTEND_MOST = 100.0  # study.extend: a factor past 100 leaves the lr range any r
 def _seeds(plan: dict, key: str, default: list[int], where: str) -> list[int]:
     """``plan[key]`` (else ``default``): a list of distinct whole numbers >= 0 and below ``SEED_LIMIT``."""
     v = plan.get(key, default)
-    if (not isinstance(v, list) or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < SEED_LIMIT
-                                       for s in v)
-            or len(set(v)) < len(v)):
+    if not isinstance(v, list) or not all(is_int(s, least=0, most=SEED_LIMIT - 1) for s in v) or len(set(v)) < len(v):
         raise ValueError(f"{where}.study.{key} must be a list of distinct seeds >= 0 and below 2**63, like [1, 2] "
                          f"(or []); got {short(v)}")
     return list(v)

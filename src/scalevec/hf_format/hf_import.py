@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
+from scalevec.config_codec import is_int, is_number
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer
@@ -82,7 +83,7 @@ def _hf_int(conf: dict, key: str, default=_REQUIRED, minimum: int = 1):
         if default is _REQUIRED:
             raise ValueError(f"config.json has no {key}; fix config.json (or re-save the model with save_pretrained)")
         return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value, least=minimum):
         raise ValueError(f"config.json has {key}={value!r}; it must be an integer >= {minimum}: fix config.json")
     return value
 
@@ -95,8 +96,7 @@ def _hf_number(conf: dict, key: str, default=_REQUIRED, zero: bool = False) -> f
         if default is _REQUIRED:
             raise ValueError(f"config.json has no {key}; fix config.json (or re-save the model with save_pretrained)")
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            (0 <= value if zero else 0 < value) and math.isfinite(value)):
+    if not (is_number(value, least=0) if zero else is_number(value, above=0)):
         raise ValueError(f"config.json has {key}={value!r}; it must be a finite number {'>=' if zero else '>'} 0: "
                          f"fix config.json")
     return float(value)
@@ -173,7 +173,7 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
             raise ValueError("config.json has norm_topk_prob=false; scalevec's router renormalizes the top-k "
                              "weights (Mixtral convention), so only norm_topk_prob=true models convert exactly")
         dense = conf.get("mlp_only_layers") or []
-        if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        if not isinstance(dense, list) or not all(is_int(i) for i in dense):
             raise ValueError(f"config.json has mlp_only_layers={dense!r}; it must be a list of layer indices")
         dense = sorted(dense)
         step = _hf_int(conf, "decoder_sparse_step", 1)

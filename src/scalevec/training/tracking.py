@@ -28,6 +28,7 @@ import os
 import uuid
 from pathlib import Path
 
+from scalevec.config_codec import is_number
 from scalevec.training import rundir
 
 TRACKERS = ("none", "tensorboard", "wandb")
@@ -43,9 +44,7 @@ def flatten_row(row: dict) -> dict[str, float]:
     kind = row.get("kind", "train")
     out: dict[str, float] = {}
     for key, value in row.items():
-        if key in ("kind", "step") or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if math.isfinite(value):
+        if key not in ("kind", "step") and is_number(value):
             out[f"{kind}/{key}"] = float(value)
     scales = row.get("scales")
     if isinstance(scales, dict) and scales:
@@ -58,7 +57,7 @@ def flatten_row(row: dict) -> dict[str, float]:
             role = s.get("role", "scale")
             for stat in VECTOR_SERIES:
                 value = s.get(stat)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                if is_number(value):
                     out[f"scales.{role}/{stat}/{name}"] = float(value)
     layers = row.get("grad_norms")
     if isinstance(layers, dict):

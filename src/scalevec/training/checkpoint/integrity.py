@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from scalevec.config_codec import is_int
 from scalevec.training.checkpoint.layout import (
     CKPT_DIR,
     CKPT_FORMAT,
@@ -163,7 +164,7 @@ def read_train_state(ckpt: Path) -> dict:
         if not isinstance(state, dict):
             raise ValueError("not a JSON object")
         step = state.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        if not is_int(step, least=0):
             raise ValueError(f"step {step!r} is not a step count")
         if is_step_name(Path(ckpt).name) and step != step_of(ckpt):
             raise ValueError(f"it describes step {step}, not {step_of(ckpt)}")

@@ -53,6 +53,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from scalevec.config_codec import is_number
 from scalevec.training import distributed, rundir
 from scalevec.training.checkpoint import integrity
 from scalevec.training.checkpoint.integrity import CorruptCheckpoint
@@ -127,8 +128,8 @@ def _same_form(want: Any, got: Any) -> bool:
     a number for a number; other leaves (flags, names, None) may differ (e.g. ``fused`` on another device)."""
     if isinstance(want, (list, tuple)):
         return isinstance(got, list) and len(got) == len(want) and all(map(_same_form, want, got))
-    if isinstance(want, (int, float)) and not isinstance(want, bool):
-        return isinstance(got, (int, float)) and not isinstance(got, bool)
+    if is_number(want, finite=False):
+        return is_number(got, finite=False)
     return True
 
 
