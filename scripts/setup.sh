@@ -2,7 +2,7 @@
 # One-command set-up: a virtual environment in .venv with torch and scalevec (+ test extras).
 # torch==2.13.0 comes from pip's configured index: the CPU wheel on the project's CI machines. Elsewhere PyPI's
 # Linux wheel is the CUDA build (GBs); for the CPU build set SCALEVEC_TORCH_INDEX=https://download.pytorch.org/whl/cpu.
-# On a GPU machine install your CUDA build of torch first (any torch >= 2.9 works) and set SCALEVEC_TORCH=skip.
+# On a GPU machine install your CUDA build of torch first (torch >= 2.11: the oldest the suite has passed on) and set SCALEVEC_TORCH=skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
