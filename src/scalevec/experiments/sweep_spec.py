@@ -143,7 +143,10 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
                        **flatten({k: x for k, x in v.items() if k != "name"}, f"{where}.grid.{key}")} for v in values]
             axes.append((str(key), values))
         else:
-            bad = next((v for v in values if isinstance(v, (list, dict))), None)
+            # the strategy axis may list variant bundles among plain strategy names (the ladder-suspects studies);
+            # elsewhere a mapping among plain values, and a list anywhere, is a typo (nested lists as seeds)
+            nested = (list,) if key == "strategy" else (list, dict)
+            bad = next((v for v in values if isinstance(v, nested)), None)
             if bad is not None:
                 raise ValueError(f"{where}.grid.{key} holds {short(bad)}, a {type(bad).__name__} among plain values; "
                                  f"an axis lists plain values (write [1, 2]) or mappings (bundles) only")
