@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalevec.experiments.stats import PairedDelta, paired_delta, pick_lr
+from scalevec.training import rundir
 
 STRATEGIES = ("baseline", "none", "unified")
 NOISE_SE = 2.0  # a pick is within noise of its runner-up when its margin is below this many standard errors
@@ -78,20 +79,20 @@ def read_runs(folder: Path) -> list[Run]:
                 done = r["status"] == "done"
                 loss = float(r["final_val_loss"]) if done and r["final_val_loss"] else math.inf
                 out.append(Run(r["run"], r["strategy"], float(r["lr"]), int(r["seed"]), loss, done,
-                               _kind(r, folder / "runs" / r["run"] / "meta.json"),
+                               _kind(r, folder / "runs" / r["run"] / rundir.META),
                                int(float(r["non_embedding_params"] or 0)), int(float(r["params"] or 0)),
                                int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0)))
                 seen.add(r["run"])
     for d in sorted((folder / "runs").glob("*/summary.json")) if (folder / "runs").is_dir() else []:
         run = d.parent
-        done, diverged = (run / "DONE").is_file(), (run / "DIVERGED").is_file()
+        done, diverged = (run / rundir.DONE).is_file(), (run / rundir.DIVERGED).is_file()
         if run.name in seen or not (done or diverged):
             continue
         try:
             m = json.loads(d.read_text())
             loss = float(m["final_val_loss"]) if done else math.inf
             out.append(Run(run.name, str(m["strategy"]), float(m["lr"]), int(m["seed"]), loss, done,
-                           _kind({}, run / "meta.json"), int(m.get("non_embedding_params") or 0),
+                           _kind({}, run / rundir.META), int(m.get("non_embedding_params") or 0),
                            int(m.get("params") or 0), int(m.get("tokens") or 0), float(m.get("wall_time_s") or 0)))
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -293,7 +294,7 @@ def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, Pa
 
     def evals(run: Run) -> dict[int, float]:
         try:
-            s = json.loads((Path(folder) / "runs" / run.name / "summary.json").read_text())
+            s = json.loads((Path(folder) / "runs" / run.name / rundir.SUMMARY).read_text())
         except (OSError, ValueError):
             return {}
         return {int(e["tokens"]): float(e["val_loss"]) for e in s.get("evals", []) if "val_loss" in e}
