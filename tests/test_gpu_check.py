@@ -152,3 +152,66 @@ def test_resume_is_judged_against_the_runs_own_drift():
     assert not resume_verdict(a, {k: v for k, v in b.items() if k != 21}, 20, exact=False)["resume_ok"]  # a gap
     assert not resume_verdict(a, b, 20, exact=True)["resume_ok"]
     assert resume_verdict(a, dict(a), 20, exact=True)["resume_ok"]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a killed process whose parent died may linger as a zombie until init reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_timed_out_stage_dies_with_every_process_it_started(tmp_path):
+    """GNU timeout (as gpu_ladder.sh runs the study) puts its child in a process group of its own: the stage's
+    timeout still kills it, and the check does not wait for it on the open pipe."""
+    import time
+
+    pid_file = tmp_path / "pid"
+    plan = gpu_check.Plan("x", ["bash", "-c", f"timeout 60 bash -c 'echo $$ > {pid_file}; sleep 60' & wait"], 1)
+    t0 = time.monotonic()
+    with open(tmp_path / "log", "w") as log:
+        rc, seconds, _ = gpu_check.run_stage(plan, 2.0, log, dict(os.environ))
+    assert rc is None and time.monotonic() - t0 < 15
+    time.sleep(0.5)
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_sigterm_stops_the_check_kills_its_stage_and_keeps_a_summary(tmp_path):
+    """SIGTERM mid-stage: exit 75, the stage's process gone, summary.json says which stage was interrupted, the
+    work folder removed."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "pid"
+    stub = tmp_path / "python"  # every stage's interpreter: records its pid, then hangs
+    stub.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    stub.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(stub), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "scalevec.bench.gpu_check", str(out), "--device", "cpu",
+                             "--only", "env"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 75
+    time.sleep(0.5)
+    assert not alive(int(pid_file.read_text()))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stages"][0]["note"] == "interrupted by SIGTERM" and summary["header"]["interrupted"] == "SIGTERM"
+    assert not list(tmp_path.glob("gpu_check_*"))
+
+
+def test_bad_python_and_unwritable_out_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHON", str(tmp_path / "no-such-python"))
+    assert gpu_check.main([str(tmp_path / "a"), "--device", "cpu"]) == 2
+    assert "not an interpreter" in capsys.readouterr().err
+    monkeypatch.delenv("PYTHON")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    assert gpu_check.main([str(tmp_path / "dangling"), "--device", "cpu"]) == 2
+    assert "cannot write into" in capsys.readouterr().err
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "b")], capture_output=True,
+                       text=True, env={**os.environ, "PYTHON": "/bin/false", "DEVICE": "cpu"})
+    assert r.returncode == 2 and "cannot import torch" in r.stderr and not (tmp_path / "b").exists()

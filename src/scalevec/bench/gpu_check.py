@@ -23,7 +23,9 @@ On CPU (``--device cpu``, the rehearsal) the same stages run at tiny sizes in ab
 ``OUT`` receives at most 5 files: ``summary.json`` and ``summary.md`` (rewritten after every stage),
 ``gpu_check.log`` (every stage's output), ``stages.json`` (every stage's full figures) and ``runs.tar.gz`` (the
 run directories and the ladder rung's folder, checkpoints left out). Exit status: 0 when every stage ran ok,
-1 when one failed or was skipped, 2 for bad input (a device that is not there, an ``OUT`` that is not empty).
+1 when one failed or was skipped, 2 for bad input (a device that is not there, an ``OUT`` that is not empty or not
+writable, a ``PYTHON`` that is not an interpreter), 130 after Ctrl-C and 75 after SIGTERM (the running stage and
+everything it started killed, the summary of the stages so far written).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -153,21 +156,52 @@ def stage_result(plan: Plan, rc: int | None, seconds: float, text: str, work: Pa
     return Stage(plan.name, "ok" if ok else "failed", seconds, figures, note)
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (a stage started with ``start_new_session``): its own process group
+    and any group a child made of its own (GNU ``timeout`` does, in gpu_ladder.sh), found in ``/proc``."""
+    groups = {sid}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session ...
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and int(fields[3]) == sid:
+            groups.add(int(fields[2]))
+    for pgid in groups:
+        try:
+            os.killpg(pgid, 9)
+        except OSError:  # gone already
+            pass
+
+
 def run_stage(plan: Plan, timeout_s: float, log, env: dict) -> tuple[int | None, float, str]:
-    """Run ``plan`` in its own process group; ``(exit code or None on timeout, seconds, its output)``."""
+    """Run ``plan`` in its own session; ``(exit code, or None on timeout, seconds, its output)``. On a timeout, and
+    on Ctrl-C or SIGTERM of the check itself, every process of the stage's session is killed (a stage left behind
+    would hold the GPU); the interrupt then propagates."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(plan.argv, cwd=ROOT, env={**env, **(plan.env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        proc = subprocess.Popen(plan.argv, cwd=ROOT, env={**env, **(plan.env or {})}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    except OSError as e:  # the interpreter or bash is missing
+        return 127, time.monotonic() - t0, f"cannot start {plan.argv[0]}: {e}"
     try:
         out, _ = proc.communicate(timeout=timeout_s)
         rc = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # the stage and every process it started (torchrun's workers, a study's runs)
+        kill_session(proc.pid)
         out, _ = proc.communicate()
         rc = None
+    except BaseException:  # KeyboardInterrupt, or Interrupted from the SIGTERM handler
+        kill_session(proc.pid)
+        proc.communicate()
+        raise
     log.write(out or "")
     log.flush()
     return rc, time.monotonic() - t0, out or ""
+
+
+class Interrupted(Exception):
+    """SIGTERM reached the check: it stops like Ctrl-C (the running stage killed, the summary written)."""
 
 
 def pack_runs(work: Path, tar_path: Path) -> int:
@@ -211,32 +245,55 @@ def check(out: Path, device: str, budget_s: float, py: str = sys.executable, onl
     except Exception as e:  # the env stage reports it in full
         header["torch"] = f"not importable: {e}"
     results: list[Stage] = []
-    with open(out / "gpu_check.log", "a") as log:
-        for plan in plans(device, work, py):
-            if only and plan.name not in only:
-                continue
-            left = budget_s - (time.monotonic() - start)
-            if left < MIN_STAGE_S:
-                results.append(Stage(plan.name, "skipped", 0.0, {}, f"{left:.0f} s of the budget left"))
-            else:
-                log.write(f"\n== {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {plan.name}: "
-                          f"{' '.join(plan.argv)} (timeout {min(plan.timeout_s, left):.0f} s)\n")
-                log.flush()
-                print(f"gpu_check: {plan.name} (timeout {min(plan.timeout_s, left):.0f} s)", flush=True)
-                rc, seconds, text = run_stage(plan, min(plan.timeout_s, left), log, env)
-                results.append(stage_result(plan, rc, seconds, text, work, device))
-                s = results[-1]
-                print(f"gpu_check: {s.name} {s.status} in {s.seconds:.0f} s {s.note}", flush=True)
-            header["seconds"] = round(time.monotonic() - start, 1)
-            write_summary(out, results, header)
-    (out / "stages.json").write_text(json.dumps({s.name: s.figures for s in results}, indent=1, default=str))
+    interrupted = None
+
+    def on_term(signum, frame):
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        header["runs_tar_bytes"] = pack_runs(work, out / "runs.tar.gz")
-    except OSError as e:
-        header["runs_tar_bytes"] = f"not written: {e}"
-    header["seconds"] = round(time.monotonic() - start, 1)
-    write_summary(out, results, header)
-    shutil.rmtree(work, ignore_errors=True)
+        with open(out / "gpu_check.log", "a") as log:
+            for plan in plans(device, work, py):
+                if only and plan.name not in only:
+                    continue
+                left = budget_s - (time.monotonic() - start)
+                if left < MIN_STAGE_S:
+                    results.append(Stage(plan.name, "skipped", 0.0, {}, f"{left:.0f} s of the budget left"))
+                    print(f"gpu_check: {plan.name} skipped: {left:.0f} s of the budget left", flush=True)
+                else:
+                    timeout = min(plan.timeout_s, left)
+                    if plan.name == "ladder_rung":  # the ladder's own deadline, inside the stage's
+                        plan.env = {**(plan.env or {}), "BUDGET_S": str(max(1, int(timeout - 15)))}
+                    log.write(f"\n== {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {plan.name}: "
+                              f"{' '.join(plan.argv)} (timeout {timeout:.0f} s)\n")
+                    log.flush()
+                    print(f"gpu_check: {plan.name} (timeout {timeout:.0f} s)", flush=True)
+                    try:
+                        rc, seconds, text = run_stage(plan, timeout, log, env)
+                    except (KeyboardInterrupt, Interrupted) as e:
+                        interrupted = "SIGTERM" if isinstance(e, Interrupted) else "Ctrl-C"
+                        results.append(Stage(plan.name, "failed", 0.0, {}, f"interrupted by {interrupted}"))
+                        break
+                    results.append(stage_result(plan, rc, seconds, text, work, device))
+                    s = results[-1]
+                    print(f"gpu_check: {s.name} {s.status} in {s.seconds:.0f} s {s.note}", flush=True)
+                header["seconds"] = round(time.monotonic() - start, 1)
+                write_summary(out, results, header)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if interrupted:
+            header["interrupted"] = interrupted
+        (out / "stages.json").write_text(json.dumps({s.name: s.figures for s in results}, indent=1, default=str))
+        try:
+            header["runs_tar_bytes"] = pack_runs(work, out / "runs.tar.gz")
+        except OSError as e:
+            header["runs_tar_bytes"] = f"not written: {e}"
+        header["seconds"] = round(time.monotonic() - start, 1)
+        write_summary(out, results, header)
+        shutil.rmtree(work, ignore_errors=True)
+    if interrupted:
+        print(f"gpu_check: interrupted by {interrupted}; the stages so far are in {out}/summary.md", file=sys.stderr)
+        return 130 if interrupted == "Ctrl-C" else 75
     return 0 if all(s.status == "ok" for s in results) else 1
 
 
@@ -272,9 +329,19 @@ def main(argv: list[str] | None = None) -> int:
             print("gpu_check: this python's torch sees no CUDA device; run with DEVICE=cpu for the CPU rehearsal",
                   file=sys.stderr)
             return 2
-    out.mkdir(parents=True, exist_ok=True)
-    return check(out, args.device, args.budget_s or BUDGET_S[args.device], os.environ.get("PYTHON") or sys.executable,
-                 only)
+    py = os.environ.get("PYTHON") or sys.executable
+    if not (shutil.which(py) or os.access(py, os.X_OK)):
+        print(f"gpu_check: PYTHON={py} is not an interpreter here; point PYTHON at a python3 with torch",
+              file=sys.stderr)
+        return 2
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_check.log").touch()
+    except OSError as e:
+        print(f"gpu_check: cannot write into {out} ({e.strerror or e}); give a new folder you can write",
+              file=sys.stderr)
+        return 2
+    return check(out, args.device, args.budget_s or BUDGET_S[args.device], py, only)
 
 
 if __name__ == "__main__":
