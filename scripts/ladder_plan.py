@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=250, help="horizon cells: steps between evaluations")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--device", default="cpu", help="cpu (one thread a run) or cuda")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (one thread a run) or cuda")
     p.add_argument("--val-tokens", type=int, help="validation tokens (default: data.val_tokens' 131,072)")
     p.add_argument("--compile", action="store_true", help="compile every run's blocks (train.compile: true)")
     p.add_argument("--out", help="the study file (default sweeps/study-NAME.yaml); never overwritten")

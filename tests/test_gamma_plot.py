@@ -57,6 +57,12 @@ def test_plot_command_and_report(tmp_path, capsys):
     assert "plot: " in out and "input_scale: 1 vectors" in out and "5 logged steps" in out
     assert main(["plot", str(tmp_path)]) == 2
     assert "is not a scalevec run directory" in capsys.readouterr().err
+    for bad in (tmp_path / "figure", tmp_path):  # matplotlib would write figure.png while we said "figure"
+        assert main(["plot", str(run), "--out", str(bad)]) == 2
+        assert "is not a figure file" in capsys.readouterr().err
+    assert not (tmp_path / "figure.png").exists()
+    assert main(["plot", str(run), "--out", str(tmp_path / "g.svg")]) == 0 and (tmp_path / "g.svg").is_file()
+    capsys.readouterr()
     from scalevec.experiments.report import write_report
 
     write_report(runs, quiet=True)

@@ -114,6 +114,9 @@ def plot_cells(a, path: Path) -> bool:
     return plot_runs(runs, path)
 
 
+FIGURE_SUFFIXES = {".png", ".pdf", ".svg"}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="a scalevec run directory (its metrics.jsonl)")
     p.add_argument("--out", help="the figure to write (default RUN/gamma_trajectories.png)")
@@ -126,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
                                 f"--out wrote it")
     rows = rundir.read_metrics(run_dir, "train")
     out = Path(args.out) if args.out else run_dir / "gamma_trajectories.png"
+    if out.is_dir() or out.suffix.lower() not in FIGURE_SUFFIXES:  # matplotlib would write OUT.png and say OUT
+        raise ValueError(f"--out {out} is not a figure file; give a path ending in one of "
+                         f"{', '.join(sorted(FIGURE_SUFFIXES))} (e.g. {out.with_suffix('.png').name})")
     if not plot_runs([("", rows)], out):
         raise ValueError(f"{run_dir} logged no scale vectors (strategy none, or no train row yet); nothing to plot")
     t = trajectories(rows)
