@@ -26,7 +26,8 @@ def lp():
 def fake_results(root: Path) -> None:
     """A 20-token ladder cell cpu-10k KJV (picks 0.02 / 0.03 / 0.04) and the horizon evidence: the first
     protocol's cells with picks moving ×1, ×1, ×2 (cpu-10k) and ×1, ×1, ×1/4 (cpu-25k) from 20 to 100."""
-    head = "cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,non_embedding_params\n"
+    head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
+            "non_embedding_params\n")
     cells = {"ladder-cpu-10k-kjv": (0.02, 0.03, 0.04), "cpu-10k-shakespeare": (0.02, 0.02, 0.02),
              "cpu-10k-shakespeare-tpp100": (0.02, 0.02, 0.04), "cpu-25k-shakespeare": (0.02, 0.01, 0.08),
              "cpu-25k-shakespeare-tpp100": (0.02, 0.01, 0.02)}
@@ -72,6 +73,7 @@ def test_invalid_arguments_are_one_line_and_write_nothing(lp, capsys, tmp_path, 
     (("cpu-10k", "kjv", "--schedule", "wsd", "--predicted-only"), "horizon cell"),  # WSD is tuned on CPU only
     (("cpu-25k", "kjv", "--tokens-per-param", "100"), "has not reported"),  # no 20-token cell to centre on
     (("cpu-10k", "bible"), "invalid choice"),
+    (("cpu-10k", "kjv", "--device", "banana"), "invalid choice"),
 ])
 def test_impossible_plans_are_refused(lp, capsys, tmp_path, argv, words):
     fake_results(tmp_path / "results")
