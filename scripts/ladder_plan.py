@@ -76,8 +76,8 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     study = (f"{{extend: {factor:.8g}, max_extensions: 4, confirm_seeds: {confirm}, target_halfwidth: {target:g}, "
              f"max_seeds: {max(max_seeds, tuning_seeds + 4)}, lr_grids: {lr_grids}}}")
     ratios = ", ".join(f"{c} {st} ×{r:g}" for c, st, r in evidence)
-    sched = ("{name: cosine, warmup_frac: %g}" % ladder.WARMUP_FRAC if schedule == "cosine" else
-             "{name: wsd, warmup_frac: %g, min_lr_ratio: 0.0}" % ladder.WARMUP_FRAC)
+    sched = (f"{{name: cosine, warmup_frac: {ladder.WARMUP_FRAC:g}}}" if schedule == "cosine" else
+             f"{{name: wsd, warmup_frac: {ladder.WARMUP_FRAC:g}, min_lr_ratio: 0.0}}")
     head = textwrap.fill(
         f"Issue 35, the horizon axis: the ladder's {rung} on {corpus} at {tokens_per_param:g} tokens per total "
         f"parameter ({tokens:,} tokens = {tokens / n:.1f} per non-embedding parameter; {passes:.2f} passes over "

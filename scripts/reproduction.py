@@ -569,7 +569,8 @@ def v3_table(cells: list) -> list[str]:
 
 def picks_table(cells: list) -> list[str]:
     """Every pick with its margin over the runner-up and that margin's standard error."""
-    lines = ["| cell | sd of a neighbouring-lr difference (dof) | baseline | none | unified |", "|---|---:|---|---|---|"]
+    lines = ["| cell | sd of a neighbouring-lr difference (dof) | baseline | none | unified |",
+             "|---|---:|---|---|---|"]
     for c in sorted(cells, key=_order):
         row = []
         for s in ("baseline", *V3_STRATEGIES):
@@ -587,8 +588,9 @@ def picks_table(cells: list) -> list[str]:
 
 def v3_trend(cells: list, target_n: int) -> list[str]:
     """The held-out Δ's weighted line in log10 N over the 20-token rungs of each corpus."""
-    from scalevec.experiments.stats import fit_line
     from scipy import stats as scipy_stats
+
+    from scalevec.experiments.stats import fit_line
 
     lines = ["| strategy | corpus | tokens / param | rungs | per-rung held-out Δ | slope per decade of N [95 % CI] | "
              "Δ at 0.12B (extrapolated) |", "|---|---|---:|---:|---|---:|---:|"]

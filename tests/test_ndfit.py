@@ -15,7 +15,8 @@ SIZES = (9660, 24672, 83280, 196672, 554016)  # the ladder's non-embedding N
 def synthetic(budgets, noise=0.01, seeds=8, rng_seed=1, truth=TRUE):
     """Cells at each ladder N and each budget (tokens per non-embedding parameter), per-seed Gaussian noise."""
     rng = np.random.default_rng(rng_seed)
-    return [ndfit.Point(n, n * r, tuple(range(seeds)), tuple(float(truth.predict(n, n * r)) + rng.normal(0, noise, seeds)))
+    return [ndfit.Point(n, n * r, tuple(range(seeds)),
+                        tuple(float(truth.predict(n, n * r)) + rng.normal(0, noise, seeds)))
             for n in SIZES for r in budgets]
 
 

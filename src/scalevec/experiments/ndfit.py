@@ -106,7 +106,7 @@ def fit(points: list[Point], refine: int = 3) -> NDFit:
         return _solve(n, d, y, w, a, b)[0]
 
     best = (starts[0][0], starts[0][1], starts[0][2])
-    for sse, a, b in starts[:refine]:
+    for _, a, b in starts[:refine]:
         r = minimize(obj, [a, b], method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-12, "maxiter": 400})
         if r.fun < best[0]:
             best = (float(r.fun), float(np.clip(r.x[0], lo, hi)), float(np.clip(r.x[1], lo, hi)))
@@ -210,5 +210,5 @@ def multiplier(base: NDFit, arm: NDFit, n: float, d: float) -> float:
     return float(min(max(m, 1 / CLAMP), CLAMP))
 
 
-__all__ = ["ALPHAS", "BETAS", "BOUNDS", "CLAMP", "D_UNIT", "MAX_RATIO", "Interval", "N_UNIT", "NDFit", "Point", "baseline_n_for",
-           "bootstrap", "fit", "intervals", "multiplier", "resample"]
+__all__ = ["ALPHAS", "BETAS", "BOUNDS", "CLAMP", "D_UNIT", "MAX_RATIO", "Interval", "N_UNIT", "NDFit", "Point",
+           "baseline_n_for", "bootstrap", "fit", "intervals", "multiplier", "resample"]
