@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from scalevec.cli import main
-from scalevec.config_codec import MAX_YAML_DEPTH, load_yaml, safe_load, short, YAMLBoundError
+from scalevec.config_codec import MAX_YAML_DEPTH, YAMLBoundError, load_yaml, safe_load, short
 from scalevec.experiments import study as study_mod
-from scalevec.experiments.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
+from scalevec.experiments.sweep import expand, load_spec, run_sweep, spec_from_dict
 from scalevec.training import rundir
 from test_rundir_faults import tiny_cfg  # the fault suite's tiny run
 

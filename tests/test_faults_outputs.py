@@ -13,7 +13,6 @@ Models are tiny, trained for a few steps on the bundled corpus; nothing download
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -244,9 +243,9 @@ def test_data_and_init_from_paths_are_stored_absolute(runs, tmp_path, monkeypatc
 
 
 def test_guide_transformers_snippet_generates_what_scalevec_generates(runs, tmp_path, capsys):
-    """docs/guide.md's snippet (README links it) for a custom-code export (tokenizer with trust_remote_code, the attention mask passed)
-    prints the text `scalevec generate` prints, also for a prompt with newlines (a bytes export's pad token is the
-    newline byte: a mask inferred from it would hide them)."""
+    """docs/guide.md's snippet (README links it) for a custom-code export (tokenizer with trust_remote_code, the
+    attention mask passed) prints the text `scalevec generate` prints, also for a prompt with newlines (a bytes
+    export's pad token is the newline byte: a mask inferred from it would hide them)."""
     import contextlib
     import io
     import re

@@ -1,4 +1,5 @@
-"""``scalevec plot RUN`` and report's γ trajectories (issue 36): rms(γ) per scale vector over steps, a panel per role."""
+"""``scalevec plot RUN`` and report's γ trajectories (issue 36): rms(γ) per scale vector over steps, a panel per
+role."""
 
 from __future__ import annotations
 

@@ -83,7 +83,8 @@ def test_run_directory_contents(tmp_path):
     assert {"lr", "loss", "grad_norm", "tok_per_s", "tokens"} <= set(rows[0])
     scales = rows[-1]["scales"]
     assert any("in_scale" in k for k in scales)
-    assert all(set(v) == {"role", "mean", "std", "min", "max", "rms", "grad_norm", "update_norm"} for v in scales.values())
+    fields = {"role", "mean", "std", "min", "max", "rms", "grad_norm", "update_norm"}
+    assert all(set(v) == fields for v in scales.values())
     layers = set(rows[-1]["grad_norms"]) - {"embed", "head.branches.lm_head"}  # per-layer matrix grad norms
     assert layers == {f"layers.{i}" for i in range(len(layers))} and len(layers) >= 2
     on_disk = json.loads((run / "summary.json").read_text())

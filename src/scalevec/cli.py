@@ -65,7 +65,7 @@ def clip_message(text: str) -> str:
     """``text`` with every run of more than ``LONG_WORD`` non-blank characters cut to its first 200 and ``...``: a
     message quotes at most a short prefix of a value (issue 38: a 200 KB ``strategy:`` was printed whole), while
     the paths and names it gives stay whole."""
-    return re.sub(r"\S{%d,}" % (LONG_WORD + 1), lambda m: m.group()[:200] + "...", text)
+    return re.sub(rf"\S{{{LONG_WORD + 1},}}", lambda m: m.group()[:200] + "...", text)
 
 
 def join_negative_values(argv: list[str]) -> list[str]:

@@ -59,7 +59,8 @@ def from_dict(cls: type, data: dict, where: str = "") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(sorted(where + short(k, 40).strip(chr(39)) for k in unknown))}; "
+        keys = ", ".join(sorted(where + short(k, 40).strip(chr(39)) for k in unknown))
+        raise ValueError(f"unknown config key(s) {keys}; "
                          f"known: {', '.join(sorted(known))}")
     kwargs = {k: _coerce(hints[k], v, where + k) for k, v in data.items()}
     return cls(**kwargs)

@@ -249,7 +249,8 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
             raise
         # a full disk mid-write was a bare "[Errno 28] No space left on device" (issue 38): say where and what to do
         raise OSError(f"cannot write the prepared data for {out} ({e.filename or out.parent}: {e.strerror}); free "
-                      f"space there or choose another --out (nothing was left: the partial folder was removed)") from None
+                      f"space there or choose another --out (nothing was left: the partial folder was "
+                      f"removed)") from None
 
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # writing failed, not reading

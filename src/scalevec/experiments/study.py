@@ -139,7 +139,8 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     plan_data = data.get("study")
     plan_data = {} if plan_data is None else plan_data
     if not isinstance(plan_data, dict):
-        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}; got {short(plan_data)}")
+        raise ValueError(f"{where}.study must be a mapping with keys among {', '.join(STUDY_KEYS)}; "
+                         f"got {short(plan_data)}")
     unknown = sorted(map(str, set(plan_data) - set(STUDY_KEYS)))
     if unknown:
         raise ValueError(f"{where}.study has unknown key(s) {', '.join(unknown)}; use keys among "

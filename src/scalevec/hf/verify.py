@@ -49,10 +49,10 @@ def verify(out_dir: str | Path, model: Transformer, tokens: Tensor, atol: float 
     float32 rounding does; ``atol`` default ``VERIFY_ATOL``, ``VERIFY_ATOL_REMOTE`` for the custom architecture,
     which is loaded with ``trust_remote_code=True``), that the mean next-token loss agrees within
     ``atol · max(1, |loss|)`` nats (transformers with ``labels=tokens``, which it shifts; ours from
-    ``forward(tokens, targets)``), and that greedy decoding from the first tokens of ``tokens[0]`` gives the same ids (transformers' ``generate`` with
-    its KV cache vs our uncached argmax). A bfloat16 export of a plain family is compared with our
-    folded model rounded to bfloat16 (the weights it holds), computed in fp32; a bfloat16 custom export
-    (whose folded weights have no scalevec counterpart) only with a loss tolerance of 0.05 nats. Prints
+    ``forward(tokens, targets)``), and that greedy decoding from the first tokens of ``tokens[0]`` gives the same
+    ids (transformers' ``generate`` with its KV cache vs our uncached argmax). A bfloat16 export of a plain family is
+    compared with our folded model rounded to bfloat16 (the weights it holds), computed in fp32; a bfloat16 custom
+    export (whose folded weights have no scalevec counterpart) only with a loss tolerance of 0.05 nats. Prints
     the figures and returns ``{"max_abs_logit_diff", "loss_ours", "loss_hf", "greedy_equal",
     "loading_info"}``. Raises ``VerifyError`` on a mismatch.
     """
