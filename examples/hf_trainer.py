@@ -1,6 +1,6 @@
 """A strategy in Hugging Face ``Trainer``: a tiny local Llama trained with ``unified`` (docs/integrations.md).
 
-    python examples/hf_trainer.py [--steps 20] [--strategy unified] [--out /tmp/hf-trainer]
+    python examples/hf_trainer.py [--steps 20] [--strategy unified] [--out DIR]
 
 The three scalevec lines are marked. The model is built from a config (no download); the data is the bundled
 Shakespeare as bytes (vocabulary 256). The per-scale-vector series go to every ``report_to`` reporter (here
@@ -9,7 +9,9 @@ TensorBoard, in OUT/runs) and the logged rows; the model is saved as ``scalevec 
 
 import argparse
 import gzip
+import tempfile
 from importlib import resources
+from pathlib import Path
 
 import torch
 import transformers
@@ -19,8 +21,12 @@ import scalevec
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--strategy", default="unified")
-p.add_argument("--out", default="/tmp/hf-trainer")
+p.add_argument("--out", help="a new or empty folder (default: a fresh one under the system temp dir)")
 args = p.parse_args()
+if args.out is None:
+    args.out = tempfile.mkdtemp(prefix="hf-trainer-")
+elif Path(args.out).is_dir() and any(Path(args.out).iterdir()) or Path(args.out).is_file():
+    raise SystemExit(f"{args.out} is a file or a non-empty folder; give a new or empty --out (nothing was trained)")
 
 torch.manual_seed(0)
 model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
