@@ -156,8 +156,6 @@ class Trainer:
         self.wrapped = distributed.wrap(self.model, t, self.dist)  # FSDP2 replaces the parameters: groups after
         self.groups = param_groups(self.model, cfg.optim, cfg.scale, self.roles)
         self.optimizers = distributed.shard_aware_optimizers(build_optimizers(self.groups, cfg.optim))
-        self.telemetry = ScaleTelemetry(self.model, self.roles).attach(  # per-vector metrics on logged steps
-            self.optimizers, due=lambda: self.step % t.log_every == 0 or self.step + 1 == self.steps)
         if init is not None:
             init.info["optimizer"] = init_from.carry_optimizer(init, cfg, self.model, self.optimizers, self.device)
             if self.rank == 0 and not quiet:
@@ -167,6 +165,9 @@ class Trainer:
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda_bf16
                          else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
         self.step = init.start_step if init is not None else 0
+        # attached after carry_optimizer, whose state-building step must not reach the per-vector metrics' hook
+        self.telemetry = ScaleTelemetry(self.model, self.roles).attach(  # per-vector metrics on logged steps
+            self.optimizers, due=lambda: self.step % t.log_every == 0 or self.step + 1 == self.steps)
         self.best_val = math.inf
         self.elapsed = 0.0  # seconds of training before this session (restored on resume)
         self.guard = HealthGuard(cfg, self.out, self.write)  # its state is saved with every checkpoint
