@@ -58,15 +58,16 @@ LADDER = _ladder_studies()
 def _horizon_studies() -> tuple[Study, ...]:
     """Issue 35's horizon axis, in the planned order (docs/reproduction.md, "The horizon axis: plan"): the cells
     that repeat no data first, cheapest first (cpu-10k, then cpu-25k, at 100 tokens per parameter, both corpora),
-    the repetition test (cpu-10k Shakespeare at 100 on a quarter of the plays: 1.86 passes at the same N and D;
-    ``data/corpora/build_shakespeare_quarter.py``), then cpu-10k Shakespeare at 400 (1.76 passes), the WSD cell
-    (cpu-25k Shakespeare at 100), cpu-80k at 100 on
+    the repetition test (cpu-10k Shakespeare at 100 on a quarter of the plays, at the same N and D;
+    ``data/corpora/build_shakespeare_quarter.py``), the WSD cell (cpu-25k Shakespeare at 100; moved ahead of
+    cpu-10k at 400 in the second session: its Δ(t) figure is part of issue 35 and it repeats no data), then
+    cpu-10k Shakespeare at 400 (1.76 passes), cpu-80k at 100 on
     both corpora and cpu-25k Shakespeare at 400 (the cells that repeat data 2.4-4.5 times). Every file is
     written by ``scripts/ladder_plan.py RUNG CORPUS --tokens-per-param D`` (optional until then)."""
     cells = [("cpu-10k", "shakespeare", 100, ""), ("cpu-10k", "kjv", 100, ""), ("cpu-25k", "shakespeare", 100, ""),
              ("cpu-25k", "kjv", 100, ""), ("cpu-10k", "shakespeare", 100, "-quarter"),
-             ("cpu-10k", "shakespeare", 400, ""),
-             ("cpu-25k", "shakespeare", 100, "-wsd"), ("cpu-80k", "shakespeare", 100, ""),
+             ("cpu-25k", "shakespeare", 100, "-wsd"), ("cpu-10k", "shakespeare", 400, ""),
+             ("cpu-80k", "shakespeare", 100, ""),
              ("cpu-80k", "kjv", 100, ""), ("cpu-25k", "shakespeare", 400, "")]
     return tuple(Study(ladder.horizon_name(r, c, d) + w, ladder.horizon_name(r, c, d) + w, optional=True)
                  for r, c, d, w in cells)
