@@ -2,7 +2,7 @@
 clipping, a metrics logger every N steps (docs/integrations.md).
 
     torchrun --nproc_per_node 2 examples/torchtitan_style.py [--strategy unified] [--steps 20]   # FSDP2, 2 ranks
-    python examples/torchtitan_style.py                                                           # one process
+    python examples/torchtitan_style.py [--out DIR]                                               # one process
 
 A tiny local Mixtral (MoE: the router's γ and the experts' banks get scale vectors too); the three scalevec lines
 are marked. The metrics (per scale vector and per layer, one device-to-host transfer per logged step) are gathered
@@ -15,6 +15,7 @@ import gzip
 import json
 import math
 import os
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -29,8 +30,13 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--strategy", default="unified")
 p.add_argument("--log-every", type=int, default=5)
-p.add_argument("--out", default="/tmp/titan-style")
+p.add_argument("--out", help="rank 0's new or empty folder for metrics.jsonl (default: a fresh one under the "
+                                "system temp dir)")
 args = p.parse_args()
+out = Path(args.out) if args.out else None
+# every rank checks before the rendezvous, so a refusal stops them all before any collective
+if out is not None and (out.is_file() or (out.is_dir() and any(out.iterdir()))):  # never write over a run's metrics
+    raise SystemExit(f"{out} is a file or a non-empty folder; give a new or empty --out (nothing was trained)")
 
 world = int(os.environ.get("WORLD_SIZE", "1"))
 if world > 1:
@@ -53,10 +59,10 @@ sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm
 
 text = gzip.decompress(resources.files("scalevec.data.corpora").joinpath("shakespeare.txt.gz").read_bytes())
 blocks = torch.tensor(list(text[: 640 * 64]), dtype=torch.long).view(640, 64)[rank::world]
-out = Path(args.out)
 if rank == 0:
+    out = out or Path(tempfile.mkdtemp(prefix="titan-style-"))
     out.mkdir(parents=True, exist_ok=True)
-    log = (out / "metrics.jsonl").open("w")
+    log = (out / "metrics.jsonl").open("x")
 for step in range(args.steps):
     x = blocks[8 * step:8 * step + 8]
     loss = model(input_ids=x, labels=x).loss
