@@ -19,7 +19,6 @@ excludes 0 on the other side, *inconclusive* otherwise.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -31,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from scalevec.experiments import ladder  # noqa: E402
 from scalevec.experiments.claims import CLAIMS, scaling_size  # noqa: E402
-from scalevec.experiments.frames import MACHINE_COLUMNS, SUMMARY_COLUMNS  # noqa: E402
+from scalevec.experiments.frames import MACHINE_COLUMNS, SUMMARY_COLUMNS, read_runs_csv  # noqa: E402
 from scalevec.experiments.stats import (  # noqa: E402
     fit_power_law,
     fit_shared_power_law,
@@ -40,6 +39,7 @@ from scalevec.experiments.stats import (  # noqa: E402
     seeds_for_halfwidth,
     seeds_needed,
 )
+from scalevec.training.rundir import write_atomic  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
 # columns every runs.csv has; any other non-metric column is a setting that names the arms
@@ -48,8 +48,9 @@ STANDARD = {"run", "status", "preset", "strategy", "optimizer", "schedule", "lr"
 
 
 def read_cell(folder: Path) -> list[dict]:
-    with open(folder / "runs.csv") as f:
-        return list(csv.DictReader(f))
+    """The rows of ``folder/runs.csv`` (``frames.read_runs_csv``: ``ValueError`` naming the line of a torn or
+    doubled file; ``[]`` for a header-only one)."""
+    return read_runs_csv(folder / "runs.csv")
 
 
 def training_seconds(folders: list[Path]) -> float:
@@ -78,9 +79,11 @@ def arm_axis(rows: list[dict]) -> str:
 def analyse(rows: list[dict]) -> dict:
     """Per arm: the lr curve on the tuning seeds (the seeds every lr of the arm has: seed 0 in the C6
     protocol, seeds 0-2 in the why-lrpick study; their mean per lr), the tuned lr picked on it, the
-    per-seed losses there and the non-embedding parameter count; the cell's arm axis and training time."""
+    per-seed losses there and the non-embedding parameter count; the cell's arm axis, its number of runs
+    (0 for a header-only runs.csv) and training time."""
     axis = arm_axis(rows)
-    out: dict = {"axis": axis, "arms": {}, "wall_s": sum(float(r["wall_time_s"] or 0) for r in rows)}
+    out: dict = {"axis": axis, "arms": {}, "runs": len(rows),
+                 "wall_s": sum(float(r["wall_time_s"] or 0) for r in rows)}
     by_arm = defaultdict(list)
     for r in rows:
         by_arm[r[axis]].append(r)
@@ -120,6 +123,8 @@ def fmt_lr(lr: float) -> str:
 
 def cell_section(name: str, a: dict) -> list[str]:
     lines = [f"#### {name}", ""]
+    if not a["runs"]:  # a header-only runs.csv: say so rather than print empty tables
+        return lines + [f"Its `runs.csv` lists no runs (`scalevec report results/{name}` once its runs finish).", ""]
     st = a["arms"]
     lrs = sorted({lr for s in st.values() for lr in s["curve"]})
     what = "strategy" if a["axis"] == "strategy" else f"`{a['axis']}`"
@@ -162,6 +167,10 @@ def comparisons(cells: dict[str, dict]) -> list[dict]:
             if name not in cells:  # a declared cell whose study has not reported
                 out.append({"claim": c.id, "cell": name, "arm": (c.arms or (("variants", 0),))[0][0],
                             "control": c.control, "direction": 0, "status": "not run yet"})
+                continue
+            if not cells[name]["runs"]:  # a header-only runs.csv: nothing was compared
+                out.append({"claim": c.id, "cell": name, "arm": (c.arms or (("variants", 0),))[0][0],
+                            "control": c.control, "direction": 0, "status": "runs.csv lists no runs"})
                 continue
             st = cells[name]["arms"]
             arms = c.arms or tuple((arm, 0) for arm in st if arm not in ("baseline", "unified"))
@@ -367,7 +376,7 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
             rates = [float(r["tokens"]) / float(r["wall_time_s"]) for r in runs if r["wall_time_s"] and r["tokens"]]
             compiled = " compiled" if any(r.get("compiled") == "True" for r in runs) else ""
             tok_s = f"{statistics.median(rates):,.0f}{compiled}" if rates else "—"
-            tokens = int(runs[0]["tokens"]) if runs else 0
+            tokens = f"{int(float(runs[0]['tokens'])):,}" if runs else "—"  # no runs.csv rows: nothing to say
             lrs = " / ".join(f"{got[s].lr:.3g}{'*' if got[s].at_edge else ''}" if s in got else "—"
                              for s in ("baseline", "none", "unified"))
             seeds = "/".join(str(got[s].seeds) for s in ("baseline", "none", "unified") if s in got)
@@ -383,9 +392,9 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
                 diffs = tuned_differences(runs, got, s)
                 if len(diffs) >= 2:
                     need.append(seeds_for_halfwidth(diffs, TARGET_HALFWIDTH) or 1001)
-            lines.append(f"| {rung} | {corpus} | {got['baseline'].n:,} | {get_preset(rung).d_model} | {tokens:,} | "
+            lines.append(f"| {rung} | {corpus} | {got['baseline'].n:,} | {get_preset(rung).d_model} | {tokens} | "
                          f"{seeds} | {lrs} | {delta('none')} | {delta('unified')} | {got['baseline'].loss_std:.4f} | "
-                         f"{max(need) if need else '—'} | {tok_s} | {hours:.2f} |")
+                         f"{max(need) if need else '—'} | {tok_s} | {f'{hours:.2f}' if runs else '—'} |")
     variants = [r for r in rows if r.strategy not in ("baseline", "none", "unified") and r.delta is not None]
     if variants:
         lines += ["", "**The suspects** (`sweeps/study-ladder-suspects-*.yaml`, in the rung's folder: its baseline "
@@ -443,12 +452,13 @@ def c8_ladder_lines(results: Path, rows: list) -> list[str]:
             got = {r.strategy: r for r in rows if r.rung == rung and r.corpus == corpus}
             if "baseline" not in got or not (folder / "runs.csv").is_file():
                 continue
-            rungs += 1
+            before = len(pts["baseline"][0])
             for r in read_cell(folder):
                 s = r["strategy"]
                 if s in pts and s in got and r["status"] == "done" and float(r["lr"]) == got[s].lr:
                     pts[s][0].append(got["baseline"].n)
                     pts[s][1].append(float(r["final_val_loss"]))
+            rungs += len(pts["baseline"][0]) > before  # a rung whose runs.csv gave no baseline point is no rung
         if rungs < 3:
             continue
         any_row = True
@@ -645,25 +655,37 @@ def horizon_changes(cells: list) -> list[str]:
     return lines if n else ["No horizon cell has held-out seeds for both strategies yet."]
 
 
-def fit_points(cells: list, results: Path, corpus: str) -> dict[str, list]:
-    """Per strategy, the (N, D) fit's points of one corpus: each cell without a variant, the held-out seeds'
-    losses at the strategy's tuned lr (the tuning seeds carry the winner's curse, so they are left out)."""
+FIT_MIN_HELD = 2  # finished held-out seeds every strategy needs at its tuned lr for a cell to enter the fit
+
+
+def fit_points(cells: list, results: Path, corpus: str) -> tuple[dict[str, list], list[str]]:
+    """The (N, D) fit's points of one corpus per strategy, and the cells left out with why. A cell without a
+    variant enters only when baseline, none and unified each have ``FIT_MIN_HELD`` finished held-out seeds (not
+    among that strategy's tuning seeds, which carry the winner's curse) at their tuned lr; then every strategy
+    gets that cell's held-out losses. All strategies are fitted on the same cells: a cell that one strategy
+    lacks (still training) would make the compute multipliers compare fits of different data."""
     from scalevec.experiments import ndfit, protocol3
 
-    out = {s: [] for s in ("baseline", *V3_STRATEGIES)}
-    for c in cells:
+    strategies = ("baseline", *V3_STRATEGIES)
+    out: dict[str, list] = {s: [] for s in strategies}
+    left_out = []
+    for c in cells:  # in the order given: the bootstrap draws its seeds cell by cell in this order
         if c.corpus != corpus or c.variant:
             continue
         runs = protocol3.read_runs(results / c.name)
-        for s in out:
+        held = {}
+        for s in strategies:
             p = c.picks.get(s)
-            if p is None:
-                continue
-            got = sorted((r.seed, r.loss) for r in runs if r.strategy == s and r.lr == p.lr and r.done
-                         and r.seed not in p.seeds)
-            if got:
-                out[s].append(ndfit.Point(c.n, c.tokens, tuple(g[0] for g in got), tuple(g[1] for g in got)))
-    return out
+            held[s] = [] if p is None else sorted(
+                (r.seed, r.loss) for r in runs if r.strategy == s and r.lr == p.lr and r.done and r.seed not in p.seeds)
+        if any(len(v) < FIT_MIN_HELD for v in held.values()):
+            counts = ", ".join(f"{s} {len(v)}" if s in c.picks else f"{s} no lr pick yet" for s, v in held.items())
+            left_out.append(f"`{c.name}` left out: fewer than {FIT_MIN_HELD} finished held-out seeds at the tuned "
+                            f"lr for some strategy ({counts})")
+            continue
+        for s, got in held.items():
+            out[s].append(ndfit.Point(c.n, c.tokens, tuple(g[0] for g in got), tuple(g[1] for g in got)))
+    return out, left_out
 
 
 def _num(v: float) -> str:
@@ -671,7 +693,8 @@ def _num(v: float) -> str:
 
 
 def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
-    """The (N, D) fit per corpus and strategy, its intervals, and the compute multipliers."""
+    """The (N, D) fit per corpus and strategy (every strategy on the same cells, ``fit_points``), its intervals,
+    the cells left out and why, and the compute multipliers."""
     import numpy as np
 
     from scalevec.experiments import ndfit
@@ -679,14 +702,16 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
     lines = ["| corpus | strategy | cells (N, D) | E | A | α | B | β |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     mult = ["| corpus | strategy | " + " | ".join(MULTIPLIER_AT) + " |", "|---|---|" + "---:|" * len(MULTIPLIER_AT)]
     sizes = {p: (ladder.non_embedding_params(p), ladder.total_params(p)) for p in MULTIPLIER_AT}
-    fitted = {}
+    fitted, left = {}, []
     for corpus in ladder.CORPORA:
-        pts = fit_points(cells, results, corpus)
-        if any(len(v) < 3 for v in pts.values()):
+        pts, left_out = fit_points(cells, results, corpus)
+        left += left_out
+        if len(pts["baseline"]) < 3:  # every strategy has the same cells (fit_points)
             lines.append(f"| {corpus} | — | fewer than 3 cells | | | | | |")
             continue
         fits, boots = ndfit.bootstrap(pts, draws=FIT_DRAWS)
-        budgets = sorted({c.tpp for c in cells if c.corpus == corpus and not c.variant and "baseline" in c.picks})
+        fit_nd = {(p.n, p.d) for p in pts["baseline"]}
+        budgets = sorted({c.tpp for c in cells if c.corpus == corpus and not c.variant and (c.n, c.tokens) in fit_nd})
         n_ok = 0
         for s, f in fits.items():
             iv = ndfit.intervals(f, boots[s])
@@ -709,6 +734,8 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
                 lo, hi = np.percentile(ms, [2.5, 97.5])
                 row.append(f"{_num(m)} [{_num(lo)}, {_num(hi)}]")
             mult.append(f"| {corpus} | {s} | " + " | ".join(row) + " |")
+    if left:
+        lines += ["", "Cells not in the fit: " + "; ".join(left) + "."]
     return lines, {"mult": mult, "fitted": fitted}
 
 
@@ -823,8 +850,14 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
 
     cells = protocol3.read_ladder_cells(results)
     lines = ["### Protocol v3: every ladder cell, both budgets (issue 35)", ""]
+    shown, hidden = {c.name for c in cells}, []
+    for f in sorted(results.glob("ladder-*")):  # a cell that read_ladder_cells drops is named, not silently absent
+        if f.is_dir() and f.name not in shown and protocol3.parse_name(f.name) is not None:
+            why = "no runs yet" if not protocol3.read_runs(f) else "no baseline lr pick yet"
+            hidden.append(f"`{f.name}` ({why})")
+    hidden = ["Not in the table: " + ", ".join(hidden) + ".", ""] if hidden else []
     if not cells:
-        return lines + ["No ladder cell has reported yet.", ""]
+        return lines + ["No ladder cell has reported yet.", ""] + hidden
     target_n = ladder.non_embedding_params(ladder.TARGET)
     lines += ["Δ = strategy − baseline, each at its own tuned lr, paired by seed, 95 % t interval, **on held-out "
               "seeds only** (seeds on which neither arm's lr was picked: seeds ≥ 2), and only over pairs whose two "
@@ -835,7 +868,7 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
               "`-tppD`: the horizon cells (`sweeps/study-ladder-RUNG-CORPUS-tppD.yaml`); `-quarter`: the "
               "repetition test (a quarter of the training plays, the same validation tokens); `-wsd`: the WSD cell. "
               "A cell still training shows what has finished.", ""]
-    lines += v3_table(cells) + [""]
+    lines += v3_table(cells) + [""] + hidden
     lines += ["**The picks.** Each strategy's lr is the lowest mean over its tuning seeds; shown with the runner-up "
               "on the same curve and the margin between them. The margin's standard error is the seed-to-seed sd of "
               "the difference between two neighbouring lrs of one strategy, pooled over every neighbouring pair of "
@@ -867,8 +900,11 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
                   ""]
     lines += delta_t_lines(cells, results, figures)
     fit_lines, extra = nd_section(cells, results)
-    lines += ["**The (N, D) fit** L(N, D) = E + A·(N/10⁴)^(−α) + B·(D/10⁶)^(−β) per corpus and strategy, over every "
-              "cell of both budgets without a variant, each cell's held-out seeds at the strategy's tuned lr "
+    lines += ["**The (N, D) fit** L(N, D) = E + A·(N/10⁴)^(−α) + B·(D/10⁶)^(−β) per corpus and strategy, over the "
+              "cells of both budgets without a variant in which baseline, none and unified **each** have at least "
+              f"{FIT_MIN_HELD} finished held-out seeds at their tuned lr (a cell still training is left out of every "
+              "strategy's fit, and listed below the table, so that all three are fitted on the same cells and the "
+              "multipliers compare like with like), each cell's held-out seeds at the strategy's tuned lr "
               f"(`ndfit.fit`: non-negative least squares in E, A, B for each (α, β) of a {len(ndfit_alphas())}×"
               f"{len(ndfit_alphas())} grid of starting values, the best refined), 95 % intervals from "
               f"{FIT_DRAWS} seed-bootstrap draws (seeds resampled within each cell, the same draw for every "
@@ -911,7 +947,11 @@ def ndfit_alphas() -> tuple:
 
 
 def generate(results: Path, figures: Path | None = None) -> str:
+    """The generated section; ``ValueError`` (``frames.read_runs_csv``) for a torn or doubled runs.csv, raised
+    before any figure is written."""
     folders = [f for f in sorted(results.iterdir()) if (f / "runs.csv").is_file()]
+    for f in folders:  # every runs.csv checked first: a torn one found midway would leave half the figures new
+        read_cell(f)
     ladder_lines = v3_section(results, figures) + ladder_section(results, figures)
     folders = [f for f in folders if not f.name.startswith("ladder-")]  # the first protocol's cells below
     cells = {folder.name: analyse(read_cell(folder)) for folder in folders}
@@ -940,16 +980,20 @@ def main() -> int:
     p.add_argument("--write", help="a markdown file whose text between the markers is replaced; its figures "
                                    "go into figures/ next to it")
     args = p.parse_args()
-    if not args.write:
-        print(generate(Path(args.results)))
-        return 0
-    doc = Path(args.write).read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{args.write} has no {BEGIN} ... {END} markers")
-    text = generate(Path(args.results), figures=Path(args.write).parent / "figures")
+    try:
+        if not args.write:
+            print(generate(Path(args.results)))
+            return 0
+        doc = Path(args.write).read_text()
+        if BEGIN not in doc or END not in doc:
+            raise SystemExit(f"{args.write} has no {BEGIN} ... {END} markers")
+        text = generate(Path(args.results), figures=Path(args.write).parent / "figures")
+    except ValueError as e:  # a torn or doubled runs.csv (frames.read_runs_csv): one line, nothing written
+        print(f"reproduction.py: error: {e}", file=sys.stderr)
+        return 2
     head, rest = doc.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    Path(args.write).write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+    write_atomic(args.write, f"{head}{BEGIN}\n{text}{END}{tail}")  # whole or not at all
     print(f"wrote {args.write}")
     return 0
 

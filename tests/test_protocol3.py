@@ -159,3 +159,46 @@ def test_an_edge_lr_still_training_leaves_the_tuning_seeds_alone(tmp_path):
     cell = protocol3.read_cell(folder)
     assert cell.picks["unified"].seeds == (0, 1) and 0.005 not in cell.picks["unified"].curve
     assert cell.arms["unified"].held_seeds == (2, 3, 4, 5)
+
+
+def write_three(folder: Path, held: dict[str, int], n: int, tokens: int) -> None:
+    """A ladder cell of baseline, none and unified: seeds 0-1 at lrs 0.01 / 0.02 / 0.04 (each picks 0.02), then
+    ``held[strategy]`` held-out seeds (2, 3, ...) at 0.02; ``n`` non-embedding parameters, ``tokens`` per run."""
+    rows = []
+    for s in ("baseline", "none", "unified"):
+        lrs = [(lr, seed) for lr in CURVE for seed in (0, 1)] + [(0.02, k) for k in range(2, 2 + held[s])]
+        for lr, seed in lrs:
+            rows.append({"run": f"{s}_lr{lr:g}_s{seed}", "status": "done", "preset": "cpu-10k", "strategy": s,
+                         "optimizer": "adamw", "schedule": "cosine", "lr": lr, "seed": seed,
+                         "final_val_loss": CURVE[lr] + 0.001 * seed, "tokens": tokens, "params": 2 * n,
+                         "non_embedding_params": n, "wall_time_s": 1.0, "cpu": AMD[0], "cpu_capability": AMD[1]})
+    folder.mkdir(parents=True)
+    with (folder / "runs.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_nd_fit_takes_a_cell_only_when_every_strategy_has_two_held_out_seeds(tmp_path):
+    """scripts/reproduction.py's (N, D) fit: a cell where unified has 1 held-out seed (still training) while
+    baseline and none have 3 must enter no strategy's fit, and is listed with its counts; the full cells enter
+    every strategy's fit, so all three are fitted on the same cells."""
+    from test_reproduction_script import _script
+
+    rep = _script()
+    full = {"baseline": 3, "none": 3, "unified": 3}
+    cells = {"ladder-cpu-10k-shakespeare": (full, 9660, 400_000), "ladder-cpu-25k-shakespeare": (full, 24672, 1e6),
+             "ladder-cpu-10k-shakespeare-tpp100": ({**full, "unified": 1}, 9660, 2_000_000),
+             "ladder-cpu-10k-kjv": (full, 9660, 400_000)}
+    for name, (held, n, tokens) in cells.items():
+        write_three(tmp_path / name, held, n, int(tokens))
+    read = protocol3.read_ladder_cells(tmp_path)
+    pts, left = rep.fit_points(read, tmp_path, "shakespeare")
+    want = {(9660, 400_000), (24672, 1_000_000)}
+    for s in ("baseline", "none", "unified"):
+        assert {(p.n, p.d) for p in pts[s]} == want, s
+        assert all(p.seeds == (2, 3, 4) for p in pts[s])  # held-out seeds only
+    (line,) = left
+    assert line.startswith("`ladder-cpu-10k-shakespeare-tpp100` left out") and "baseline 3, none 3, unified 1" in line
+    lines, _ = rep.nd_section(read, tmp_path)  # 2 cells per corpus: no fit, but the left-out cell is named
+    assert any("`ladder-cpu-10k-shakespeare-tpp100` left out" in ln for ln in lines)

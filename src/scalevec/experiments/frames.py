@@ -2,7 +2,8 @@
 
 Flat rows (dicts) for pandas or a spreadsheet: ``runs_frame`` from the run records (with the downstream
 scores ``scalevec eval`` left in each run's ``eval.json``), ``results_frame`` from the ``Analysis``;
-``to_csv`` writes either as CSV text (columns in order of first appearance).
+``to_csv`` writes either as CSV text (columns in order of first appearance); ``read_runs_csv`` reads a
+``runs.csv`` back, refusing a torn or doubled one.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
+from pathlib import Path
 
 from scalevec.config import EXECUTION_FIELDS
 from scalevec.experiments.analysis import Analysis
@@ -67,6 +69,69 @@ def runs_frame(runs: list[RunRecord]) -> list[dict]:
     return rows
 
 
+# what every reader of runs.csv needs (runs_frame always writes them); other columns are checked when present
+RUNS_REQUIRED = ("run", "status", "strategy", "lr", "seed", "final_val_loss", "tokens", "params",
+                 "non_embedding_params", "wall_time_s")
+RUNS_NUMERIC = tuple(k for k in SUMMARY_COLUMNS if k != "compiled")  # numbers when not blank
+STATUSES = ("done", "diverged", "unfinished")  # records.RunRecord.status
+
+
+def read_runs_csv(path: str | Path) -> list[dict]:
+    """The rows of a ``runs.csv`` written by ``scalevec report`` (``runs_frame`` / ``to_csv``; DESIGN.md §9), as
+    ``csv.DictReader`` gives them (every value a string), after checking that the file is whole: a header-only file
+    is valid and gives ``[]`` (a caller that reports the cell must say it has no runs).
+
+    Raises ``ValueError`` with one line naming the file, the line and the problem, and the command that rewrites
+    the file (``scalevec report FOLDER``), when: the file is empty or not CSV, a column of ``RUNS_REQUIRED`` is
+    missing, a row has more or fewer fields than the header (a torn or hand-edited line), ``status`` is not one of
+    ``STATUSES``, ``lr`` is not a number or ``seed`` not an integer, ``final_val_loss`` is not a number in a ``done``
+    row, a non-blank summary column (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number, or a run
+    is listed twice (it would be counted twice). ``OSError`` when the file cannot be read."""
+    path = Path(path)
+    fix = f"rewrite it with `scalevec report {path.parent}`"
+
+    def bad(line: int, problem: str) -> ValueError:
+        return ValueError(f"{path} line {line}: {problem}; {fix}")
+
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        try:
+            header = reader.fieldnames
+            if not header:
+                raise bad(1, "no header (the file is empty)")
+            missing = [k for k in RUNS_REQUIRED if k not in header]
+            if missing:
+                raise bad(1, f"the header lacks {', '.join(missing)}")
+            rows, first = [], {}
+            for row in reader:
+                line = reader.line_num
+                # DictReader files extra fields under the key None and fills missing ones with None
+                if None in row or None in row.values():
+                    n = len(header) + len(row.get(None) or ()) - sum(v is None for v in row.values())
+                    raise bad(line, f"{n} fields where the header has {len(header)} (a torn or edited line)")
+                if row["status"] not in STATUSES:
+                    raise bad(line, f"status {row['status']!r} is not one of {', '.join(STATUSES)}")
+                numeric = [k for k in RUNS_NUMERIC if k in row and row[k] != ""]
+                if row["status"] == "done" and "final_val_loss" not in numeric:
+                    raise bad(line, "a done run without final_val_loss")
+                for k in ("lr", *numeric):
+                    try:
+                        float(row[k])
+                    except ValueError:
+                        raise bad(line, f"{k} {row[k]!r} is not a number") from None
+                try:
+                    int(row["seed"])
+                except ValueError:
+                    raise bad(line, f"seed {row['seed']!r} is not an integer") from None
+                if row["run"] in first:
+                    raise bad(line, f"run {row['run']!r} is listed twice (also line {first[row['run']]})")
+                first[row["run"]] = line
+                rows.append(row)
+        except csv.Error as e:  # a NUL byte, an unclosed quote at the end of a torn file
+            raise bad(reader.line_num, f"not CSV ({e})") from None
+    return rows
+
+
 def results_frame(a: Analysis) -> list[dict]:
     """One row per cell × strategy with every number of the cell tables (``results.csv``)."""
     rows = []
@@ -88,4 +153,5 @@ def results_frame(a: Analysis) -> list[dict]:
     return rows
 
 
-__all__ = ["MACHINE_COLUMNS", "SUMMARY_COLUMNS", "results_frame", "runs_frame", "setting_columns", "to_csv"]
+__all__ = ["MACHINE_COLUMNS", "RUNS_NUMERIC", "RUNS_REQUIRED", "STATUSES", "SUMMARY_COLUMNS", "read_runs_csv",
+           "results_frame", "runs_frame", "setting_columns", "to_csv"]

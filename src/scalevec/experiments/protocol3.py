@@ -20,7 +20,6 @@ pairs: Δ(t) of the WSD cell.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -28,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalevec.experiments.frames import read_runs_csv
 from scalevec.experiments.stats import PairedDelta, paired_delta, pick_lr
 from scalevec.training import rundir
 
@@ -69,20 +69,21 @@ def read_runs(folder: Path) -> list[Run]:
     """The runs of a cell: the rows of its ``runs.csv`` (written when a study reports), then every finished run
     of ``runs/NAME/`` (``DONE`` or ``DIVERGED`` beside its ``summary.json``) that runs.csv does not list yet, so a
     cell still training shows what has finished. Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
-    columns where it has them, else the run's ``meta.json``. Empty when the cell has neither."""
+    columns where it has them, else the run's ``meta.json``. Empty when the cell has neither (or a header-only
+    runs.csv and no finished run). ``ValueError`` (``frames.read_runs_csv``) when runs.csv is torn or lists a run
+    twice."""
     folder = Path(folder)
     out, seen = [], set()
     f = folder / "runs.csv"
     if f.is_file():
-        with f.open() as fh:
-            for r in csv.DictReader(fh):
-                done = r["status"] == "done"
-                loss = float(r["final_val_loss"]) if done and r["final_val_loss"] else math.inf
-                out.append(Run(r["run"], r["strategy"], float(r["lr"]), int(r["seed"]), loss, done,
-                               _kind(r, folder / "runs" / r["run"] / rundir.META),
-                               int(float(r["non_embedding_params"] or 0)), int(float(r["params"] or 0)),
-                               int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0)))
-                seen.add(r["run"])
+        for r in read_runs_csv(f):  # a torn or doubled runs.csv is a ValueError naming its line, not a wrong cell
+            done = r["status"] == "done"
+            loss = float(r["final_val_loss"]) if done else math.inf
+            out.append(Run(r["run"], r["strategy"], float(r["lr"]), int(r["seed"]), loss, done,
+                           _kind(r, folder / "runs" / r["run"] / rundir.META),
+                           int(float(r["non_embedding_params"] or 0)), int(float(r["params"] or 0)),
+                           int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0)))
+            seen.add(r["run"])
     for d in sorted((folder / "runs").glob("*/summary.json")) if (folder / "runs").is_dir() else []:
         run = d.parent
         done, diverged = (run / rundir.DONE).is_file(), (run / rundir.DIVERGED).is_file()

@@ -1,0 +1,158 @@
+"""One validated reader of runs.csv (frames.read_runs_csv): a torn, edited or doubled file is refused with one line
+naming the file, the line and the fix, never read as fewer or more runs; a header-only file is zero runs, and the
+readers that report a cell say so; scripts/reproduction.py turns a torn cell into one line and exit 2."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fakerun
+from scalevec.config_codec import to_dict
+from scalevec.experiments import protocol3
+from scalevec.experiments.frames import read_runs_csv, runs_frame, to_csv
+from scalevec.experiments.records import load_runs
+from scalevec.experiments.sweep import expand, spec_from_dict
+from test_reproduction_script import _script
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_good(folder: Path) -> Path:
+    """A real runs.csv: fakerun's run directories of 2 strategies × 2 lrs × 2 seeds, through runs_frame and
+    to_csv as `scalevec report` writes it."""
+    spec = spec_from_dict({"base": {"preset": "tiny", "train": {"batch_size": 4, "seq_len": 32, "steps": 100}},
+                           "grid": {"strategy": ["baseline", "unified"], "lr": [1.5e-3, 3e-3], "seed": [0, 1]}})
+    for r in expand(spec):
+        fakerun.write_run(folder / "runs" / r.name, to_dict(r.cfg))
+    (folder / "runs.csv").write_text(to_csv(runs_frame(load_runs(folder))))
+    return folder / "runs.csv"
+
+
+def test_a_good_file_round_trips(tmp_path):
+    path = write_good(tmp_path / "cell")
+    runs = load_runs(tmp_path / "cell")
+    rows = read_runs_csv(path)
+    assert [r["run"] for r in rows] == [r.name for r in runs]
+    for row, run in zip(rows, runs):
+        assert float(row["final_val_loss"]) == run.summary["final_val_loss"]  # repr of a float: exact
+        assert float(row["lr"]) == run.cfg.optim.lr and int(row["seed"]) == run.seed and row["status"] == "done"
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def _rewrite(path: Path, lines: list[str]) -> None:
+    path.write_text("\r\n".join(lines) + "\r\n")
+
+
+def _set(path: Path, line: int, column: str, value: str) -> None:
+    """Set ``column`` of (1-based) ``line`` to ``value``."""
+    lines = _lines(path)
+    header = lines[0].split(",")
+    fields = lines[line - 1].split(",")
+    fields[header.index(column)] = value
+    lines[line - 1] = ",".join(fields)
+    _rewrite(path, lines)
+
+
+def _torn(path: Path) -> None:  # the last line cut halfway (a copy or a disk that stopped)
+    lines = _lines(path)
+    lines[-1] = lines[-1][: len(lines[-1]) // 2]
+    path.write_text("\r\n".join(lines))
+
+
+def _extra(path: Path) -> None:
+    lines = _lines(path)
+    lines[2] += ",oops"
+    _rewrite(path, lines)
+
+
+def _duplicate(path: Path) -> None:
+    lines = _lines(path)
+    _rewrite(path, [*lines, lines[1]])
+
+
+def _drop_column(path: Path) -> None:
+    lines = [ln.split(",") for ln in _lines(path)]
+    i = lines[0].index("lr")
+    _rewrite(path, [",".join(f[:i] + f[i + 1:]) for f in lines])
+
+
+BREAKS = {  # name: (how the file is broken, the line named, the problem's words)
+    "torn last line": (_torn, 9, "fields where the header has"),
+    "an extra field": (_extra, 3, "fields where the header has"),
+    "lr not a number": (lambda p: _set(p, 7, "lr", "abc"), 7, "lr 'abc' is not a number"),
+    "seed not an integer": (lambda p: _set(p, 4, "seed", "1.5"), 4, "seed '1.5' is not an integer"),
+    "loss not a number": (lambda p: _set(p, 5, "final_val_loss", "2.3x"), 5, "final_val_loss '2.3x' is not a number"),
+    "done without a loss": (lambda p: _set(p, 5, "final_val_loss", ""), 5, "a done run without final_val_loss"),
+    "tokens not a number": (lambda p: _set(p, 6, "tokens", "many"), 6, "tokens 'many' is not a number"),
+    "unknown status": (lambda p: _set(p, 2, "status", "don"), 2, "status 'don' is not one of"),
+    "a run listed twice": (_duplicate, 10, "is listed twice (also line 2)"),
+    "a missing column": (_drop_column, 1, "the header lacks lr"),
+    "an empty file": (lambda p: p.write_text(""), 1, "no header"),
+}
+
+
+@pytest.mark.parametrize("name", BREAKS)
+def test_a_broken_file_is_one_line_naming_file_line_and_fix(tmp_path, name):
+    path = write_good(tmp_path / "cell")
+    assert len(_lines(path)) == 9  # header + 8 runs: the line numbers of BREAKS
+    breaks, line, words = BREAKS[name]
+    breaks(path)
+    with pytest.raises(ValueError) as e:
+        read_runs_csv(path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path} line {line}: ") and words in msg, msg
+    assert msg.endswith(f"; rewrite it with `scalevec report {path.parent}`"), msg
+
+
+def test_protocol3_refuses_a_doubled_cell(tmp_path):
+    """A run listed twice would enter a ladder cell's Δ twice: protocol3.read_runs raises instead."""
+    path = write_good(tmp_path / "ladder-cpu-10k-shakespeare")
+    _duplicate(path)
+    with pytest.raises(ValueError, match="listed twice"):
+        protocol3.read_runs(path.parent)
+
+
+def test_a_header_only_file_is_no_runs_and_said_so(tmp_path):
+    """Header-only is valid (zero rows); the reproduction's cell section and claims say the cell has no runs
+    instead of printing empty tables, and protocol v3's table names the ladder cell it leaves out."""
+    path = write_good(tmp_path / "cpu-25k-shakespeare")
+    _rewrite(path, _lines(path)[:1])
+    assert read_runs_csv(path) == []
+    assert protocol3.read_runs(tmp_path / "ladder-x") == []  # no runs.csv, no runs/: nothing, no error
+    rep = _script()
+    a = rep.analyse(rep.read_cell(path.parent))
+    assert a["runs"] == 0
+    assert "lists no runs" in "\n".join(rep.cell_section("cpu-25k-shakespeare", a))
+    rows = [r for r in rep.comparisons({"cpu-25k-shakespeare": a}) if r["cell"] == "cpu-25k-shakespeare"]
+    assert rows and {r["status"] for r in rows} == {"runs.csv lists no runs"}
+    ladder_cell = write_good(tmp_path / "ladder-cpu-10k-kjv")  # protocol v3 names the cell it cannot show
+    _rewrite(ladder_cell, _lines(ladder_cell)[:1])
+    shutil.rmtree(ladder_cell.parent / "runs")  # and no finished run folder to read instead
+    assert "Not in the table: `ladder-cpu-10k-kjv` (no runs yet)." in rep.v3_section(tmp_path, None)
+
+
+def test_reproduction_script_exits_2_with_one_line_on_a_torn_cell(tmp_path):
+    """A torn cell: exit 2, one line on stderr naming the file and line, no traceback, nothing on stdout, and a
+    --write target left as it was."""
+    results = tmp_path / "results"
+    write_good(results / "cpu-10k-shakespeare")
+    _torn(write_good(results / "cpu-25k-shakespeare"))
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- BEGIN GENERATED (scripts/reproduction.py) -->\nold\n<!-- END GENERATED -->\n")
+    for extra in ([], ["--write", str(doc)]):
+        p = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduction.py"), "--results", str(results),
+                            *extra], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2, p.stderr
+        assert p.stdout == "" and "Traceback" not in p.stderr
+        (line,) = p.stderr.splitlines()
+        assert f"{results / 'cpu-25k-shakespeare' / 'runs.csv'} line 9:" in line
+    assert "old" in doc.read_text() and not (tmp_path / "figures").exists()
