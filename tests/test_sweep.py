@@ -388,6 +388,9 @@ def test_a_finished_sweep_reads_as_done_after_its_data_moved(tmp_path, monkeypat
     assert same_path("data/a.txt", "/x/sweeps/data/a.txt") and same_path("/x/a.txt", "a.txt")
     assert not same_path("a.txt", "/x/b.txt") and not same_path("/x/a.txt", "/y/a.txt")
     assert not same_path("a.txt", "/x/ba.txt") and not same_path("shakespeare", "/x/shakespeare")
+    # a study file's path written from sweeps/ (kept verbatim in OUT/sweep.yaml) against its runs' absolute one
+    assert same_path("/w/data/corpora/q.txt", "../data/corpora/q.txt") and not same_path("/w/q.txt", "..")
+    assert not same_path("/w/data/q.txt", "../other/q.txt") and not same_path("/w/xdata/q.txt", "../data/q.txt")
     (tmp_path / "sweeps").mkdir()
     monkeypatch.chdir(tmp_path)
     (tmp_path / "corpus.txt").write_text("some text\n" * 50)

@@ -139,13 +139,18 @@ def expand(spec: SweepSpec) -> list[Run]:
 def same_path(stored: Any, new: Any) -> bool:
     """Whether two values of a path field (``PATH_FIELDS``) name one file as far as a run can tell: one relative,
     the other absolute and ending in it (a sweep file's relative path resolved beside the file, ``spec_paths``,
-    against the same path kept as written by a run started where it also resolved, or after the data moved)."""
+    against the same path kept as written by a run started where it also resolved, or after the data moved).
+    A relative path's leading ``..`` parts are dropped first: a study file's ``../data/x.txt``, written beside
+    sweeps/ and copied verbatim into OUT/sweep.yaml, names the ``data/x.txt`` its runs stored as absolute."""
     if not (isinstance(stored, str) and isinstance(new, str)):
         return False
     rel, full = (stored, new) if not os.path.isabs(stored) else (new, stored)
     if os.path.isabs(rel) or not os.path.isabs(full) or rel in BUNDLED or ":" in rel:
         return False
-    return full.endswith(os.sep + os.path.normpath(rel))
+    parts = Path(os.path.normpath(rel)).parts
+    while parts and parts[0] == os.pardir:
+        parts = parts[1:]
+    return bool(parts) and full.endswith(os.sep + os.path.join(*parts))
 
 
 def run_status(run: Run, runs_dir: Path) -> str:
