@@ -25,7 +25,7 @@ from scalevec.config_codec import MAX_YAML_DEPTH, YAMLBoundError, load_yaml, saf
 from scalevec.experiments import study as study_mod
 from scalevec.experiments.sweep import expand, load_spec, run_sweep, spec_from_dict
 from scalevec.training import rundir
-from test_rundir_faults import tiny_cfg  # the fault suite's tiny run
+from test_rundir_faults import tiny_setup  # the fault suite's tiny run
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
 FAKE_SWEEP = {"name": "f", "base": {"train": {"batch_size": 4, "seq_len": 32}},
@@ -65,16 +65,7 @@ def one_line_error(capsys, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def run_env(tmp_path_factory):
     """A config file for the CLI and a finished tiny run (8 steps, about a second)."""
-    from scalevec.config_codec import to_dict
-    from scalevec.training.trainer import train
-
-    root = tmp_path_factory.mktemp("faults-inputs")
-    cfg = tiny_cfg(root / "cache")
-    cfg_file = root / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    run = root / "run"
-    train(cfg, run, quiet=True)
-    return {"root": root, "cfg": cfg, "cfg_file": cfg_file, "run": run}
+    return tiny_setup(tmp_path_factory.mktemp("faults-inputs"), "run")
 
 
 def victim(tmp_path: Path) -> Path:

@@ -27,7 +27,6 @@ import yaml
 from safetensors.torch import load_file
 
 from scalevec.cli import main
-from scalevec.config_codec import to_dict
 from scalevec.experiments import sweepdir
 from scalevec.experiments.sweep import expand, run_status, run_sweep, spec_from_dict
 from scalevec.resolve import resolve_config
@@ -36,7 +35,7 @@ from scalevec.training import trainer as train_mod
 from scalevec.training.checkpoint import integrity, layout
 from scalevec.training.schedule import lr_multiplier
 from scalevec.training.trainer import BLOWUP_RATIO, Preempted, TrainingDiverged, train
-from test_rundir_faults import STEPS, tiny_cfg  # the fault suite's tiny run
+from test_rundir_faults import STEPS, tiny_cfg, tiny_setup  # the fault suite's tiny run
 
 UNIFORM = math.log(256)  # tiny's byte vocabulary
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
@@ -46,13 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """A config file for the CLI and a finished, uninterrupted reference run (its losses and weights)."""
-    root = tmp_path_factory.mktemp("faults-train")
-    cfg = tiny_cfg(root / "cache")
-    cfg_file = root / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    ref = root / "ref"
-    train(cfg, ref, quiet=True)
-    return {"root": root, "cache": root / "cache", "cfg": cfg, "cfg_file": cfg_file, "ref": ref}
+    return tiny_setup(tmp_path_factory.mktemp("faults-train"), "ref")
 
 
 def train_argv(env, out: Path, *extra: str) -> list[str]:

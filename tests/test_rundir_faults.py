@@ -47,14 +47,24 @@ def tiny_cfg(cache: Path, **over):
     return resolve_config("tiny", "baseline", [f"{k}={v}" for k, v in items.items()])
 
 
-@pytest.fixture(scope="module")
-def config(tmp_path_factory):
-    """The run's config and a config file for the CLI (no training: the fast test needs only these)."""
-    root = tmp_path_factory.mktemp("faults")
+def tiny_setup(root: Path, finished_run: str | None = None) -> dict:
+    """The fault suites' shared set-up in ``root``: the tiny run's config (``cfg``), a config file for the CLI
+    (``cfg_file``), its token cache folder (``cache``) and, given ``finished_run``, that run trained to the end
+    (``STEPS`` steps, about a second) at ``root / finished_run``, under the same key."""
     cfg = tiny_cfg(root / "cache")
     cfg_file = root / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return {"root": root, "cfg": cfg, "cfg_file": cfg_file}
+    out = {"root": root, "cache": root / "cache", "cfg": cfg, "cfg_file": cfg_file}
+    if finished_run:
+        out[finished_run] = root / finished_run
+        train(cfg, out[finished_run], quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """The run's config and a config file for the CLI (no training: the fast test needs only these)."""
+    return tiny_setup(tmp_path_factory.mktemp("faults"))
 
 
 @pytest.fixture(scope="module")
