@@ -14,9 +14,9 @@ The horizon axis (issue 35): ``--tokens-per-param D`` with D ≠ 20 writes ``swe
 (folder ``results/ladder-RUNG-CORPUS-tppD``): each strategy's grid is 3 values ×√2 around the *20-token pick of the
 same rung and corpus* shifted by the horizon, ``pick · (D/20)^s`` with s measured on the first protocol's 20- and
 100-token cells (``ladder.horizon_exponent``: s ≈ -0.07, i.e. ×0.89 at 100 and ×0.81 at 400), grown at an edge;
-tuning seeds 0-1, then held-out seeds 2-5 and more until each Δ is planned at ``--target`` nats over all seeds
-(0.0135 by default: with the 12-16 seeds such a cell takes, that leaves about ±0.015 on the held-out seeds alone),
-at most ``--max-seeds``. The header states the data passes the cell makes over the corpus.
+tuning seeds 0-1, then held-out seeds 2-5 and more until each Δ *on the held-out seeds* (protocol v3's) is
+planned at ``--target`` nats (0.015 by default; the study's ``halfwidth_on: held-out``), at most
+``--max-seeds``. The header states the data passes the cell makes over the corpus.
 
 Refusals (one line on stderr, exit 2, nothing written): an ``--out`` that exists (never overwritten), an ``--out``
 whose folder does not exist, a study file whose results folder already has runs, and invalid numbers
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from scalevec.experiments import ladder  # noqa: E402
 
 STRATEGIES = ("baseline", "none", "unified")
-HELD_OUT_TARGET = 0.0135  # the planned half-width over all seeds that leaves ≈ ±0.015 on the held-out ones
+HELD_OUT_TARGET = 0.015  # nats: the planned half-width of Δ on the held-out seeds (issue 35)
 
 
 def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float, max_seeds: int = 20, *,
@@ -74,7 +74,7 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     lr_grids = "{" + ", ".join(f"{s}: {grids[s]}" for s in STRATEGIES) + "}"
     confirm = list(range(tuning_seeds, tuning_seeds + 4))
     study = (f"{{extend: {factor:.8g}, max_extensions: 4, confirm_seeds: {confirm}, target_halfwidth: {target:g}, "
-             f"max_seeds: {max(max_seeds, tuning_seeds + 4)}, lr_grids: {lr_grids}}}")
+             f"halfwidth_on: held-out, max_seeds: {max(max_seeds, tuning_seeds + 4)}, lr_grids: {lr_grids}}}")
     ratios = ", ".join(f"{c} {st} ×{r:g}" for c, st, r in evidence)
     sched = (f"{{name: cosine, warmup_frac: {ladder.WARMUP_FRAC:g}}}" if schedule == "cosine" else
              f"{{name: wsd, warmup_frac: {ladder.WARMUP_FRAC:g}, min_lr_ratio: 0.0}}")
@@ -87,7 +87,7 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
         f"strategy's lrs are 3 values ×{factor:.3g} around its 20-token pick × (D/20)^s = ×{shift:.3f}, "
         f"s = {s_exp:.4f} measured on the first protocol's 20- vs 100-token picks ({ratios}), grown at an edge; "
         f"lr picked on seeds 0-{tuning_seeds - 1}, then held-out seeds {confirm[0]}-{confirm[-1]} and more until "
-        f"each Δ is planned at ±{target:g} nats over all seeds (≈ ±0.015 on the held-out ones), at most "
+        f"each Δ on the held-out seeds is planned at ±{target:g} nats, at most "
         f"{max(max_seeds, tuning_seeds + 4)} seeds. Centres:", width=118, initial_indent="# ",
         subsequent_indent="# ")
     val = f", val_tokens: {val_tokens}" if val_tokens else ""
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens per total parameter (default 20; another value writes a horizon cell, issue 35)")
     p.add_argument("--schedule", choices=("cosine", "wsd"), default="cosine", help="horizon cells only")
     p.add_argument("--target", type=float, default=HELD_OUT_TARGET,
-                   help=f"horizon cells: planned half-width over all seeds (default {HELD_OUT_TARGET})")
+                   help=f"horizon cells: planned half-width of Δ on the held-out seeds (default {HELD_OUT_TARGET})")
     p.add_argument("--eval-every", type=int, default=250, help="horizon cells: steps between evaluations")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)

@@ -555,6 +555,16 @@ def _order(cell) -> tuple:
             cell.tpp, cell.variant)
 
 
+QUARTER_TRAIN_TOKENS = 1_073_110  # data/corpora/shakespeare-quarter.txt's training tokens (its README)
+
+
+def _passes(cell) -> float | None:
+    """Passes over the cell's training tokens (> 1: data repeat); None for a corpus the ladder does not know."""
+    if cell.variant == "-quarter":
+        return cell.tokens / QUARTER_TRAIN_TOKENS
+    return ladder.passes(cell.tokens, cell.corpus) if cell.corpus in ladder.TRAIN_TOKENS else None
+
+
 def v3_table(cells: list) -> list[str]:
     """Protocol v3's table: one row per ladder cell (both budgets)."""
     lines = ["| cell | tokens / param (total; non-emb.) | passes | CPU kinds (runs) | held-out seeds none / unified "
@@ -567,10 +577,8 @@ def v3_table(cells: list) -> list[str]:
         tun = " / ".join(f"{a.tuning.delta:+.4f}" if a and a.tuning else "—" for a in arms)
         cross = "; ".join(f"{a.strategy}: seed{'s' if len(a.cross_kind) > 1 else ''} "
                           + ", ".join(str(k) for k, _, _ in a.cross_kind) for a in arms if a and a.cross_kind) or "0"
-        passes = ladder.passes(c.tokens, c.corpus) if c.corpus in ladder.TRAIN_TOKENS and not c.variant else None
+        passes = _passes(c)
         p = "—" if passes is None else f"{passes:.2f}"
-        if c.variant == "-quarter":
-            p = f"{c.tokens / 1_073_110:.2f}"
         lines.append(f"| `{c.name}` | {c.tpp:g}; {c.tokens / c.n:.0f} | {p} | {_kinds(c)} | {held} | "
                      f"{_ci(arms[0].held_out if arms[0] else None)} | {_ci(arms[1].held_out if arms[1] else None)} | "
                      f"{tun} | {cross} | {c.hours:.2f} |")
@@ -627,17 +635,25 @@ def v3_trend(cells: list, target_n: int) -> list[str]:
     return lines
 
 
-def horizon_changes(cells: list) -> list[str]:
-    """Δ at a longer horizon minus Δ at 20 on the same rung and corpus (held-out seeds of each; the two cells'
-    runs are different runs, so the standard errors add: a normal interval, our approximation)."""
+def _change(a, b) -> tuple[float, float, float]:
+    """Δ ``b`` minus Δ ``a`` (two ``Delta``s from different runs) with a 95 % normal interval: their standard
+    errors, each from its t interval, add in quadrature (our approximation)."""
     from scipy import stats as scipy_stats
 
     def se(d):
         return (d.hi - d.lo) / 2 / float(scipy_stats.t.ppf(0.975, d.n - 1))
 
+    diff = b.delta - a.delta
+    half = 1.959963984540054 * math.hypot(se(a), se(b))
+    return diff, diff - half, diff + half
+
+
+def horizon_changes(cells: list) -> list[str]:
+    """Δ at a longer horizon minus Δ at 20 on the same rung and corpus (held-out seeds of each; the two cells'
+    runs are different runs, so the standard errors add: a normal interval, our approximation)."""
     by = {(c.rung, c.corpus, c.tpp, c.variant): c for c in cells}
-    lines = ["| rung | corpus | tokens / param | strategy | Δ held-out at 20 | Δ held-out here | change [95 % CI] |",
-             "|---|---|---:|---|---:|---:|---:|"]
+    lines = ["| rung | corpus | tokens / param | passes | strategy | Δ held-out at 20 | Δ held-out here "
+             "| change [95 % CI] |", "|---|---|---:|---:|---|---:|---:|---:|"]
     n = 0
     for c in sorted(cells, key=_order):
         short = by.get((c.rung, c.corpus, 20.0, ""))
@@ -647,10 +663,9 @@ def horizon_changes(cells: list) -> list[str]:
             a, b = short.arms.get(s), c.arms.get(s)
             if not (a and b and a.held_out and b.held_out and a.held_out.n >= 2 and b.held_out.n >= 2):
                 continue
-            diff = b.held_out.delta - a.held_out.delta
-            half = 1.959963984540054 * math.hypot(se(a.held_out), se(b.held_out))
-            lines.append(f"| {c.rung} | {c.corpus} | {c.tpp:g} | {s} | {_ci(a.held_out)} | {_ci(b.held_out)} | "
-                         f"{diff:+.4f} [{diff - half:+.4f}, {diff + half:+.4f}] |")
+            diff, lo, hi = _change(a.held_out, b.held_out)
+            lines.append(f"| {c.rung} | {c.corpus} | {c.tpp:g} | {_passes(c):.2f} | {s} | {_ci(a.held_out)} | "
+                         f"{_ci(b.held_out)} | {diff:+.4f} [{lo:+.4f}, {hi:+.4f}] |")
             n += 1
     return lines if n else ["No horizon cell has held-out seeds for both strategies yet."]
 
@@ -844,6 +859,31 @@ def delta_t_lines(cells: list, results: Path, figures: Path | None) -> list[str]
     return lines
 
 
+def repetition_lines(quarter, full) -> list[str]:
+    """The repetition test's two held-out Δs per strategy, their difference with its interval (``_change``) and
+    the verdict the plan named beforehand: a difference not within noise means the cells that repeat data
+    measure repetition along with D."""
+    parts, moved = [], []
+    for s in V3_STRATEGIES:
+        a, b = (full.arms[s].held_out if s in full.arms else None), (quarter.arms[s].held_out
+                                                                    if s in quarter.arms else None)
+        if not (a and b and a.n >= 2 and b.n >= 2):
+            parts.append(f"{s}: not both measured yet")
+            continue
+        diff, lo, hi = _change(a, b)
+        parts.append(f"{s} {_ci(b)} ({_passes(quarter):.2f} passes) vs {_ci(a)} ({_passes(full):.2f}), "
+                     f"difference {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]")
+        if lo > 0 or hi < 0:
+            moved.append(s)
+    verdict = (f"Repeating the data moves Δ ({', '.join(moved)}: the interval of the difference excludes 0), so "
+               "by the plan's rule a cell with more than one pass measures repetition along with D: its Δ is "
+               "shown with its passes and is not read as an effect of the budget alone." if moved else
+               "Within noise for every strategy: repeating the data does not measurably move Δ at this cell.")
+    return ["**The repetition test**: cpu-10k Shakespeare at 100 tokens per parameter on a quarter of the "
+            "training plays against the whole corpus, same N, D and validation tokens; held-out Δ: "
+            + "; ".join(parts) + ". " + verdict, ""]
+
+
 def v3_section(results: Path, figures: Path | None) -> list[str]:
     """Protocol v3 on every ladder cell, the horizon axis, the (N, D) fit and the figure (issue 35)."""
     from scalevec.experiments import protocol3
@@ -892,12 +932,7 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     if quarter is None:
         lines += ["**The repetition test** (`-quarter`): not reached yet.", ""]
     elif full is not None:
-        lines += ["**The repetition test**: cpu-10k Shakespeare at 100 tokens per parameter on a quarter of the "
-                  "training plays (1.86 passes) against the whole corpus (0.44 passes), same N, D and validation "
-                  "tokens; held-out Δ: " + "; ".join(
-                      f"{s} {_ci(quarter.arms[s].held_out if s in quarter.arms else None)} (1.86 passes) vs "
-                      f"{_ci(full.arms[s].held_out if s in full.arms else None)} (0.44)" for s in V3_STRATEGIES) + ".",
-                  ""]
+        lines += repetition_lines(quarter, full)
     lines += delta_t_lines(cells, results, figures)
     fit_lines, extra = nd_section(cells, results)
     lines += ["**The (N, D) fit** L(N, D) = E + A·(N/10⁴)^(−α) + B·(D/10⁶)^(−β) per corpus and strategy, over the "

@@ -119,7 +119,8 @@ def test_horizon_cell_is_centred_on_the_20_token_pick_times_the_shift(lp, capsys
         assert g[1] == pytest.approx(pick * 20 ** s, rel=1e-5)
         assert g[2] / g[1] == pytest.approx(math.sqrt(2), rel=1e-5)
     assert spec.base["tokens_per_param"] == 400 and plan.confirm_seeds == [2, 3, 4, 5]
-    assert plan.target_halfwidth == lp.HELD_OUT_TARGET and spec.name == "ladder-cpu-10k-kjv-tpp400"
+    assert plan.target_halfwidth == lp.HELD_OUT_TARGET == 0.015 and plan.halfwidth_on == "held-out"
+    assert spec.name == "ladder-cpu-10k-kjv-tpp400"
     assert "2.20 passes" in out.read_text() and "DATA REPEATS" in out.read_text()
 
 

@@ -104,6 +104,10 @@ STRICT = [  # (the `study:` section, the error it gives)
     ("max_seeds: 2.5", r"study\.max_seeds must be a whole number >= 2, like 20; got 2\.5$"),
     ("target_halfwidth: 0.01, max_seeds: 2", r"study\.max_seeds must be >= the 3 seeds the study runs anyway "
                                              r"\(grid seeds \[0\] \+ confirm_seeds \[1, 2\]\), like 20; got 2$"),
+    ("target_halfwidth: 0.01, halfwidth_on: tuning", r"study\.halfwidth_on must be one of all, held-out; got "
+                                                      r"'tuning'$"),
+    ("halfwidth_on: held-out", r"study\.halfwidth_on plans target_halfwidth's seeds: add target_halfwidth \(like "
+                               r"0\.015\) or remove halfwidth_on$"),
     ("bogus: 1", r"study has unknown key\(s\) bogus; use keys among extend, max_extensions, "),
     ("lr_grids: {baseline: [1.0e-3]}", r"study\.lr_grids must map every strategy of the grid \(baseline, unified\) "
                                        r"and no other to its lrs, like \{baseline: .*; missing unified$"),
@@ -219,6 +223,29 @@ def test_study_adds_seeds_until_the_interval_target_then_stops(tmp_path, monkeyp
     assert run_study(*parse(tight), out2, train_cmd=FAKE, quiet=True) == 0
     (cell,) = analyze(load_runs(out2), load_specs(out2)).cells
     assert all([r.seed for r in res.runs] == [0, 1, 2, 3, 4] for res in cell.results)
+
+
+def test_held_out_planning_leaves_the_tuning_seeds_out():
+    """halfwidth_on: held-out plans the interval of Δ on the seeds after the tuning seeds (protocol v3): a wild
+    tuning-seed difference (seed 0: +0.5 nats) must not ask for more seeds, and the tuning seeds are added to
+    the count the held-out seeds plan; over all seeds the same outlier asks for max_seeds."""
+    from scalevec.experiments.stats import seeds_for_halfwidth
+    from scalevec.experiments.study import StudyPlan, seeds_needed
+
+    seeds, tuning = [0, 1, 2, 3, 4, 5], [0, 1]
+    base = [2.0] * 6
+    held = [0.010, 0.012, 0.011, 0.013]  # seeds 2-5: sd 0.0013, a ±0.005 target needs 3 held-out seeds
+    finals = {"baseline": base, "unified": [2.5, 2.01] + [2.0 + d for d in held]}
+    plan = StudyPlan(target_halfwidth=0.005, max_seeds=16, halfwidth_on="held-out")
+    assert seeds_for_halfwidth(held, 0.005) == 3
+    assert seeds_needed(finals, "baseline", seeds, tuning, plan) == 2 + 3
+    plan.halfwidth_on = "all"
+    assert seeds_needed(finals, "baseline", seeds, tuning, plan) == 16  # the outlier's sd: no n <= 16 reaches it
+    noisy = {"baseline": base, "unified": [2.0, 2.0, 2.03, 1.99, 2.02, 1.98]}  # held-out sd 0.0224
+    plan.halfwidth_on = "held-out"
+    n_held = seeds_for_halfwidth([0.03, -0.01, 0.02, -0.02], 0.015, max_seeds=14)
+    plan.target_halfwidth = 0.015
+    assert n_held is not None and seeds_needed(noisy, "baseline", seeds, tuning, plan) == 2 + n_held
 
 
 @pytest.mark.parametrize("plan, match", [({"target_halfwidth": 0}, "target_halfwidth"),

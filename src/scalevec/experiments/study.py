@@ -9,6 +9,7 @@ tuning seeds, usually ``[0]``), plus a ``study`` section::
       confirm_seeds: [1, 2]   # seeds added at each strategy's tuned lr, per cell
       target_halfwidth: 0.015 # optional: then add seeds until each Δ's 95 % interval is planned this narrow
       max_seeds: 20           # ... but never past this many seeds per strategy (with target_halfwidth)
+      halfwidth_on: held-out  # optional: the target is for Δ on the seeds after the tuning seeds (protocol v3)
       lr_grids: {baseline: [7e-3, 1e-2, 1.4e-2], unified: [2e-2, 2.8e-2, 4e-2]}  # optional: per strategy,
                               # phase 1 runs each strategy on its own lrs instead of the grid's lr axis
 
@@ -25,7 +26,10 @@ results):
 4. with ``target_halfwidth`` h: per cell, while some strategy's paired differences to the baseline (at each
    one's tuned lr, over the seeds run so far) say that more seeds are needed for a 95 % half-width of h
    (``stats.seeds_for_halfwidth``), every strategy gets the next seeds up to that count, at most ``max_seeds``
-   (issue 23: a ladder whose rungs can resolve the paper's 0.015-0.03 nats).
+   (issue 23: a ladder whose rungs can resolve the paper's 0.015-0.03 nats); with ``halfwidth_on: held-out``
+   the differences and the count are those of the held-out seeds, the seeds after the tuning seeds, on
+   which protocol v3 reports Δ (issue 35: the tuning seeds' Δ carries the winner's curse); the default,
+   ``all``, plans over every seed.
 
 The report (``report.py``) picks each strategy's lr on the tuning seeds (the seeds every lr value has)
 and averages every seed at that lr, so the added seeds confirm the pick without re-choosing it.
@@ -56,7 +60,9 @@ from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_
 from scalevec.run_budget import run_tokens, total_steps
 from scalevec.training import rundir
 
-STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "lr_grids")
+STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "halfwidth_on",
+              "lr_grids")
+HALFWIDTH_ON = ("all", "held-out")  # which seeds' Δ target_halfwidth plans (phase 4)
 LR, SEED, STRATEGY = "optim.lr", "train.seed", "strategy"
 
 
@@ -70,6 +76,7 @@ class StudyPlan:
     confirm_seeds: list[int] = field(default_factory=lambda: [1, 2])
     target_halfwidth: float | None = None
     max_seeds: int = 20
+    halfwidth_on: str = "all"  # or "held-out": plan the interval of Δ on the seeds after the tuning seeds
     lr_grids: dict[str, list[float]] | None = None  # strategy label -> its phase-1 lrs
 
 
@@ -151,6 +158,13 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
                      _int(plan_data, "max_extensions", 4, 0, where), _seeds(plan_data, "confirm_seeds", [1, 2], where),
                      None if target is None else _float(target, "target_halfwidth", 0, "0.015 nats", where),
                      _int(plan_data, "max_seeds", 20, 2, where))
+    on = plan_data.get("halfwidth_on", "all")
+    if on not in HALFWIDTH_ON:
+        raise ValueError(f"{where}.study.halfwidth_on must be one of {', '.join(HALFWIDTH_ON)}; got {short(on)}")
+    if on != "all" and target is None:
+        raise ValueError(f"{where}.study.halfwidth_on plans target_halfwidth's seeds: add target_halfwidth "
+                         f"(like 0.015) or remove halfwidth_on")
+    plan.halfwidth_on = on
     grids = plan_data.get("lr_grids")
     if grids is not None:
         plan.lr_grids = _lr_grids(grids, [strategy_label(v) for v in dict(spec.axes).get(STRATEGY, [])], where)
@@ -171,6 +185,8 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     stored_plan = {"extend": plan.extend, "max_extensions": plan.max_extensions, "confirm_seeds": plan.confirm_seeds}
     if plan.target_halfwidth is not None:
         stored_plan |= {"target_halfwidth": plan.target_halfwidth, "max_seeds": plan.max_seeds}
+        if plan.halfwidth_on != "all":
+            stored_plan["halfwidth_on"] = plan.halfwidth_on
     if plan.lr_grids is not None:
         stored_plan["lr_grids"] = plan.lr_grids
     stored = {**spec.to_dict(), "study": stored_plan}
@@ -434,7 +450,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
             seeds = list(dict.fromkeys(tuning + plan.confirm_seeds))
             for cell, lr_of in tuned.items():
                 rc |= _add_seeds(spec, plan, out, examples[cell], lr_of, {k: axis_value[k] for k in lr_of}, seeds,
-                                 train, say)
+                                 tuning, train, say)
         from scalevec.experiments.report import write_report
 
         try:
@@ -450,9 +466,11 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
 
 
 def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of: dict[str, float],
-               value_of: dict[str, Any], seeds: list[int], train, say) -> int:
+               value_of: dict[str, Any], seeds: list[int], tuning: list[int], train, say) -> int:
     """Phase 4 for one cell: grow every strategy's seeds (at its tuned lr ``lr_of``) until the paired
-    differences to the baseline plan a half-width of ``plan.target_halfwidth`` or ``plan.max_seeds`` is reached.
+    differences to the baseline plan a half-width of ``plan.target_halfwidth`` or ``plan.max_seeds`` is reached;
+    with ``plan.halfwidth_on == "held-out"`` only the differences on seeds outside ``tuning`` count, and the
+    tuning seeds are added to the count they plan.
     ``train(sub_spec)`` trains a step into the study's folder (``run_study``'s). Deterministic from the results on
     disk, so a rerun makes the same decisions. Returns ``run_sweep``'s rc."""
     if spec.baseline not in lr_of or len(lr_of) < 2:
@@ -465,21 +483,35 @@ def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of:
                              for r in expand(narrowed(spec, example, value_of[label], [lr], seeds))]
         if any(v is None or not math.isfinite(v) for vs in finals.values() for v in vs):
             return rc  # a run is missing or diverged: the report says so; no plan from it
-        need = 2
-        for label, vs in finals.items():
-            if label != spec.baseline:
-                diffs = [a - b for a, b in zip(vs, finals[spec.baseline])]
-                need = max(need, stats.seeds_for_halfwidth(diffs, plan.target_halfwidth, max_seeds=plan.max_seeds)
-                           or plan.max_seeds)
+        need = seeds_needed(finals, spec.baseline, seeds, tuning, plan)
         if need <= len(seeds):
             return rc
         new = [max(seeds) + 1 + i for i in range(need - len(seeds))]
-        say(f"study: {len(seeds)} seeds plan a half-width above {plan.target_halfwidth:g} nats; adding seeds "
+        which = "held-out seeds" if plan.halfwidth_on == "held-out" else "seeds"
+        say(f"study: the {which} so far plan a half-width above {plan.target_halfwidth:g} nats; adding seeds "
             f"{new[0]}-{new[-1]} ({need} in all)")
         for label, lr in lr_of.items():
             rc |= train(narrowed(spec, example, value_of[label], [lr], new))
         seeds = seeds + new
     return rc
+
+
+def seeds_needed(finals: dict[str, list[float]], baseline: str, seeds: list[int], tuning: list[int],
+                 plan: StudyPlan) -> int:
+    """Phase 4's plan for one cell: how many seeds each strategy should have, from ``finals`` (strategy label ->
+    final loss per seed, in the order of ``seeds``; the baseline's under ``baseline``). Each other strategy's
+    paired differences to the baseline plan ``plan.target_halfwidth`` (``stats.seeds_for_halfwidth``); with
+    ``plan.halfwidth_on == "held-out"`` only the seeds outside ``tuning`` are differences, and the tuning seeds
+    are added to the count they plan (issue 35). At most ``plan.max_seeds``; at least the tuning seeds + 2."""
+    counted = [i for i, s in enumerate(seeds) if plan.halfwidth_on == "all" or s not in tuning]
+    skipped = len(seeds) - len(counted)
+    need = skipped + 2
+    for label, vs in finals.items():
+        if label != baseline and len(counted) >= 2:
+            diffs = [vs[i] - finals[baseline][i] for i in counted]
+            n = stats.seeds_for_halfwidth(diffs, plan.target_halfwidth, max_seeds=max(2, plan.max_seeds - skipped))
+            need = max(need, plan.max_seeds if n is None else skipped + n)
+    return min(need, max(plan.max_seeds, skipped + 2))
 
 
 HELP = """\
@@ -501,6 +533,7 @@ a study file is a sweep file (scalevec sweep) plus a `study:` section:
     confirm_seeds: [1, 2]                  # then these seeds at each strategy's tuned lr
     target_halfwidth: 0.015                # optional: then seeds until each delta's 95 % interval is this
     max_seeds: 20                          #   narrow (nats), at most this many seeds
+    halfwidth_on: held-out                 # optional: for delta on the seeds after the tuning seeds (default all)
     lr_grids: {baseline: [...], unified: [...]}   # optional: each strategy's own phase-1 lrs
 
 Example: sweeps/examples/study-own-corpus.yaml (8 tiny runs at most, 40 CPU-seconds).
@@ -530,4 +563,5 @@ def run(args: argparse.Namespace) -> int:
                      step_time=args.step_time)
 
 
-__all__ = ["StudyPlan", "grid_cells", "measured_rate", "narrowed", "parse", "phase1_runs", "plan_text", "run_study"]
+__all__ = ["StudyPlan", "grid_cells", "measured_rate", "narrowed", "parse", "phase1_runs", "plan_text", "run_study",
+           "seeds_needed"]
