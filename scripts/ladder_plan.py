@@ -18,6 +18,11 @@ tuning seeds 0-1, then held-out seeds 2-5 and more until each Δ *on the held-ou
 planned at ``--target`` nats (0.015 by default; the study's ``halfwidth_on: held-out``), at most
 ``--max-seeds``. The header states the data passes the cell makes over the corpus.
 
+``--centre-corpus C`` centres the grids on corpus C's 20-token picks of the same rung instead: how the 20-token
+cells of issue 35's third corpus, ``prose`` (``data/corpora/gutenberg-sotu.txt``, ``ladder.SOURCES``), start
+(``scripts/ladder_plan.py cpu-80k prose --tokens-per-param 20 --centre-corpus shakespeare``); its 100- and
+400-token cells are then centred on its own 20-token picks.
+
 Refusals (one line on stderr, exit 2, nothing written): an ``--out`` that exists (never overwritten), an ``--out``
 whose folder does not exist, a study file whose results folder already has runs, and invalid numbers
 (``--grid-factor`` ≤ 1, ``--val-tokens`` ≤ 0, ``--max-seeds`` / ``--tuning-seeds`` / ``--batch-size`` /
@@ -45,18 +50,22 @@ HELD_OUT_TARGET = 0.015  # nats: the planned half-width of Δ on the held-out se
 def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float, max_seeds: int = 20, *,
                  tuning_seeds: int = 2, factor: float = ladder.GRID_FACTOR, target: float = HELD_OUT_TARGET,
                  batch_size: int = 16, seq_len: int = 128, eval_every: int = 250, schedule: str = "cosine",
-                 val_tokens: int | None = None) -> str:
-    """The study YAML of a horizon cell: ``rung`` on ``corpus`` at ``tokens_per_param`` (≠ 20, tokens per total
+                 val_tokens: int | None = None, centre_corpus: str | None = None) -> str:
+    """The study YAML of a horizon cell: ``rung`` on ``corpus`` at ``tokens_per_param`` (tokens per total
     parameter), each strategy's grid 3 values ×``factor`` around its 20-token pick shifted by
     ``ladder.horizon_centre`` (exponent ``ladder.horizon_exponent``), held-out seeds to ``target``.
     ``schedule``: ``cosine`` (the ladder's) or ``wsd`` (stable, then linear to 0 over the last 20 %; the name gets
-    ``-wsd``). ``ValueError`` when the 20-token cell or the evidence has not reported."""
+    ``-wsd``). ``centre_corpus``: take the 20-token picks of the same rung on that corpus instead (a corpus without
+    a 20-token cell of its own yet: the ``prose`` cells at 20, centred on Shakespeare's). ``ValueError`` when the
+    20-token cell or the evidence has not reported."""
     if schedule not in ("cosine", "wsd"):
         raise ValueError(f"schedule {schedule!r}: choose cosine or wsd")
-    picks = ladder.read_rung(ladder.folder(results, rung, corpus), rung, corpus)
+    centre = centre_corpus or corpus
+    whose = f"20-token pick on {centre}" if centre != corpus else "20-token pick"
+    picks = ladder.read_rung(ladder.folder(results, rung, centre), rung, centre)
     missing = [s for s in STRATEGIES if s not in picks]
     if missing:
-        raise ValueError(f"results/ladder-{rung}-{corpus} has not reported {', '.join(missing)} at 20 tokens per "
+        raise ValueError(f"results/ladder-{rung}-{centre} has not reported {', '.join(missing)} at 20 tokens per "
                          f"parameter; the horizon grid is centred on those picks (scripts/study.sh ladder)")
     s_exp, evidence = ladder.horizon_exponent(results)
     shift = (tokens_per_param / 20) ** s_exp
@@ -64,7 +73,7 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     for s in STRATEGIES:
         centre = ladder.horizon_centre(picks[s].lr, tokens_per_param, s_exp)
         grids[s] = ladder.lr_grid(centre, factor=factor)
-        notes.append(f"#   {s}: 20-token pick {picks[s].lr:g}{' (at its grid edge)' if picks[s].at_edge else ''}"
+        notes.append(f"#   {s}: {whose} {picks[s].lr:g}{' (at its grid edge)' if picks[s].at_edge else ''}"
                      f" -> centre {centre:.4g}")
     params, n = ladder.total_params(rung), ladder.non_embedding_params(rung)
     tokens = ladder.run_tokens(params, tokens_per_param, batch_size * seq_len)
@@ -78,26 +87,30 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     ratios = ", ".join(f"{c} {st} ×{r:g}" for c, st, r in evidence)
     sched = (f"{{name: cosine, warmup_frac: {ladder.WARMUP_FRAC:g}}}" if schedule == "cosine" else
              f"{{name: wsd, warmup_frac: {ladder.WARMUP_FRAC:g}, min_lr_ratio: 0.0}}")
+    flags = (f" --tokens-per-param {tokens_per_param:g}" + (" --schedule wsd" if schedule == "wsd" else "")
+             + (f" --centre-corpus {centre_corpus}" if centre_corpus else ""))
     head = textwrap.fill(
         f"Issue 35, the horizon axis: the ladder's {rung} on {corpus} at {tokens_per_param:g} tokens per total "
         f"parameter ({tokens:,} tokens = {tokens / n:.1f} per non-embedding parameter; {passes:.2f} passes over "
         f"the corpus's {ladder.TRAIN_TOKENS[corpus]:,} training tokens{': DATA REPEATS' if passes > 1 else ''}), "
-        f"schedule {schedule}, the ladder's protocol otherwise. Written by scripts/ladder_plan.py {rung} {corpus} "
-        f"--tokens-per-param {tokens_per_param:g}{' --schedule wsd' if schedule == 'wsd' else ''}: each "
-        f"strategy's lrs are 3 values ×{factor:.3g} around its 20-token pick × (D/20)^s = ×{shift:.3f}, "
+        f"schedule {schedule}, the ladder's protocol otherwise. Written by scripts/ladder_plan.py {rung} {corpus}"
+        f"{flags}: each strategy's lrs are 3 values ×{factor:.3g} around its {whose} × (D/20)^s = ×{shift:.3f}, "
         f"s = {s_exp:.4f} measured on the first protocol's 20- vs 100-token picks ({ratios}), grown at an edge; "
         f"lr picked on seeds 0-{tuning_seeds - 1}, then held-out seeds {confirm[0]}-{confirm[-1]} and more until "
         f"each Δ on the held-out seeds is planned at ±{target:g} nats, at most "
         f"{max(max_seeds, tuning_seeds + 4)} seeds. Centres:", width=118, initial_indent="# ",
         subsequent_indent="# ")
     val = f", val_tokens: {val_tokens}" if val_tokens else ""
+    source = ladder.SOURCES[corpus]
+    if source != corpus:  # a built corpus, data/corpora/NAME.txt (not committed)
+        notes.append(f"# Build the corpus first: python3 data/corpora/build_{Path(source).stem.replace('-', '_')}.py")
     return f"""{head}
 {chr(10).join(notes)}
 # Regenerate: scalevec study sweeps/study-{name}.yaml --out results/{name}
 name: {name}
 base:
   preset: {rung}
-  data: {{source: {corpus}, tokenizer: bytes{val}}}
+  data: {{source: {source}, tokenizer: bytes{val}}}
   optim: {{name: adamw}}
   schedule: {sched}
   train: {{batch_size: {batch_size}, seq_len: {seq_len}, eval_every: {eval_every}, threads: 1}}
@@ -201,9 +214,12 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"{flag} {v} must be a finite number > 0"
     if args.rung not in ladder.RUNGS:
         return f"unknown rung {args.rung!r}; choose one of {', '.join(ladder.RUNGS)}"
-    if args.schedule != "cosine" and _gpu_ladder(args):
-        return ("--schedule wsd is a horizon cell's (tuned on CPU); it takes none of --predicted-only, --no-confirm, "
-                "--lr-scale, --device, --compile")
+    if (args.schedule != "cosine" or args.centre_corpus) and _gpu_ladder(args):
+        return ("--schedule wsd and --centre-corpus are a horizon cell's (tuned on CPU); they take none of "
+                "--predicted-only, --no-confirm, --lr-scale, --device, --compile")
+    if args.corpus not in ladder.CORPORA and not is_horizon(args):
+        return (f"{args.corpus} has no 20-token ladder of its own (issue 35's horizon corpus): pass --centre-corpus "
+                f"shakespeare or --tokens-per-param D")
     return None
 
 
@@ -217,7 +233,8 @@ def is_horizon(args) -> bool:
     """A horizon cell (issue 35): a CPU cell tuned at another budget than 20 tokens per parameter, or under WSD.
     The same budget with the GPU-ladder flags is a rung planned up the ladder (``plan``), e.g. gpu_ladder.sh's
     CPU rehearsal at a tiny TPP."""
-    return (args.tokens_per_param != 20 or args.schedule != "cosine") and not _gpu_ladder(args)
+    return (args.tokens_per_param != 20 or args.schedule != "cosine" or bool(args.centre_corpus)) and not _gpu_ladder(
+        args)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -232,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write one study file; 0 on success, 2 (one line on stderr, nothing written) on any refusal."""
     p = _Parser(description=__doc__.splitlines()[0])
     p.add_argument("rung")
-    p.add_argument("corpus", choices=ladder.CORPORA)
+    p.add_argument("corpus", choices=ladder.HORIZON_CORPORA)
     p.add_argument("--results", default=str(ROOT / "results"))
     p.add_argument("--predicted-only", action="store_true", help="the predicted lr alone (no lr tuning)")
     p.add_argument("--max-seeds", type=int, default=20)
@@ -243,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-param", type=float, default=20,
                    help="tokens per total parameter (default 20; another value writes a horizon cell, issue 35)")
     p.add_argument("--schedule", choices=("cosine", "wsd"), default="cosine", help="horizon cells only")
+    p.add_argument("--centre-corpus", choices=ladder.CORPORA,
+                   help="horizon cells: centre the grids on this corpus's 20-token picks of the same rung")
     p.add_argument("--target", type=float, default=HELD_OUT_TARGET,
                    help=f"horizon cells: planned half-width of Δ on the held-out seeds (default {HELD_OUT_TARGET})")
     p.add_argument("--eval-every", type=int, default=250, help="horizon cells: steps between evaluations")
@@ -278,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             text = plan_horizon(args.rung, args.corpus, Path(args.results), args.tokens_per_param, args.max_seeds,
                                 tuning_seeds=args.tuning_seeds, factor=args.grid_factor, target=args.target,
                                 batch_size=args.batch_size, seq_len=args.seq_len, eval_every=args.eval_every,
-                                schedule=args.schedule, val_tokens=args.val_tokens)
+                                schedule=args.schedule, val_tokens=args.val_tokens,
+                                centre_corpus=args.centre_corpus)
         else:
             text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds,
                         tuning_seeds=args.tuning_seeds, lr_scale=args.lr_scale, factor=args.grid_factor,

@@ -551,8 +551,8 @@ def _kinds(cell) -> str:
 
 
 def _order(cell) -> tuple:
-    return (ladder.RUNGS.index(cell.rung) if cell.rung in ladder.RUNGS else 99, cell.corpus != "shakespeare",
-            cell.tpp, cell.variant)
+    corpus = ladder.HORIZON_CORPORA.index(cell.corpus) if cell.corpus in ladder.HORIZON_CORPORA else 99
+    return ladder.RUNGS.index(cell.rung) if cell.rung in ladder.RUNGS else 99, corpus, cell.tpp, cell.variant
 
 
 QUARTER_TRAIN_TOKENS = 1_073_110  # data/corpora/shakespeare-quarter.txt's training tokens (its README)
@@ -613,7 +613,7 @@ def v3_trend(cells: list, target_n: int) -> list[str]:
     lines = ["| strategy | corpus | tokens / param | rungs | per-rung held-out Δ | slope per decade of N [95 % CI] | "
              "Δ at 0.12B (extrapolated) |", "|---|---|---:|---:|---|---:|---:|"]
     for s in V3_STRATEGIES:
-        for corpus in ladder.CORPORA:
+        for corpus in ladder.HORIZON_CORPORA:
             for tpp in sorted({c.tpp for c in cells}):
                 pts = []
                 for c in sorted(cells, key=_order):
@@ -718,7 +718,7 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
     mult = ["| corpus | strategy | " + " | ".join(MULTIPLIER_AT) + " |", "|---|---|" + "---:|" * len(MULTIPLIER_AT)]
     sizes = {p: (ladder.non_embedding_params(p), ladder.total_params(p)) for p in MULTIPLIER_AT}
     fitted, left = {}, []
-    for corpus in ladder.CORPORA:
+    for corpus in ladder.HORIZON_CORPORA:
         pts, left_out = fit_points(cells, results, corpus)
         left += left_out
         if len(pts["baseline"]) < 3:  # every strategy has the same cells (fit_points)
@@ -765,14 +765,14 @@ def horizon_figure(cells: list, figures: Path) -> str:
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey="row")
     paper = {s: (ladder.non_embedding_params(p), 100 * ladder.total_params(p) / ladder.non_embedding_params(p), v)
              for s, p, v in PAPER_POINTS}
-    markers = {"shakespeare": "o-", "kjv": "s--"}  # KJV: squares, dashed
+    markers = {"shakespeare": "o-", "kjv": "s--", "prose": "^:"}  # KJV: squares, dashed; prose: triangles, dotted
     for row, s in enumerate(V3_STRATEGIES):
         pts = [(c, c.arms[s].held_out) for c in cells if s in c.arms and c.arms[s].held_out is not None
                and c.arms[s].held_out.n >= 2 and not c.variant]
         rungs = sorted({c.rung for c, _ in pts}, key=ladder.RUNGS.index)
         tpps = sorted({c.tpp for c, _ in pts})
         cmap = plt.get_cmap("viridis")
-        for corpus in ladder.CORPORA:
+        for corpus in ladder.HORIZON_CORPORA:
             for i, rung in enumerate(rungs):  # left: against D/N, one line per N
                 sel = sorted([(c.tokens / c.n, d) for c, d in pts if c.rung == rung and c.corpus == corpus])
                 if sel:
@@ -906,7 +906,9 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
               "parameter (as the ladder's 20) and what it is per non-embedding parameter; passes: over the corpus's "
               "training tokens (> 1: data repeat); hours: the runs' wall clock added up (single-thread hours). "
               "`-tppD`: the horizon cells (`sweeps/study-ladder-RUNG-CORPUS-tppD.yaml`); `-quarter`: the "
-              "repetition test (a quarter of the training plays, the same validation tokens); `-wsd`: the WSD cell. "
+              "repetition test (a quarter of the training plays, the same validation tokens); `-wsd`: the WSD cell; "
+              "corpus `prose`: `data/corpora/gutenberg-sotu.txt` (public-domain books and the State of the Union "
+              "addresses, 16.9M training tokens: under one pass in every cell; `data/corpora/README.md`). "
               "A cell still training shows what has finished.", ""]
     lines += v3_table(cells) + [""] + hidden
     lines += ["**The picks.** Each strategy's lr is the lowest mean over its tuning seeds; shown with the runner-up "

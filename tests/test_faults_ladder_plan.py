@@ -134,3 +134,50 @@ def test_committed_horizon_evidence_and_passes():
     assert sorted(r for _, _, r in pairs) == [0.25, 1, 1, 1, 1, 2]
     tokens = ladder.run_tokens(41056, 100)
     assert tokens == 4106240 and ladder.passes(tokens, "shakespeare") == pytest.approx(0.907, abs=5e-4)
+
+
+def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp, capsys, tmp_path):
+    """Issue 35's third corpus has no 20-token ladder: ``--centre-corpus shakespeare`` centres its 20-token cell
+    on Shakespeare's picks of the same rung (no horizon shift at 20), reads the built file beside sweeps/, and
+    says how to build it; without the flag a 20-token prose cell is refused (there is nothing to predict from),
+    and the flag is refused on a GPU-ladder rung."""
+    from scalevec.config_codec import load_yaml
+    from scalevec.experiments import ladder
+    from scalevec.experiments.study import parse
+
+    fake_results(tmp_path / "results")
+    shk = tmp_path / "results" / "ladder-cpu-10k-shakespeare"
+    shk.mkdir()
+    text = (tmp_path / "results" / "ladder-cpu-10k-kjv" / "results.csv").read_text()
+    (shk / "results.csv").write_text(text.replace(",0.02,", ",0.005,").replace(",0.03,", ",0.006,")
+                                     .replace(",0.04,", ",0.007,"))
+    out = tmp_path / "p.yaml"
+    rc, err = call(lp, capsys, "cpu-10k", "prose", "--tokens-per-param", "20", "--centre-corpus", "shakespeare",
+                   "--results", str(tmp_path / "results"), "--out", str(out))
+    assert rc == 0, err
+    spec, plan, _ = parse(load_yaml(out))
+    for strategy, pick in zip(("baseline", "none", "unified"), (0.005, 0.006, 0.007)):
+        assert plan.lr_grids[strategy][1] == pytest.approx(pick, rel=1e-5)  # (20/20)^s = 1
+    assert spec.name == "ladder-cpu-10k-prose" and spec.base["data.source"] == ladder.SOURCES["prose"]
+    assert (ROOT / "sweeps" / ladder.SOURCES["prose"]).resolve() == ROOT / "data" / "corpora" / "gutenberg-sotu.txt"
+    assert "python3 data/corpora/build_gutenberg_sotu.py" in out.read_text()
+    assert (ROOT / "data" / "corpora" / "build_gutenberg_sotu.py").is_file()
+    for argv, words in ((("cpu-10k", "prose"), "--centre-corpus"),
+                        (("cpu-10k", "prose", "--centre-corpus", "shakespeare", "--predicted-only"), "horizon cell")):
+        before = snapshot(tmp_path)
+        rc, err = call(lp, capsys, *argv, "--results", str(tmp_path / "results"), "--out", str(tmp_path / "q.yaml"))
+        assert rc == 2 and words in err and err.count("\n") == 1
+        assert snapshot(tmp_path) == before
+
+
+def test_every_horizon_cell_on_prose_makes_under_one_pass():
+    """The third corpus exists so that no planned cell repeats data (issue 35): cpu-10k/25k/80k at 20 and 100 and
+    cpu-10k/25k at 400 all stay under one pass over its 16,917,603 training tokens, and claims.HORIZON lists them."""
+    from scalevec.experiments import claims, ladder
+
+    planned = [(r, d) for r in ("cpu-10k", "cpu-25k", "cpu-80k") for d in (20, 100)] + [("cpu-10k", 400),
+                                                                                         ("cpu-25k", 400)]
+    for rung, d in planned:
+        assert ladder.passes(ladder.run_tokens(ladder.total_params(rung), d), "prose") < 1, (rung, d)
+        assert ladder.horizon_name(rung, "prose", d) in {s.name for s in claims.HORIZON}
+    assert ladder.passes(ladder.run_tokens(ladder.total_params("cpu-80k"), 100), "shakespeare") > 2

@@ -62,13 +62,19 @@ def _horizon_studies() -> tuple[Study, ...]:
     ``data/corpora/build_shakespeare_quarter.py``), the WSD cell (cpu-25k Shakespeare at 100; moved ahead of
     cpu-10k at 400 in the second session: its Δ(t) figure is part of issue 35 and it repeats no data), then
     cpu-10k Shakespeare at 400 (1.76 passes), cpu-80k at 100 on
-    both corpora and cpu-25k Shakespeare at 400 (the cells that repeat data 2.4-4.5 times). Every file is
-    written by ``scripts/ladder_plan.py RUNG CORPUS --tokens-per-param D`` (optional until then)."""
+    both corpora (the cells that repeat data 1.8-3.0 times). The repetition test moved Δ, so in the third session
+    the third corpus, ``prose`` (``ladder.SOURCES``), under one pass in every cell: its 20-token cells (centred on
+    Shakespeare's picks), then cpu-10k at 100, cpu-80k at 100 (the rung where `unified` came out ahead on
+    repeated Shakespeare), cpu-25k at 100, and the cells at 400; cpu-25k Shakespeare at 400 (3.6 passes) last.
+    Every file is written by ``scripts/ladder_plan.py RUNG CORPUS --tokens-per-param D`` (optional until then)."""
     cells = [("cpu-10k", "shakespeare", 100, ""), ("cpu-10k", "kjv", 100, ""), ("cpu-25k", "shakespeare", 100, ""),
              ("cpu-25k", "kjv", 100, ""), ("cpu-10k", "shakespeare", 100, "-quarter"),
              ("cpu-25k", "shakespeare", 100, "-wsd"), ("cpu-10k", "shakespeare", 400, ""),
-             ("cpu-80k", "shakespeare", 100, ""),
-             ("cpu-80k", "kjv", 100, ""), ("cpu-25k", "shakespeare", 400, "")]
+             ("cpu-80k", "shakespeare", 100, ""), ("cpu-80k", "kjv", 100, ""),
+             ("cpu-10k", "prose", 20, ""), ("cpu-25k", "prose", 20, ""), ("cpu-80k", "prose", 20, ""),
+             ("cpu-10k", "prose", 100, ""), ("cpu-80k", "prose", 100, ""), ("cpu-25k", "prose", 100, ""),
+             ("cpu-10k", "prose", 400, ""), ("cpu-25k", "prose", 400, ""),
+             ("cpu-25k", "shakespeare", 400, "")]
     return tuple(Study(ladder.horizon_name(r, c, d) + w, ladder.horizon_name(r, c, d) + w, optional=True)
                  for r, c, d, w in cells)
 

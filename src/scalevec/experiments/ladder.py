@@ -15,6 +15,8 @@ committed (``results.csv``) and answers three questions; it trains nothing and d
 Issue 35's horizon axis (the rungs at 100 and 400 tokens per parameter): ``horizon_name``, ``horizon_exponent``
 (how a tuned lr moves with the horizon, measured on the first protocol's 20- and 100-token cells),
 ``horizon_centre``, and the data arithmetic ``total_params`` / ``run_tokens`` / ``passes`` (``TRAIN_TOKENS``).
+Its corpora (``HORIZON_CORPORA``) add ``prose`` (``data/corpora/gutenberg-sotu.txt``) to the bundled two, for the
+cells that would repeat the bundled text (``SOURCES``: what a study file names as ``data.source``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from scalevec.experiments import stats
 CPU_RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")  # scripts/study.sh ladder
 GPU_RUNGS = ("cpu-1m", "gpu-3m", "gpu-6m", "gpu-14m", "gpu-30m")  # scripts/gpu_ladder.sh
 RUNGS = CPU_RUNGS + GPU_RUNGS  # by N
-CORPORA = ("shakespeare", "kjv")
+CORPORA = ("shakespeare", "kjv")  # the 20-token ladder's (issue 23): the two bundled corpora
 TARGET = "llama-0.12b"  # the paper's smallest model
 GRID_FACTOR = math.sqrt(2)
 WARMUP_FRAC = 0.05  # every rung warms up over 5 % of its steps (DESIGN.md §2: the same regime on every rung)
@@ -160,9 +162,10 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
     return Trend(strategy, corpus, pts, fit, target_n, fit.predict(math.log10(target_n)))
 
 
-__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "HORIZONS", "RUNGS", "RungResult", "TARGET", "TRAIN_TOKENS", "Trend",
-           "folder", "horizon_centre", "horizon_exponent", "horizon_name", "lr_grid", "non_embedding_params", "passes",
-           "predict_lr", "read_ladder", "read_rung", "run_tokens", "total_params", "trend"]
+__all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "HORIZONS", "HORIZON_CORPORA", "RUNGS", "RungResult", "SOURCES",
+           "TARGET", "TRAIN_TOKENS", "Trend", "folder", "horizon_centre", "horizon_exponent", "horizon_name",
+           "lr_grid", "non_embedding_params", "passes", "predict_lr", "read_ladder", "read_rung", "run_tokens",
+           "total_params", "trend"]
 
 
 # ---- the horizon axis (issue 35): the ladder's rungs at more tokens per parameter --------------------------------
@@ -171,7 +174,14 @@ HORIZONS = (100, 400)  # tokens per *total* parameter, as the ladder's 20 (DESIG
 # parameter" is read the same way). What that is per non-embedding parameter: ``tokens_per_nonembedding``.
 # Training tokens of the bundled corpora under the default split (tail, val_frac 0.1, bytes tokenizer), as
 # `scalevec prepare-data CORPUS` writes them in its manifest (train.tokens; separators included).
-TRAIN_TOKENS = {"shakespeare": 4_527_497, "kjv": 3_626_064}
+TRAIN_TOKENS = {"shakespeare": 4_527_497, "kjv": 3_626_064, "prose": 16_917_603}
+# The horizon's corpora: the bundled two, and "prose", data/corpora/gutenberg-sotu.txt (public-domain books and the
+# State of the Union addresses; built by data/corpora/build_gutenberg_sotu.py, not committed), 3.7x Shakespeare's
+# training tokens, so that the cells that repeat the bundled corpora (cpu-80k at 100, every cell at 400) make under
+# one pass over it. SOURCES: each one's data.source as a study file in sweeps/ writes it (a path resolves beside
+# the file).
+HORIZON_CORPORA = (*CORPORA, "prose")
+SOURCES = {"shakespeare": "shakespeare", "kjv": "kjv", "prose": "../data/corpora/gutenberg-sotu.txt"}
 # The first protocol's cells at 20 and at 100 tokens per parameter (the same lr grid ×2, lr picked on seed 0):
 # the only measured evidence here of how a tuned lr moves with the horizon (``horizon_exponent``).
 HORIZON_EVIDENCE = (("cpu-10k-shakespeare", "cpu-10k-shakespeare-tpp100", 20, 100),
