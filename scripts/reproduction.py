@@ -1011,21 +1011,44 @@ def generate(results: Path, figures: Path | None = None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _refusal(results: Path, write: str | None) -> str | None:
+    """Why the command cannot run, as one line (None when it can): checked before anything is generated, so that a
+    mistyped path never replaces the doc's section (or its figures) with an empty one."""
+    if not results.is_dir():
+        return f"--results {results} is not a folder; pass the repository's results/"
+    if not any((f / "runs.csv").is_file() or f.name.startswith("ladder-") for f in results.iterdir() if f.is_dir()):
+        return (f"--results {results} holds no study cell (no */runs.csv, no ladder-* folder); pass the "
+                f"repository's results/")
+    if write is None:
+        return None
+    try:
+        doc = Path(write).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"--write {write} cannot be read ({getattr(e, 'strerror', None) or e}); name the existing markdown file"
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        return f"--write {write} needs one {BEGIN} line followed by one {END} line"
+    return None
+
+
 def main() -> int:
+    """Print or write the generated section; 0 on success, 2 (one line on stderr, nothing written) on a refusal."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default=str(ROOT / "results"))
     p.add_argument("--write", help="a markdown file whose text between the markers is replaced; its figures "
                                    "go into figures/ next to it")
     args = p.parse_args()
+    results = Path(args.results)
+    bad = _refusal(results, args.write)
+    if bad:
+        print(f"reproduction.py: error: {bad}", file=sys.stderr)
+        return 2
     try:
         if not args.write:
-            print(generate(Path(args.results)))
+            print(generate(results))
             return 0
         doc = Path(args.write).read_text()
-        if BEGIN not in doc or END not in doc:
-            raise SystemExit(f"{args.write} has no {BEGIN} ... {END} markers")
-        text = generate(Path(args.results), figures=Path(args.write).parent / "figures")
-    except ValueError as e:  # a torn or doubled runs.csv (frames.read_runs_csv): one line, nothing written
+        text = generate(results, figures=Path(args.write).parent / "figures")
+    except ValueError as e:  # a torn or doubled runs.csv, an unreadable finished run: one line, nothing written
         print(f"reproduction.py: error: {e}", file=sys.stderr)
         return 2
     head, rest = doc.split(BEGIN, 1)

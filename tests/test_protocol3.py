@@ -120,6 +120,10 @@ def test_unreported_runs_are_read_from_their_folders(tmp_path):
             (d / "DONE").write_text("")
     runs = protocol3.read_runs(folder)
     assert [(r.name, r.kind, r.loss) for r in runs] == [("baseline_lr0.02_s0", "AMD EPYC / AVX512", 1.9)]
+    # a finished run whose summary cannot be read is an error naming it (dropping it would move the picks)
+    (folder / "runs" / "baseline_lr0.02_s0" / "summary.json").write_text("garbage")
+    with pytest.raises(ValueError, match=r"baseline_lr0.02_s0/summary.json cannot be read .*delete its DONE"):
+        protocol3.read_runs(folder)
 
 
 @pytest.mark.parametrize("name, want", [

@@ -125,8 +125,12 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     stub.write_text(f'#!/usr/bin/env bash\necho "$2 $4" >> {log}\n')  # study FILE --out DIR ...
     stub.chmod(0o755)
     env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "PYTHON": sys.executable, "REDO": "1",
-           "MARKS": "0"}  # run all, mark nothing
+           "MARKS": "0", "BUILD": "0"}  # run all, mark nothing, build no corpus
     subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env=env, check=True, capture_output=True)
+    for bad in ([""], ["ladder", "extra"], ["bogus"]):  # an empty part is a mistake, not "all"
+        p = subprocess.run(["bash", str(ROOT / "scripts" / "study.sh"), *bad], env=env, capture_output=True,
+                           text=True)
+        assert p.returncode == 2 and p.stderr.startswith("usage: ") and p.stderr.count("\n") == 1, bad
     calls = {tuple(line.split()) for line in log.read_text().splitlines()}
     ran = {f for f, _ in calls}
     committed = {f"sweeps/{p.name}" for p in (ROOT / "sweeps").glob("study-*.yaml")}

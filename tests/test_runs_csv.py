@@ -156,3 +156,42 @@ def test_reproduction_script_exits_2_with_one_line_on_a_torn_cell(tmp_path):
         (line,) = p.stderr.splitlines()
         assert f"{results / 'cpu-25k-shakespeare' / 'runs.csv'} line 9:" in line
     assert "old" in doc.read_text() and not (tmp_path / "figures").exists()
+
+
+@pytest.mark.parametrize("case", ["no-results", "empty-results", "missing-doc", "doc-is-folder", "no-markers",
+                                  "markers-reversed"])
+def test_reproduction_script_refuses_bad_paths_before_writing_anything(tmp_path, case):
+    """A mistyped --results or --write is one line and exit 2 (no traceback), and leaves the doc and its figures
+    untouched: an empty results folder used to replace the generated section with "no cell has reported", and a
+    doc with its markers reversed had its figures written before the traceback."""
+    results = tmp_path / "results"
+    write_good(results / "ladder-cpu-10k-kjv")
+    doc = tmp_path / "doc.md"
+    good = "before\n<!-- BEGIN GENERATED (scripts/reproduction.py) -->\nold\n<!-- END GENERATED -->\n"
+    doc.write_text(good)
+    words = {"no-results": "is not a folder", "empty-results": "holds no study cell",
+             "missing-doc": "cannot be read", "doc-is-folder": "cannot be read", "no-markers": "needs one",
+             "markers-reversed": "needs one"}[case]
+    if case == "no-results":
+        results = tmp_path / "typo"
+    elif case == "empty-results":
+        results = tmp_path / "empty"
+        results.mkdir()
+    elif case == "missing-doc":
+        doc = tmp_path / "missing.md"
+    elif case == "doc-is-folder":
+        doc = tmp_path / "folder.md"
+        doc.mkdir()
+    elif case == "no-markers":
+        doc.write_text(good := "no markers here\n")
+    else:
+        a, b = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
+        doc.write_text(good := f"x\n{b}\nold\n{a}\n")
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduction.py"), "--results", str(results),
+                        "--write", str(doc)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
+    (line,) = p.stderr.splitlines()
+    assert words in line
+    assert not (tmp_path / "figures").exists()
+    if doc.is_file():
+        assert doc.read_text() == good

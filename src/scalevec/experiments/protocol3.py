@@ -71,7 +71,7 @@ def read_runs(folder: Path) -> list[Run]:
     cell still training shows what has finished. Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
     columns where it has them, else the run's ``meta.json``. Empty when the cell has neither (or a header-only
     runs.csv and no finished run). ``ValueError`` (``frames.read_runs_csv``) when runs.csv is torn or lists a run
-    twice."""
+    twice, or when a finished run's ``summary.json`` cannot be read."""
     folder = Path(folder)
     out, seen = [], set()
     f = folder / "runs.csv"
@@ -95,8 +95,10 @@ def read_runs(folder: Path) -> list[Run]:
             out.append(Run(run.name, str(m["strategy"]), float(m["lr"]), int(m["seed"]), loss, done,
                            _kind({}, run / rundir.META), int(m.get("non_embedding_params") or 0),
                            int(m.get("params") or 0), int(m.get("tokens") or 0), float(m.get("wall_time_s") or 0)))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a finished run left out would move the picks
+            mark = rundir.DONE if done else rundir.DIVERGED
+            raise ValueError(f"{d} cannot be read ({type(e).__name__}: {e}); retrain the run, or delete its {mark} "
+                             f"to leave it unfinished") from None
     return out
 
 
