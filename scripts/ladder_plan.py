@@ -26,14 +26,16 @@ cells of issue 35's third corpus, ``prose`` (``data/corpora/gutenberg-sotu.txt``
 Refusals (one line on stderr, exit 2, nothing written): an ``--out`` that exists (never overwritten), an ``--out``
 whose folder does not exist, a study file whose results folder already has runs, and invalid numbers
 (``--grid-factor`` ≤ 1, ``--val-tokens`` ≤ 0, ``--max-seeds`` / ``--tuning-seeds`` / ``--batch-size`` /
-``--seq-len`` < 1, ``--lr-scale`` / ``--tokens-per-param`` / ``--target`` not positive and finite, a horizon
-cell whose 20-token cell has not reported).
+``--seq-len`` < 1, ``--lr-scale`` / ``--target`` not positive and finite, ``--tokens-per-param`` above
+10,000, or below 1 for a horizon cell), a horizon cell whose 20-token cell has not reported, and a damaged
+results.csv (named).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -45,19 +47,23 @@ from scalevec.experiments import ladder  # noqa: E402
 
 STRATEGIES = ("baseline", "none", "unified")
 HELD_OUT_TARGET = 0.015  # nats: the planned half-width of Δ on the held-out seeds (issue 35)
+MAX_TPP = 10_000  # tokens per parameter: 25x the horizon's longest cell; a typo past it would plan years of CPU (or
+# overflow the token count)
 
 
 def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float, max_seeds: int = 20, *,
                  tuning_seeds: int = 2, factor: float = ladder.GRID_FACTOR, target: float = HELD_OUT_TARGET,
                  batch_size: int = 16, seq_len: int = 128, eval_every: int = 250, schedule: str = "cosine",
-                 val_tokens: int | None = None, centre_corpus: str | None = None) -> str:
+                 val_tokens: int | None = None, centre_corpus: str | None = None,
+                 out_dir: Path = ROOT / "sweeps") -> str:
     """The study YAML of a horizon cell: ``rung`` on ``corpus`` at ``tokens_per_param`` (tokens per total
     parameter), each strategy's grid 3 values ×``factor`` around its 20-token pick shifted by
     ``ladder.horizon_centre`` (exponent ``ladder.horizon_exponent``), held-out seeds to ``target``.
     ``schedule``: ``cosine`` (the ladder's) or ``wsd`` (stable, then linear to 0 over the last 20 %; the name gets
-    ``-wsd``). ``centre_corpus``: take the 20-token picks of the same rung on that corpus instead (a corpus without
-    a 20-token cell of its own yet: the ``prose`` cells at 20, centred on Shakespeare's). ``ValueError`` when the
-    20-token cell or the evidence has not reported."""
+    ``-wsd``). ``out_dir``: the study file's folder (a built corpus's path is written relative to it, as
+    ``scalevec study`` resolves it). ``centre_corpus``: take the 20-token picks of the same rung on that corpus
+    instead (a corpus without a 20-token cell of its own yet: the ``prose`` cells at 20, centred on
+    Shakespeare's). ``ValueError`` when the 20-token cell or the evidence has not reported."""
     if schedule not in ("cosine", "wsd"):
         raise ValueError(f"schedule {schedule!r}: choose cosine or wsd")
     centre = centre_corpus or corpus
@@ -65,8 +71,10 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     picks = ladder.read_rung(ladder.folder(results, rung, centre), rung, centre)
     missing = [s for s in STRATEGIES if s not in picks]
     if missing:
-        raise ValueError(f"results/ladder-{rung}-{centre} has not reported {', '.join(missing)} at 20 tokens per "
-                         f"parameter; the horizon grid is centred on those picks (scripts/study.sh ladder)")
+        fix = ("scripts/study.sh horizon runs it, or pass --centre-corpus shakespeare" if centre not in ladder.CORPORA
+               else "scripts/study.sh ladder")
+        raise ValueError(f"{ladder.folder(results, rung, centre)} has not reported {', '.join(missing)} at 20 tokens "
+                         f"per parameter; the horizon grid is centred on those picks ({fix})")
     s_exp, evidence = ladder.horizon_exponent(results)
     shift = (tokens_per_param / 20) ** s_exp
     grids, notes = {}, []
@@ -102,7 +110,8 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
         subsequent_indent="# ")
     val = f", val_tokens: {val_tokens}" if val_tokens else ""
     source = ladder.SOURCES[corpus]
-    if source != corpus:  # a built corpus, data/corpora/NAME.txt (not committed)
+    if source != corpus:  # a built corpus, data/corpora/NAME.txt (not committed), resolved beside the study file
+        source = os.path.relpath((ROOT / "sweeps" / source).resolve(), Path(out_dir).resolve())
         notes.append(f"# Build the corpus first: python3 data/corpora/build_{Path(source).stem.replace('-', '_')}.py")
     return f"""{head}
 {chr(10).join(notes)}
@@ -212,14 +221,19 @@ def _check(args: argparse.Namespace) -> str | None:
                     ("--target", args.target)):
         if not finite_pos(v):
             return f"{flag} {v} must be a finite number > 0"
+    if args.tokens_per_param > MAX_TPP:
+        return f"--tokens-per-param {args.tokens_per_param:g} is above {MAX_TPP:,} (the horizon's longest cell: 400)"
     if args.rung not in ladder.RUNGS:
         return f"unknown rung {args.rung!r}; choose one of {', '.join(ladder.RUNGS)}"
     if (args.schedule != "cosine" or args.centre_corpus) and _gpu_ladder(args):
         return ("--schedule wsd and --centre-corpus are a horizon cell's (tuned on CPU); they take none of "
                 "--predicted-only, --no-confirm, --lr-scale, --device, --compile")
+    if is_horizon(args) and args.tokens_per_param < 1:  # (D/20)^s would move the lrs by orders of magnitude
+        return (f"--tokens-per-param {args.tokens_per_param:g}: a horizon cell needs 1 or more (the ladder's 20, the "
+                f"paper's 100, 400); a tiny budget is a GPU-ladder rehearsal's (--predicted-only)")
     if args.corpus not in ladder.CORPORA and not is_horizon(args):
         return (f"{args.corpus} has no 20-token ladder of its own (issue 35's horizon corpus): pass --centre-corpus "
-                f"shakespeare or --tokens-per-param D")
+                f"shakespeare (its 20-token cells) or --tokens-per-param D (after those have reported)")
     return None
 
 
@@ -298,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                                 tuning_seeds=args.tuning_seeds, factor=args.grid_factor, target=args.target,
                                 batch_size=args.batch_size, seq_len=args.seq_len, eval_every=args.eval_every,
                                 schedule=args.schedule, val_tokens=args.val_tokens,
-                                centre_corpus=args.centre_corpus)
+                                centre_corpus=args.centre_corpus, out_dir=out.parent)
         else:
             text = plan(args.rung, args.corpus, Path(args.results), args.predicted_only, args.max_seeds,
                         tuning_seeds=args.tuning_seeds, lr_scale=args.lr_scale, factor=args.grid_factor,

@@ -55,6 +55,7 @@ BAD = [
     ("--tuning-seeds", "0"), ("--batch-size", "0"), ("--seq-len", "-1"), ("--eval-every", "0"),
     ("--lr-scale", "0"), ("--lr-scale", "nan"), ("--tokens-per-param", "0"), ("--tokens-per-param", "-20"),
     ("--tokens-per-param", "inf"), ("--target", "0"), ("--grid-factor", "x"), ("--max-seeds", "1.5"),
+    ("--tokens-per-param", "1e308"), ("--tokens-per-param", "1e-300"),  # overflowed; planned a 1-step run
 ]
 
 
@@ -158,8 +159,9 @@ def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp,
     spec, plan, _ = parse(load_yaml(out))
     for strategy, pick in zip(("baseline", "none", "unified"), (0.005, 0.006, 0.007)):
         assert plan.lr_grids[strategy][1] == pytest.approx(pick, rel=1e-5)  # (20/20)^s = 1
-    assert spec.name == "ladder-cpu-10k-prose" and spec.base["data.source"] == ladder.SOURCES["prose"]
-    assert (ROOT / "sweeps" / ladder.SOURCES["prose"]).resolve() == ROOT / "data" / "corpora" / "gutenberg-sotu.txt"
+    corpus = ROOT / "data" / "corpora" / "gutenberg-sotu.txt"  # resolved beside the file, wherever it is written
+    assert spec.name == "ladder-cpu-10k-prose" and (out.parent / spec.base["data.source"]).resolve() == corpus
+    assert (ROOT / "sweeps" / ladder.SOURCES["prose"]).resolve() == corpus
     assert "python3 data/corpora/build_gutenberg_sotu.py" in out.read_text()
     assert (ROOT / "data" / "corpora" / "build_gutenberg_sotu.py").is_file()
     for argv, words in ((("cpu-10k", "prose"), "--centre-corpus"),
@@ -181,3 +183,22 @@ def test_every_horizon_cell_on_prose_makes_under_one_pass():
         assert ladder.passes(ladder.run_tokens(ladder.total_params(rung), d), "prose") < 1, (rung, d)
         assert ladder.horizon_name(rung, "prose", d) in {s.name for s in claims.HORIZON}
     assert ladder.passes(ladder.run_tokens(ladder.total_params("cpu-80k"), 100), "shakespeare") > 2
+
+
+@pytest.mark.parametrize("damage", ["torn", "columns", "text", "zero", "inf", "binary"])
+def test_a_damaged_results_csv_is_named_in_one_line(lp, capsys, tmp_path, damage):
+    """A 20-token cell's or an evidence cell's results.csv that is cut off, has other columns, or holds an lr that
+    is not a finite number > 0 is refused in one line naming it (it was a traceback, or a plan with lr inf)."""
+    fake_results(tmp_path / "results")
+    cell = "cpu-10k-shakespeare" if damage == "zero" else "ladder-cpu-10k-kjv"
+    target = tmp_path / "results" / cell / "results.csv"
+    text = target.read_text()
+    target.write_bytes({"torn": text[:len(text) - 30].encode(), "columns": b"a,b\n1,2\n",
+                        "text": text.replace(",0.03,", ",abc,").encode(),
+                        "zero": text.replace(",0.02,", ",0,").encode(),
+                        "inf": text.replace(",0.04,", ",inf,").encode(), "binary": b"\x85\xff\x00" * 20}[damage])
+    before = snapshot(tmp_path)
+    rc, err = call(lp, capsys, "cpu-10k", "kjv", "--tokens-per-param", "100", "--results", str(tmp_path / "results"),
+                   "--out", str(tmp_path / "new.yaml"))
+    assert rc == 2 and err.count("\n") == 1 and str(target) in err and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before

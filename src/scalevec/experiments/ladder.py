@@ -86,18 +86,31 @@ def _num(text: str) -> float | None:
 
 
 def read_rung(path: Path, rung: str, corpus: str) -> dict[str, RungResult]:
-    """The strategies of one rung's ``results.csv`` (an empty dict when the study has not reported yet)."""
+    """The strategies of one rung's ``results.csv`` (an empty dict when the study has not reported yet, or its
+    file has a header only). ``ValueError`` naming the file when it is not a study's results.csv (a column
+    missing, a row cut short, a value not a number, an lr that is not finite and > 0)."""
     f = Path(path) / "results.csv"
     if not f.is_file():
         return {}
-    with f.open() as fh:
-        rows = list(csv.DictReader(fh))
-    base_n = {r["strategy"]: int(r["non_embedding_params"]) for r in rows}
-    n = base_n.get("baseline") or min(base_n.values())
-    return {r["strategy"]: RungResult(rung, corpus, r["strategy"], n, float(r["best_value"]),
-                                      r["at_grid_edge"] == "True", int(r["seeds"]), float(r["val_loss_mean"]),
-                                      float(r["val_loss_std"] or "nan"), _num(r["delta"]), _num(r["ci_lo"]),
-                                      _num(r["ci_hi"])) for r in rows}
+    try:
+        with f.open() as fh:
+            rows = list(csv.DictReader(fh))
+        if not rows:
+            return {}
+        base_n = {r["strategy"]: int(r["non_embedding_params"]) for r in rows}
+        n = base_n.get("baseline") or min(base_n.values())
+        out = {r["strategy"]: RungResult(rung, corpus, r["strategy"], n, float(r["best_value"]),
+                                         r["at_grid_edge"] == "True", int(r["seeds"]), float(r["val_loss_mean"]),
+                                         float(r["val_loss_std"] or "nan"), _num(r["delta"]), _num(r["ci_lo"]),
+                                         _num(r["ci_hi"])) for r in rows}
+    except (KeyError, TypeError, ValueError, csv.Error) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{f} is not a study's results.csv ({type(e).__name__}: {e}); rerun `scalevec report "
+                         f"{f.parent}`") from None
+    bad = [r.strategy for r in out.values() if not (math.isfinite(r.lr) and r.lr > 0)]
+    if bad:
+        raise ValueError(f"{f}: the tuned lr of {', '.join(bad)} is not a finite number > 0; rerun `scalevec report "
+                         f"{f.parent}`")
+    return out
 
 
 def read_ladder(results: Path) -> list[RungResult]:
@@ -214,12 +227,20 @@ def horizon_exponent(results: Path) -> tuple[float, list[tuple[str, str, float]]
 
 
 def _picks(cell: Path) -> dict[str, float]:
-    """``{strategy: tuned lr}`` of a cell's ``results.csv`` (empty when it has not reported)."""
+    """``{strategy: tuned lr}`` of a cell's ``results.csv`` (empty when it has not reported). ``ValueError`` naming
+    the file when it is damaged or an lr is not finite and > 0."""
     f = cell / "results.csv"
     if not f.is_file():
         return {}
-    with f.open() as fh:
-        return {r["strategy"]: float(r["best_value"]) for r in csv.DictReader(fh)}
+    try:
+        with f.open() as fh:
+            out = {r["strategy"]: float(r["best_value"]) for r in csv.DictReader(fh)}
+    except (KeyError, TypeError, ValueError, csv.Error) as e:
+        raise ValueError(f"{f} is not a study's results.csv ({type(e).__name__}: {e}); rerun `scalevec report "
+                         f"{cell}`") from None
+    if not all(math.isfinite(v) and v > 0 for v in out.values()):
+        raise ValueError(f"{f}: a tuned lr is not a finite number > 0; rerun `scalevec report {cell}`")
+    return out
 
 
 def horizon_centre(pick20: float, tokens_per_param: float, exponent: float) -> float:
