@@ -91,6 +91,7 @@ BREAKS = {  # name: (how the file is broken, the line named, the problem's words
     "seed not an integer": (lambda p: _set(p, 4, "seed", "1.5"), 4, "seed '1.5' is not an integer"),
     "loss not a number": (lambda p: _set(p, 5, "final_val_loss", "2.3x"), 5, "final_val_loss '2.3x' is not a number"),
     "done without a loss": (lambda p: _set(p, 5, "final_val_loss", ""), 5, "a done run without final_val_loss"),
+    "done with a nan loss": (lambda p: _set(p, 5, "final_val_loss", "nan"), 5, "final_val_loss is nan"),
     "tokens not a number": (lambda p: _set(p, 6, "tokens", "many"), 6, "tokens 'many' is not a number"),
     "unknown status": (lambda p: _set(p, 2, "status", "don"), 2, "status 'don' is not one of"),
     "a run listed twice": (_duplicate, 10, "is listed twice (also line 2)"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -84,9 +85,9 @@ def read_runs_csv(path: str | Path) -> list[dict]:
     Raises ``ValueError`` with one line naming the file, the line and the problem, and the command that rewrites
     the file (``scalevec report FOLDER``), when: the file is empty or not CSV, a column of ``RUNS_REQUIRED`` is
     missing, a row has more or fewer fields than the header (a torn or hand-edited line), ``status`` is not one of
-    ``STATUSES``, ``lr`` is not a number or ``seed`` not an integer, ``final_val_loss`` is not a number in a ``done``
-    row, a non-blank summary column (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number, or a run
-    is listed twice (it would be counted twice). ``OSError`` when the file cannot be read."""
+    ``STATUSES``, ``lr`` is not a number or ``seed`` not an integer, ``final_val_loss`` is not a finite number in a
+    ``done`` row, a non-blank summary column (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number,
+    or a run is listed twice (it would be counted twice). ``OSError`` when the file cannot be read."""
     path = Path(path)
     fix = f"rewrite it with `scalevec report {path.parent}`"
 
@@ -119,6 +120,9 @@ def read_runs_csv(path: str | Path) -> list[dict]:
                         float(row[k])
                     except ValueError:
                         raise bad(line, f"{k} {row[k]!r} is not a number") from None
+                if row["status"] == "done" and not math.isfinite(float(row["final_val_loss"])):
+                    raise bad(line, f"a done run whose final_val_loss is {row['final_val_loss']} (a diverged run's "
+                                    f"status is diverged)")
                 try:
                     int(row["seed"])
                 except ValueError:
