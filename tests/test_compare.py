@@ -140,8 +140,10 @@ def test_compare_prints_paired_table_and_writes_files(tmp_path, capsys, monkeypa
     assert set(rows) == {"baseline", "none", "unified"}
     assert rows["unified"].count("*") == 1 and " — " in rows["baseline"]
     assert "per seed" in text and "seed 2" in text  # the values behind mean ± std and the interval
-    for name in ("report.md", "results.csv", "loss_curves.png", "runs.csv"):
-        assert (out / name).is_file()
+    wrote = next(line for line in text.splitlines() if line.startswith("wrote "))[len("wrote "):].split(", ")
+    for name in ("report.md", "results.csv", "loss_curves.png", "runs.csv", "gamma_trajectories.png"):
+        assert (out / name).is_file() and str(out / name) in wrote  # the message names every file it wrote
+    assert all(Path(p).is_file() for p in wrote)
     # rerunning the same command trains nothing new and prints the same table
     before = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
     assert main(["compare", "--preset", "tiny", "--steps", "20", "--seeds", "3", "--lr", "3e-3",
@@ -217,7 +219,9 @@ def test_an_explicit_lr_keeps_the_tuned_cells_protocol_and_short_runs_warn(tmp_p
     args = parse("--strategies", "baseline", "--seeds", "1", "--steps", "30", "--lr", "1e-2", "--out",
                  str(tmp_path / "c"), "--dry-run", "schedule.warmup_frac=null")  # an override beats the protocol
     compare.run(args)
-    assert "schedule.warmup=50 is not below the run's 30 steps" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "schedule.warmup=50 is not below the run's 30 steps" in printed
+    assert f"would write the runs and the report into {tmp_path / 'c'}" in printed and not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("lr", ["0.01", "tuned"])

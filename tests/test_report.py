@@ -172,6 +172,21 @@ def test_report_cli_on_empty_folder_fails_cleanly(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_report_cli_on_partly_finished_folder_names_what_is_missing(tmp_path, capsys):
+    """A finished baseline run whose lr still waits for a tuning seed is not 'no finished run' (a new user read
+    that as a bug): the message says no lr has all its tuning seeds finished, and nothing is written."""
+    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3], "seed": [0, 1]}}
+    fabricate(tmp_path, spec)
+    for run in ("baseline_lr0.001_s1", "baseline_lr0.003_s0", "baseline_lr0.003_s1"):
+        (tmp_path / "runs" / run / "DONE").unlink()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to compare yet" in err and "no finished run" not in err.replace("no finished run, or", "")
+    assert "all its tuning seeds finished" in err and "rerun it" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 @pytest.mark.slow
 def test_smoke_sweep_end_to_end_and_report(tmp_path, capsys):
     """sweeps/smoke.yaml trains for real (2 jobs), and `scalevec report` renders every file from the folder."""

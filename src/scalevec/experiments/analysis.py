@@ -86,6 +86,7 @@ class Analysis:
     scaling: list[ScalingResult]
     runs: list[RunRecord]
     warnings: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # what write_report wrote (names in its folder); [] before
 
 
 def _strategy_order(runs: list[RunRecord], spec: dict, baseline: str) -> list[str]:
@@ -233,7 +234,9 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
             if res is not None:
                 results.append(res)
         if not results or results[0].strategy != baseline:
-            warnings.append(f"[{label}] the baseline {baseline!r} has no finished run; cell skipped")
+            # a finished baseline run is not enough: its lr must have all its tuning seeds finished to be picked
+            warnings.append(f"[{label}] the baseline {baseline!r} has no result yet (no finished run, or no lr "
+                            f"with all its tuning seeds finished); cell skipped")
             continue
         _compare_to_baseline(results, label, warnings)
         cells.append(Cell(key, label, results, tune_key, labeler.size(example)))

@@ -247,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {warning}")
     rc = run_sweep(spec, args.out, jobs=args.jobs, dry_run=args.dry_run, report=False)
     if args.dry_run:
+        print(f"would write the runs and the report into {args.out}")
         if str(args.lr).strip() == "tuned":
             lrs = {v["strategy"]: v["optim.lr"] for v in dict(spec.axes)["strategy"]}
             tpp = args.tokens_per_param if args.tokens_per_param is not None else DEFAULTS["tokens_per_param"]
@@ -261,8 +262,7 @@ def run(args: argparse.Namespace) -> int:
     for w in analysis.warnings:
         print(f"warning: {w}")
     out = Path(args.out)
-    written = ("report.md", "results.csv", "runs.csv", "loss_curves.png")
-    print(f"\nwrote {', '.join(str(out / name) for name in written)}")
+    print(f"\nwrote {', '.join(str(out / name) for name in analysis.files)}")
     return rc
 
 

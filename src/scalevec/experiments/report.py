@@ -128,7 +128,8 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     spec = sweepdir.load_specs(root)
     a = analyze(runs, spec)
     if not a.cells:
-        raise ValueError(f"no finished runs to compare in {root} ({'; '.join(a.warnings)}); finish the sweep first")
+        raise ValueError(f"nothing to compare yet in {root} ({'; '.join(a.warnings)}); finish the sweep first "
+                         f"(rerun it: finished runs are kept)")
     try:
         figures = ["loss_curves.png"]
         _figure(plot_loss_curves, a, root / "loss_curves.png")
@@ -143,6 +144,7 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
         write_atomic(root / "runs.csv", to_csv(runs_frame(runs)))
         write_atomic(root / "results.csv", to_csv(results_frame(a)))
         write_atomic(root / "report.md", render_markdown(a, root, figures))
+        a.files = ["report.md", "results.csv", "runs.csv", *figures]
     except OSError as e:  # a full disk was a bare "[Errno 28]" and left a 0-byte figure (issue 38)
         raise OSError(f"cannot write the report into {root} ({e.filename or root}: {e.strerror or e}); free space "
                       f"there (or make it writable) and rerun scalevec report {root}; every file it holds is whole "
