@@ -739,6 +739,8 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
             lines.append(f"| {corpus} | {s} | {len(pts[s])} (at {', '.join(f'{b:g}' for b in budgets)} tokens/param) | "
                          + " | ".join(row) + " |")
         fitted[corpus] = (pts, fits, n_ok)
+        n_lo, n_hi = min(n for n, _ in fit_nd), max(n for n, _ in fit_nd)
+        d_lo, d_hi = min(d for _, d in fit_nd), max(d for _, d in fit_nd)
         for s in V3_STRATEGIES:
             row = []
             for p in MULTIPLIER_AT:
@@ -747,7 +749,10 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
                 m = ndfit.multiplier(fits["baseline"], fits[s], n, d)
                 ms = np.array([ndfit.multiplier(b, a, n, d) for b, a in zip(boots["baseline"], boots[s])])
                 lo, hi = np.percentile(ms, [2.5, 97.5])
-                row.append(f"{_num(m)} [{_num(lo)}, {_num(hi)}]")
+                # where the fit saw neither this N nor this D, the value is the fit's formula, not a measurement
+                mark = (" *N extrap.*" if not n_lo <= n <= n_hi else " *D extrap.*" if not d_lo <= d <= d_hi
+                        else "")
+                row.append(f"{_num(m)} [{_num(lo)}, {_num(hi)}]{mark}")
             mult.append(f"| {corpus} | {s} | " + " | ".join(row) + " |")
     if left:
         lines += ["", "Cells not in the fit: " + "; ".join(left) + "."]
@@ -953,9 +958,10 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
               "non-embedding): the baseline's compute to reach the strategy's fitted loss along the same D/N, over "
               "the strategy's; > 1: the strategy is more efficient (the paper: 1.22–1.25 for `unified`). Point [95 % "
               "bootstrap interval]; 1e+06 / 1e-06 mark the clamp (the baseline never / at once reaches that loss in "
-              "the fit). The ladder's rungs are inside the fitted N (cpu-80k and up: outside the fitted D at 100 "
-              "unless their horizon cells have reported); **llama-0.12b and llama-1b are extrapolations** over "
-              "2–3 decades of N that nothing here checks.", ""]
+              "the fit). *N extrap.*: outside the non-embedding N of that corpus's fitted cells; *D extrap.*: N "
+              "inside, but its D at 100 tokens per parameter outside the fitted D; unmarked: inside both ranges (not "
+              "necessarily at a measured (N, D) pair). **llama-0.12b and llama-1b are extrapolations** over 2–3 "
+              "decades of N that nothing here checks.", ""]
     lines += extra["mult"] + [""]
     ok = {c: f[2] for c, f in extra["fitted"].items()}
     lines += ["Fits with every parameter identified: " + (", ".join(f"{c} {n} of 3" for c, n in ok.items()) or "none")

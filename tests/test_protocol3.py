@@ -206,3 +206,24 @@ def test_nd_fit_takes_a_cell_only_when_every_strategy_has_two_held_out_seeds(tmp
     assert line.startswith("`ladder-cpu-10k-shakespeare-tpp100` left out") and "baseline 3, none 3, unified 1" in line
     lines, _ = rep.nd_section(read, tmp_path)  # 2 cells per corpus: no fit, but the left-out cell is named
     assert any("`ladder-cpu-10k-shakespeare-tpp100` left out" in ln for ln in lines)
+
+
+def test_compute_multipliers_outside_the_fitted_range_are_marked(tmp_path, monkeypatch):
+    """A multiplier is the fit's formula evaluated at (N, 100 × params): where the corpus's fitted cells never
+    reached that N, or that D, the table must say so. Fitted here: N 9,660–24,672, D 0.4M–2M; cpu-10k at 100
+    tokens per parameter (D = 1.99M) is inside both, cpu-25k's D (4.1M) is not, cpu-80k and up lie past the N."""
+    from test_reproduction_script import _script
+
+    rep = _script()
+    monkeypatch.setattr(rep, "FIT_DRAWS", 4)  # the marks do not depend on the bootstrap's size
+    full = {"baseline": 3, "none": 3, "unified": 3}
+    for name, n, tokens in (("ladder-cpu-10k-shakespeare", 9660, 400_000),
+                            ("ladder-cpu-25k-shakespeare", 24672, 1_000_000),
+                            ("ladder-cpu-10k-shakespeare-tpp100", 9660, 2_000_000)):
+        write_three(tmp_path / name, full, n, tokens)
+    _, extra = rep.nd_section(protocol3.read_ladder_cells(tmp_path), tmp_path)
+    (row,) = [ln for ln in extra["mult"] if ln.startswith("| shakespeare | unified |")]
+    values = dict(zip(rep.MULTIPLIER_AT, [c.strip() for c in row.strip("|").split("|")[2:]]))
+    assert "extrap." not in values["cpu-10k"]
+    assert values["cpu-25k"].endswith("*D extrap.*")
+    assert all(values[p].endswith("*N extrap.*") for p in ("cpu-80k", "cpu-200k", "cpu-550k", "llama-0.12b"))
