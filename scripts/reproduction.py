@@ -765,6 +765,7 @@ def horizon_figure(cells: list, figures: Path) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     figures.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey="row")
@@ -802,10 +803,13 @@ def horizon_figure(cells: list, figures: Path) -> str:
             ax = axes[row, col]
             ax.axhline(0, color="k", lw=0.8)
             ax.set_xscale("log")
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=5, ncol=2, framealpha=0.6)
             ax.set_title(f"Δ {s} − baseline, held-out seeds, same CPU kind (95 % CI)", fontsize=8)
         axes[row, 0].set_ylabel("Δ final validation loss (nats/token)")
         axes[row, 0].set_xlabel("tokens per non-embedding parameter D/N")
+        # D/N spans under two decades: label round values, not matplotlib's crowded minor ticks (2×10¹, 3×10¹, ...)
+        axes[row, 0].set_xticks([20, 50, 100, 200, 500, 1000], ["20", "50", "100", "200", "500", "1000"])
+        axes[row, 0].xaxis.set_minor_formatter(NullFormatter())
         axes[row, 1].set_xlabel("non-embedding parameters N")
     fig.tight_layout()
     fig.savefig(figures / "horizon_deltas.png", dpi=130)
