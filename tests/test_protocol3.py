@@ -227,3 +227,18 @@ def test_compute_multipliers_outside_the_fitted_range_are_marked(tmp_path, monke
     assert "extrap." not in values["cpu-10k"]
     assert values["cpu-25k"].endswith("*D extrap.*")
     assert all(values[p].endswith("*N extrap.*") for p in ("cpu-80k", "cpu-200k", "cpu-550k", "llama-0.12b"))
+
+
+def test_a_run_whose_cpu_kind_is_not_recorded_pairs_with_none(tmp_path):
+    """A run whose CPU (or capability) is missing from runs.csv and meta.json is named 'unknown CPU / AVX512' (it
+    read ' / AVX512'), and no pair with it is pooled, not even with another run of the same unknown kind: seed 3's
+    +1 nat pair must stay out of Δ and be listed."""
+    held = {**HELD, 3: (2.02, 3.02)}
+    folder = tmp_path / "ladder-cpu-25k-kjv"
+    unknown = ("", "AVX512")
+    write_cell(folder, held, kinds={("baseline", 3): unknown, ("unified", 3): unknown})
+    cell = protocol3.read_cell(folder)
+    assert cell.kinds["unknown CPU / AVX512"] == 2
+    a = cell.arms["unified"]
+    assert a.held_seeds == (2, 4, 5) and a.held_out.delta == pytest.approx(0.04 / 3, abs=1e-12)
+    assert a.cross_kind == ((3, "unknown CPU / AVX512", "unknown CPU / AVX512"),)

@@ -38,8 +38,9 @@ NOISE_SE = 2.0  # a pick is within noise of its runner-up when its margin is bel
 @dataclass(frozen=True)
 class Run:
     """One run of a cell: ``loss`` is the final validation loss (nats/token; ``inf`` when diverged or unfinished),
-    ``kind`` the CPU kind it ran on (``"cpu / capability"``, ``"unknown"`` when neither runs.csv nor meta.json
-    says), ``n`` non-embedding and ``params`` total parameters, ``tokens`` training tokens."""
+    ``kind`` the CPU kind it ran on (``"cpu / capability"``, a missing part named ``unknown CPU`` / ``unknown
+    capability``, ``"unknown"`` when neither runs.csv nor meta.json says; a run of unknown kind pairs with none),
+    ``n`` non-embedding and ``params`` total parameters, ``tokens`` training tokens."""
 
     name: str
     strategy: str
@@ -54,6 +55,9 @@ class Run:
     wall_s: float
 
 
+UNKNOWN = "unknown"
+
+
 def _kind(row: dict, meta: Path) -> str:
     cpu, cap = row.get("cpu") or "", row.get("cpu_capability") or ""
     if not (cpu and cap) and meta.is_file():
@@ -62,7 +66,15 @@ def _kind(row: dict, meta: Path) -> str:
             cpu, cap = cpu or str(m.get("cpu") or ""), cap or str(m.get("cpu_capability") or "")
         except (OSError, ValueError):
             pass
-    return f"{cpu} / {cap}" if cpu or cap else "unknown"
+    if not (cpu or cap):
+        return UNKNOWN
+    return f"{cpu or 'unknown CPU'} / {cap or 'unknown capability'}"
+
+
+def _same_kind(a: str, b: str) -> bool:
+    """Two runs share a CPU kind only when both kinds are known and equal: a run whose CPU or capability is not
+    recorded cannot be shown to pair with anything (it is listed across kinds, never pooled)."""
+    return a == b and "unknown" not in a
 
 
 def read_runs(folder: Path) -> list[Run]:
@@ -244,8 +256,8 @@ def compare(runs: list[Run], base: Pick, arm: Pick) -> StrategyV3:
     a, b = _at(runs, base.strategy, base.lr), _at(runs, arm.strategy, arm.lr)
     tuning = set(base.seeds) | set(arm.seeds)
     common = sorted(a.keys() & b.keys())
-    same = [k for k in common if a[k].kind == b[k].kind]
-    cross = tuple((k, a[k].kind, b[k].kind) for k in common if a[k].kind != b[k].kind)
+    same = [k for k in common if _same_kind(a[k].kind, b[k].kind)]
+    cross = tuple((k, a[k].kind, b[k].kind) for k in common if not _same_kind(a[k].kind, b[k].kind))
 
     def delta(seeds: list[int]) -> PairedDelta | None:
         return paired_delta([a[k].loss for k in seeds], [b[k].loss for k in seeds]) if seeds else None
