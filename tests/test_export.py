@@ -257,6 +257,25 @@ def test_existing_out_is_never_overwritten(tmp_path, make_cfg):
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("target", ["missing", "empty-dir"])
+def test_a_symlinked_out_is_refused_in_one_line(tmp_path, make_cfg, capsys, target):
+    """--out as a symbolic link (dangling, or to an empty folder) was a raw '[Errno 20] Not a directory' from the
+    final rename; it is refused before any work, naming the link and its target, and the link is left as it was."""
+    model = build_model(make_cfg(), ScaleConfig.preset("baseline"), seed=0)
+    run = _run_dir(tmp_path / "run", model, "baseline", tokenizer=False)
+    dest = tmp_path / target
+    if target == "empty-dir":
+        dest.mkdir()
+    link = tmp_path / "hf"
+    link.symlink_to(dest)
+    assert main(["export", str(run), "--out", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link" in err and str(dest) in err and "Errno" not in err
+    assert link.is_symlink() and os.readlink(link) == str(dest)
+    left = sorted(p.name for p in tmp_path.iterdir())  # no temporary export folder left behind
+    assert left == sorted(["run", "hf"] + (["empty-dir"] if dest.exists() else []))
+
+
 @pytest.mark.parametrize("size", ["abc", "0", "-5GB", ""])
 def test_a_bad_max_shard_size_names_the_flag(tmp_path, size):
     """--max-shard-size that huggingface_hub cannot read, or that is not positive, is refused naming the flag,

@@ -911,6 +911,20 @@ def test_stored_config_with_a_value_of_the_wrong_type_is_refused(config, capsys,
     assert not target.exists()
 
 
+def test_a_dangling_symlink_out_is_one_line_and_a_linked_directory_is_written_through(config, capsys):
+    """--out as a link to a missing directory was a bare '[Errno 17] File exists': it is a one-line error naming
+    the link's target (exit 2) and the link is kept; a link to an existing directory is an ordinary --out."""
+    link = config["root"] / "dangling"
+    link.symlink_to(config["root"] / "nowhere")
+    assert main(["train", "--config", str(config["cfg_file"]), "--out", str(link), "--quiet"]) == 2
+    assert "which does not exist" in one_line_error(capsys, str(config["root"] / "nowhere"))
+    assert link.is_symlink() and not (config["root"] / "nowhere").exists()
+    (config["root"] / "real").mkdir()
+    good = config["root"] / "linked"
+    good.symlink_to(config["root"] / "real")
+    rundir.check_out_dir(good, resume=False, overwrite=False)  # no error: the run is written through the link
+
+
 @pytest.mark.parametrize("betas", ["0.9", "[0.9]", "[0.9,0.95,0.99]", "[0.9,1.5]"])
 def test_bad_betas_name_the_field_and_the_expected_form(config, capsys, betas):
     """optim.betas of one number, one value, three values or a value >= 1: one line naming optim.betas and the

@@ -308,8 +308,12 @@ def copy_remote_code(out_dir: Path) -> None:
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
-    """``out_dir`` as a Path, if writing there overwrites nothing. Raises ``FileExistsError`` otherwise."""
+    """``out_dir`` as a Path, if writing there overwrites nothing. Raises ``FileExistsError`` otherwise, and for a
+    symbolic link (the export is renamed into place, which cannot go through a link: a raw errno otherwise)."""
     out = Path(out_dir)
+    if out.is_symlink():
+        raise FileExistsError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the real directory it "
+                              f"points to, or a new --out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} already exists and is not empty; choose a new directory or remove it")
     return out

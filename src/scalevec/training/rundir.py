@@ -437,10 +437,14 @@ def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     ``--resume``/``--overwrite``) and a non-empty directory that is not a run (``FileExistsError``: only
     runs are overwritten, ``is_run``), to resume what is not a run (``FileNotFoundError``), a diverged run
     (``ValueError``) or one whose ``checkpoints/`` or ``metrics.jsonl`` is a symbolic link (``RunDirError``,
-    ``check_no_links``), and a path under a file (``NotADirectoryError``). The trainer checks it before
+    ``check_no_links``), a path under a file (``NotADirectoryError``) and a dangling symbolic link
+    (``FileNotFoundError``; a link to a directory is written through). The trainer checks it before
     its work and again under the run's lock before anything is written (``Trainer.setup_run_dir``)."""
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other; pick one")
+    if out.is_symlink() and not out.exists():  # mkdir on a dangling link is a bare "[Errno 17] File exists"
+        raise FileNotFoundError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
+                                f"that directory or choose another --out")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
     parent = next((p for p in out.absolute().parents if p.exists()), None)
