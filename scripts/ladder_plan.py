@@ -87,6 +87,7 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     tokens = ladder.run_tokens(params, tokens_per_param, batch_size * seq_len)
     passes = ladder.passes(tokens, corpus)
     name = ladder.horizon_name(rung, corpus, tokens_per_param) + ("-wsd" if schedule == "wsd" else "")
+    grids = ladder.share_lrs(grids)
     union = sorted({x for g in grids.values() for x in g})
     lr_grids = "{" + ", ".join(f"{s}: {grids[s]}" for s in STRATEGIES) + "}"
     confirm = list(range(tuning_seeds, tuning_seeds + 4))
@@ -159,6 +160,7 @@ def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, ma
         grids[s] = [float(f"{lr:.6g}")] if predicted_only else ladder.lr_grid(lr, factor=factor)
         notes.append(f"#   {s}: " + ", ".join(f"N {p[0]:,} -> {p[1]:g}" for p in pts) + f"; predicted {lr:.4g}"
                      + (f" (× {lr_scale:.4g})" if lr_scale != 1 else ""))
+    grids = ladder.share_lrs(grids)
     union = sorted({x for g in grids.values() for x in g})
     seeds = list(range(tuning_seeds))
     lr_grids = "{" + ", ".join(f"{s}: {grids[s]}" for s in STRATEGIES) + "}"

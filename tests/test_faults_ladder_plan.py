@@ -202,3 +202,28 @@ def test_a_damaged_results_csv_is_named_in_one_line(lp, capsys, tmp_path, damage
                    "--out", str(tmp_path / "new.yaml"))
     assert rc == 2 and err.count("\n") == 1 and str(target) in err and "Traceback" not in err, err
     assert snapshot(tmp_path) == before
+
+
+def test_one_lr_reached_by_two_strategies_is_written_once(lp, capsys, tmp_path):
+    """The committed cpu-10k Shakespeare picks (baseline 0.0566 = 0.04·√2, none 0.0283 = 0.04/√2) put baseline's
+    lower and none's upper value on the same lr by two products, which 6-digit rounding wrote as 0.0356359 and
+    0.035636: two lrs in every table and two run names for one lr. The plan writes the first one for both; no two
+    lrs of the file lie within ladder.SAME_LR_REL of each other unless equal."""
+    from scalevec.config_codec import load_yaml
+    from scalevec.experiments import ladder
+    from scalevec.experiments.study import parse
+
+    results = tmp_path / "results"  # the committed picks and evidence, without the cell that has run already
+    for cell in ("ladder-cpu-10k-shakespeare", "cpu-10k-shakespeare", "cpu-10k-shakespeare-tpp100",
+                 "cpu-25k-shakespeare", "cpu-25k-shakespeare-tpp100"):
+        (results / cell).mkdir(parents=True)
+        (results / cell / "results.csv").write_bytes((ROOT / "results" / cell / "results.csv").read_bytes())
+    out = tmp_path / "h.yaml"
+    rc, err = call(lp, capsys, "cpu-10k", "shakespeare", "--tokens-per-param", "100", "--results", str(results),
+                   "--out", str(out))
+    assert rc == 0, err
+    _, plan, _ = parse(load_yaml(out))
+    assert plan.lr_grids["baseline"][0] == plan.lr_grids["none"][2] == 0.0356359  # the same float, written once
+    values = sorted({lr for g in plan.lr_grids.values() for lr in g})
+    assert all(b / a > 1 + ladder.SAME_LR_REL for a, b in zip(values, values[1:])), values
+    assert ladder.share_lrs({"a": [1.0, 2.0], "b": [2.00001, 3.0]}) == {"a": [1.0, 2.0], "b": [2.0, 3.0]}

@@ -147,6 +147,26 @@ def lr_grid(center: float, steps: int = 1, factor: float = GRID_FACTOR) -> list[
     return [float(f"{center * factor ** k:.6g}") for k in range(-steps, steps + 1)]
 
 
+SAME_LR_REL = 1e-4  # lrs closer than this (relative) are one lr written twice: 6-digit rounding of two products
+
+
+def share_lrs(grids: dict[str, list[float]]) -> dict[str, list[float]]:
+    """``grids`` (strategy -> lrs) with every lr that lies within ``SAME_LR_REL`` of one already seen (strategies in
+    order) replaced by it: two centres reached by different products (0.04 × 0.891 and 0.0283 × 0.891 × √2) round
+    to 0.0356359 and 0.035636, which would read as two lrs in every table and make two run names for one lr."""
+    seen: list[float] = []
+    out = {}
+    for strategy, lrs in grids.items():
+        shared = []
+        for lr in lrs:
+            same = next((x for x in seen if abs(lr - x) <= SAME_LR_REL * x), None)
+            if same is None:
+                seen.append(lr)
+            shared.append(lr if same is None else same)
+        out[strategy] = shared
+    return out
+
+
 @dataclass(frozen=True)
 class Trend:
     """Δ(N) = intercept + slope · log10 N for one strategy on one corpus, from the rungs ``points``
@@ -178,7 +198,7 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
 __all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "HORIZONS", "HORIZON_CORPORA", "RUNGS", "RungResult", "SOURCES",
            "TARGET", "TRAIN_TOKENS", "Trend", "folder", "horizon_centre", "horizon_exponent", "horizon_name",
            "lr_grid", "non_embedding_params", "passes", "predict_lr", "read_ladder", "read_rung", "run_tokens",
-           "total_params", "trend"]
+           "share_lrs", "total_params", "trend"]
 
 
 # ---- the horizon axis (issue 35): the ladder's rungs at more tokens per parameter --------------------------------
