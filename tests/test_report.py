@@ -122,21 +122,66 @@ def test_lr_is_tuned_per_strategy_with_edge_warning(tmp_path):
     assert "| 0.003 † |" in (tmp_path / "b" / "report.md").read_text()
 
 
-def test_unfinished_or_diverged_run_is_left_out_and_blocks_its_lr(tmp_path):
-    """Runs without DONE are reported (diverged when their log says so) and their lr cannot win."""
+def test_diverged_run_is_left_out_and_its_lr_counts_as_failed(tmp_path):
+    """A diverged run (no DONE, its log says so) is a result: its lr cannot win, the pick goes on without it."""
     spec = {"base": {**BASE, "preset": "tiny"},
             "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}}
     fabricate(tmp_path, spec)
-    (tmp_path / "runs" / "baseline_lr0.003_s0" / "DONE").unlink()
     (tmp_path / "runs" / "baseline_lr0.01_s0" / "DONE").unlink()
     (tmp_path / "runs" / "baseline_lr0.01_s0.log").write_text("$ train\nnon-finite loss at step 3\n[exit 3]\n")
     a = write_report(tmp_path, quiet=True)
-    assert a.cells[0].results[0].pick.lr == 1e-3 and a.cells[0].results[0].pick.at_edge
-    assert any("not finished" in w and "baseline_lr0.003_s0" in w for w in a.warnings)
+    assert a.cells[0].results[0].pick.lr == 3e-3 and not a.cells[0].results[0].pick.at_edge
+    assert math.isinf(a.cells[0].results[0].pick.mean_loss[1e-2])
     assert any("diverged" in w and "baseline_lr0.01_s0" in w for w in a.warnings)
     rows = {r["run"]: r["status"] for r in read_csv(tmp_path / "runs.csv")}
-    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "unfinished",
-                    "baseline_lr0.01_s0": "diverged"}
+    assert rows == {"baseline_lr0.001_s0": "done", "baseline_lr0.003_s0": "done", "baseline_lr0.01_s0": "diverged"}
+
+
+def test_unfinished_tuning_run_blocks_the_pick_instead_of_losing_to_it(tmp_path, capsys):
+    """An unfinished tuning run may still win: the report must not pick past it (helper-13 found a starred Δ at
+    an lr picked while the best one was still training). unified's best lr 3e-3 is unfinished: unified gets
+    no result, and the baseline, whose runs all finished, is still reported."""
+    spec = {"base": {**BASE, "preset": "tiny"},
+            "grid": {"strategy": ["baseline", "unified"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}}
+    fabricate(tmp_path, spec)
+    (tmp_path / "runs" / "unified_lr0.003_s0" / "DONE").unlink()
+    a = write_report(tmp_path, quiet=True)
+    assert [r.strategy for r in a.cells[0].results] == ["baseline"]
+    assert any("unified" in w and "no optim.lr pick until" in w and "unified_lr0.003_s0" in w for w in a.warnings)
+    # the baseline unfinished too: nothing to compare, and the advice is to rerun (a rerun finishes it)
+    (tmp_path / "runs" / "baseline_lr0.003_s0" / "DONE").unlink()
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to compare yet" in err and "baseline_lr0.003_s0" in err and "rerun it" in err
+
+
+def test_every_lr_diverged_says_a_rerun_changes_nothing(tmp_path, capsys):
+    """With every run diverged no rerun helps (a sweep does not retry diverged runs): the message says to
+    change the grid, not to rerun, and names the lowering of the lr grid."""
+    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3], "seed": [0]}}
+    fabricate(tmp_path, spec)
+    for run in ("baseline_lr0.001_s0", "baseline_lr0.003_s0"):
+        (tmp_path / "runs" / run / "DONE").unlink()
+        (tmp_path / "runs" / f"{run}.log").write_text("$ train\nnon-finite loss at step 3\n[exit 3]\n")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "lower the lr grid" in err and "rerun it" not in err and "a rerun changes nothing" in err
+
+
+def test_done_without_summary_is_refused_by_report_and_sweep_alike(tmp_path, capsys):
+    """DONE without summary.json: a sweep skipped it as finished while the report called it unfinished, so
+    "rerun it" could never help. Both now name the damaged run and the fix (delete its DONE)."""
+    from scalevec.experiments.sweep_grid import run_status
+    from scalevec.training import rundir
+
+    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "seed": [0]}}
+    runs = fabricate(tmp_path, spec)
+    (tmp_path / "runs" / runs[0].name / "summary.json").unlink()
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no summary.json" in err and f"{runs[0].name}/DONE" in err and len(err.splitlines()) == 1
+    with pytest.raises(rundir.RunDirError, match="delete .*DONE to train it again"):
+        run_status(runs[0], tmp_path / "runs")
 
 
 def test_token_efficiency_interpolates_to_baseline_loss(tmp_path):

@@ -127,14 +127,21 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
         for r in runs:
             seeds_of[float(r.flat[tune_key])].add(r.seed)
         common = set.intersection(*seeds_of.values()) if seeds_of else set()
+        # An unfinished tuning run blocks the pick (as ``scalevec study`` waits for it): its value may still win,
+        # and a pick past it would be reported as tuned. A diverged one is a result: its value counts as inf.
+        waiting = sorted(r.name for r in runs if r.seed in common and r.status == "unfinished")
+        if waiting:
+            warnings.append(f"[{label}] {strategy}: no {tune_key} pick until its {len(waiting)} unfinished tuning "
+                            f"run(s) finish ({', '.join(waiting)})")
+            return None
         by_value: dict[float, list[float]] = defaultdict(list)
-        for r in runs:  # an unfinished or diverged run makes its value ineligible (counts as inf)
+        for r in runs:
             if r.seed in common:
                 by_value[float(r.flat[tune_key])].append(r.final_loss)
         try:
             pick = stats.pick_lr(by_value)
-        except ValueError:
-            warnings.append(f"[{label}] {strategy}: no {tune_key} value has all its runs finished")
+        except ValueError as e:  # every value diverged
+            warnings.append(f"[{label}] {strategy}: {e}")
             return None
         if pick.warning:
             warnings.append(f"[{label}] {strategy}: {pick.warning}")
@@ -244,8 +251,9 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
     for status in ("diverged", "unfinished"):
         names = [r.name for r in runs if r.status == status]
         if names:
-            warnings.append(f"{len(names)} run(s) {'diverged' if status == 'diverged' else 'not finished'} "
-                            f"(left out; their lr counts as failed): {', '.join(names)}")
+            why = ("diverged (left out; their lr counts as failed)" if status == "diverged" else
+                   "not finished (left out; one on the tuning seeds holds back its strategy's lr pick)")
+            warnings.append(f"{len(names)} run(s) {why}: {', '.join(names)}")
     scaling = _scaling(cells, setting_keys, labeler, baseline, warnings)
     return Analysis(str(spec.get("name") or ""), baseline, cells, scaling, runs, warnings)
 

@@ -65,7 +65,7 @@ def read_run(path: Path) -> RunRecord:
     skipped). ``RunDirError`` names a damaged file and the fix."""
     cfg = rundir.load_config(path)
     summary = None
-    if rundir.is_done(path) and (path / rundir.SUMMARY).is_file():
+    if rundir.state(path) == "done":  # raises for DONE without summary.json, as a sweep's skip does
         summary = rundir.read_summary(path, fix="retrain the run, or delete its DONE to report it unfinished")
     evals = rundir.read_metrics(path, kind="eval")
     if not evals and summary and not (path / rundir.METRICS).exists():

@@ -128,8 +128,12 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     spec = sweepdir.load_specs(root)
     a = analyze(runs, spec)
     if not a.cells:
-        raise ValueError(f"nothing to compare yet in {root} ({'; '.join(a.warnings)}); finish the sweep first "
-                         f"(rerun it: finished runs are kept)")
+        # a rerun trains only unfinished runs: where none is left, advise what does change the outcome
+        waiting = any(r.status == "unfinished" for r in runs)
+        fix = ("finish the sweep first (rerun it: finished runs are kept)" if waiting else
+               "no run is left to finish, so a rerun changes nothing: change the grid as the warnings say and sweep "
+               "into a new --out")
+        raise ValueError(f"nothing to compare yet in {root} ({'; '.join(a.warnings)}); {fix}")
     try:
         figures = ["loss_curves.png"]
         _figure(plot_loss_curves, a, root / "loss_curves.png")

@@ -421,11 +421,17 @@ def is_diverged(run_dir: str | Path) -> bool:
 
 def state(run_dir: str | Path) -> str:
     """``new`` (nothing there), ``done``, ``diverged``, ``resume`` (a checkpoint to continue from) or
-    ``restart`` (a partial run without one: ``--resume`` starts it from step 0)."""
+    ``restart`` (a partial run without one: ``--resume`` starts it from step 0).
+
+    Raises ``RunDirError`` for ``DONE`` without ``summary.json`` (the trainer writes the summary first, so its
+    result was lost): a sweep would skip it as finished while a report cannot read it."""
     d = Path(run_dir)
     if not d.exists() or not any(p.name != LOCK for p in d.iterdir()):
         return "new"
     if is_done(d):
+        if not (d / SUMMARY).is_file():
+            raise RunDirError(f"{d} has {DONE} but no {SUMMARY}: its result is lost; delete {d / DONE} to train it "
+                              f"again")
         return "done"
     if is_diverged(d):
         return "diverged"
