@@ -116,6 +116,25 @@ def test_sweep_empty_grid_duplicates_bad_yaml_and_directory(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["sweep", "compare", "study"])
+def test_a_dangling_link_above_a_sweep_out_is_one_line(tmp_path, capsys, command):
+    """sweep, compare and study --out below a symbolic link that leads nowhere was mkdir's bare '[Errno 17] File
+    exists': one line (exit 2) naming the link, where it leads and the fix; nothing is created, the link is kept."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nbase: {preset: tiny, train: {steps: 3, batch_size: 4, seq_len: 32}}\n"
+                    "grid: {strategy: [baseline], lr: [1.0e-3], seed: [0]}\n"
+                    + ("study: {extend: 2.0, max_extensions: 1, confirm_seeds: [1]}\n" if command == "study" else ""))
+    link = tmp_path / "dang"
+    link.symlink_to(tmp_path / "nowhere")
+    out = link / "sweeps" / "s"
+    argv = {"sweep": ["sweep", str(spec)], "study": ["study", str(spec)],
+            "compare": ["compare", *TINY_RUN, "--seeds", "1", "--lr", "1e-3"]}[command]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    err = fails(capsys, [*argv, "--out", str(out)], f"--out {out}: {link} is a symbolic link that leads nowhere (to "
+                f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --out")
+    assert "Errno" not in err and sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
 def test_compare_into_a_training_run_is_refused(tmp_path, capsys):
     """compare/sweep --out at a single training run (config.yaml) exits 2 and adds nothing to it."""
     run = tmp_path / "run"

@@ -7,6 +7,7 @@ that a lost or doubled γ shows in the logits; runs use the ``tiny`` preset on t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -196,6 +197,59 @@ def test_bad_inputs_exit_2_and_write_nothing(tmp_path, hf_llama, capsys, case, w
     strategy = "no-such-strategy" if case == "unknown strategy" else "baseline"
     fails(capsys, ["convert", str(src), "--strategy", strategy, "--out", str(out), *extra], *words)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before and (tmp_path / "out" / "keep.txt").read_text() == "x"
+
+
+@pytest.fixture
+def no_conversion(monkeypatch):
+    """The conversion made unreachable: a call of the trainer's set-up or of either writer is recorded (and fails),
+    so a refusal that comes only after the conversion ran shows."""
+    import scalevec.hf.convert as convert_module
+
+    calls = []
+
+    def record(name):
+        def called(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} ran: the out folder was not checked first")
+        return called
+
+    for name in ("_trainer", "_write_run", "_write_export"):
+        monkeypatch.setattr(convert_module, name, record(name))
+    return calls
+
+
+@pytest.mark.parametrize("target", ["empty-dir", "missing"])
+def test_format_hf_refuses_a_linked_out_before_converting(tmp_path, hf_llama, capsys, no_conversion, target):
+    """convert --format hf --out LINK (an export is never written through a link) was refused only after the whole
+    conversion ran (the export's final check); it is refused first, one line naming the link and where it leads,
+    and the link and its target are left as they were."""
+    dest = tmp_path / target
+    if target == "empty-dir":
+        dest.mkdir()
+    link = tmp_path / "hf"
+    link.symlink_to(dest)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    what = "a symbolic link to" if target == "empty-dir" else "a symbolic link that leads nowhere (to"
+    err = fails(capsys, ["convert", str(hf_llama[0]), "--strategy", "baseline", "--out", str(link), "--format", "hf"],
+                f"--out {link} is {what} {os.path.realpath(dest)}")
+    assert "Errno" not in err and no_conversion == []
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before and os.readlink(link) == str(dest)
+
+
+@pytest.mark.parametrize("fmt", ["run", "hf"])
+def test_a_dangling_link_above_out_is_refused_before_converting(tmp_path, hf_llama, capsys, no_conversion, fmt):
+    """--out below a symbolic link that leads nowhere (here a relative one, read from its own folder) was mkdir's
+    raw errno after the conversion; it is refused first, in one line naming the link, for both formats."""
+    (tmp_path / "sub").mkdir()
+    link = tmp_path / "sub" / "dang"
+    link.symlink_to("../nowhere")
+    out = link / "out"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    err = fails(capsys, ["convert", str(hf_llama[0]), "--strategy", "baseline", "--out", str(out), "--format", fmt],
+                f"--out {out}: {link} is a symbolic link that leads nowhere (to "
+                f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --out")
+    assert "Errno" not in err and no_conversion == []
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
 def test_init_from_hf_without_tokenizer_names_the_tokenizer_used(tmp_path, hf_llama, capsys):

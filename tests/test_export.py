@@ -276,6 +276,27 @@ def test_a_symlinked_out_is_refused_in_one_line(tmp_path, make_cfg, capsys, targ
     assert left == sorted(["run", "hf"] + (["empty-dir"] if dest.exists() else []))
 
 
+@pytest.mark.parametrize("how", ["dangling", "relative", "loop"])
+def test_a_broken_link_above_out_is_refused_before_any_work(tmp_path, make_cfg, capsys, how):
+    """--out below a symbolic link that leads nowhere (absolute or relative: read from the link's own folder) or
+    that loops was a raw errno from mkdir; one line (exit 2) names the link and what it truly is, before the model
+    is loaded, and nothing is created or changed."""
+    model = build_model(make_cfg(), ScaleConfig.preset("baseline"), seed=0)
+    run = _run_dir(tmp_path / "run", model, "baseline", tokenizer=False)
+    (tmp_path / "sub").mkdir()
+    link = tmp_path / "sub" / "dang"
+    link.symlink_to({"dangling": str(tmp_path / "nowhere"), "relative": "../nowhere", "loop": "dang"}[how])
+    out = link / "a" / "hf"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["export", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "Errno" not in err, err
+    what = (f"a symbolic link loop ({os.path.realpath(link)} -> {os.path.realpath(link)})" if how == "loop" else
+            f"a symbolic link that leads nowhere (to {os.path.realpath(tmp_path / 'nowhere')})")
+    assert f"--out {out}: {link} is {what}; remove it or choose another --out" in err, err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize("size", ["abc", "0", "-5GB", ""])
 def test_a_bad_max_shard_size_names_the_flag(tmp_path, size):
     """--max-shard-size that huggingface_hub cannot read, or that is not positive, is refused naming the flag,

@@ -917,12 +917,76 @@ def test_a_dangling_symlink_out_is_one_line_and_a_linked_directory_is_written_th
     link = config["root"] / "dangling"
     link.symlink_to(config["root"] / "nowhere")
     assert main(["train", "--config", str(config["cfg_file"]), "--out", str(link), "--quiet"]) == 2
-    assert "which does not exist" in one_line_error(capsys, str(config["root"] / "nowhere"))
+    line = one_line_error(capsys, os.path.realpath(config["root"] / "nowhere"))
+    assert "is a symbolic link that leads nowhere" in line, line
     assert link.is_symlink() and not (config["root"] / "nowhere").exists()
     (config["root"] / "real").mkdir()
     good = config["root"] / "linked"
     good.symlink_to(config["root"] / "real")
     rundir.check_out_dir(good, resume=False, overwrite=False)  # no error: the run is written through the link
+
+
+def refused_in_one_line(capsys, argv: list[str], *words: str) -> str:
+    """Run the CLI: exit 2, one stderr line holding ``words``, no traceback and no raw errno. Returns the line."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "Errno" not in err, err
+    assert all(w in err for w in words), err
+    return err
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (links not followed): a link as its target, a folder as ``dir``."""
+    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else "dir" if p.is_dir() else "file")
+            for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative", "chained"])
+def test_a_dangling_link_above_out_is_one_line_naming_it(config, capsys, monkeypatch, how):
+    """--out below a symbolic link that leads nowhere (one or more levels above it) was mkdir's bare '[Errno 17] File
+    exists': one line (exit 2) naming --out, the link, where it really leads (a relative target read from the link's
+    own folder, a chain followed to its end) and the fix; nothing is created, the link is kept."""
+    root = config["root"] / f"above-{how}"
+    (root / "sub").mkdir(parents=True)
+    monkeypatch.chdir(root)  # --out as a relative path, as typed
+    link, out = Path("sub/dang"), "sub/dang/a/b"
+    if how == "absolute":
+        link.symlink_to(root / "nowhere")
+    elif how == "relative":  # relative to sub/, i.e. root/nowhere; read from the working directory it is elsewhere
+        link.symlink_to("../nowhere")
+    else:
+        link.symlink_to("hop")
+        Path("sub/hop").symlink_to(root / "nowhere")
+    before = tree(root)
+    line = refused_in_one_line(capsys, ["train", "--config", str(config["cfg_file"]), "--out", out, "--quiet"],
+                               f"--out {out}: {link} is a symbolic link that leads nowhere "
+                               f"(to {os.path.realpath(root / 'nowhere')}); remove it or choose another --out")
+    assert "../nowhere" not in line and "hop" not in line
+    assert tree(root) == before and not (root / "nowhere").exists()
+
+
+@pytest.mark.parametrize("where", ["out", "above"])
+def test_a_link_loop_at_or_above_out_says_loop(config, capsys, where):
+    """A symbolic link loop as --out or above it is called a loop (never 'leads nowhere' or an errno's 'Too many
+    levels of symbolic links'), with the circle it goes round; the links are kept. check_no_links names one too."""
+    root = config["root"] / f"loop-{where}"
+    root.mkdir()
+    (root / "l1").symlink_to("l2")
+    (root / "l2").symlink_to("l1")
+    (root / "self").symlink_to("self")
+    real = os.path.realpath(root)
+    for link, circle in [("l1", f"{real}/l1 -> {real}/l2 -> {real}/l1"), ("self", f"{real}/self -> {real}/self")]:
+        out = root / link if where == "out" else root / link / "run"
+        named = f"--out {out} is" if where == "out" else f"--out {out}: {root / link} is"
+        line = refused_in_one_line(capsys, ["train", "--config", str(config["cfg_file"]), "--out", str(out), "--quiet"],
+                                   f"{named} a symbolic link loop ({circle}); remove")
+        assert "nowhere" not in line and "levels" not in line
+    assert tree(root) == {"l1": "-> l2", "l2": "-> l1", "self": "-> self"}
+    run = root / "run"
+    run.mkdir()
+    (run / "checkpoints").symlink_to("checkpoints")
+    with pytest.raises(rundir.RunDirError, match=r"checkpoints is a symbolic link loop \("):
+        rundir.check_no_links(run)
 
 
 @pytest.mark.parametrize("betas", ["0.9", "[0.9]", "[0.9,0.95,0.99]", "[0.9,1.5]"])

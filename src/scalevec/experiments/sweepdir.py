@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from scalevec.config_codec import load_yaml
-from scalevec.training.rundir import LOCK
+from scalevec.training.rundir import LOCK, check_out_path
 
 SPEC_FILE = "sweep.yaml"
 MORE_SPECS = "sweeps"
@@ -51,9 +51,11 @@ def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
     ``sweep.yaml``): a sweep writes ``report.md``, ``results.csv``, ``runs.csv``, figures and specs there, which
     would replace a user's files of those names. A new or empty folder, one that holds only ``spec_file`` (the
     sweep's own file kept beside its results, as ``scripts/gpu_ladder.sh`` does), or a sweep folder passes.
-    Raises ``FileExistsError`` naming a few of the files and the fix, or ``ValueError`` for a ``sweep.yaml`` that
-    is not a sweep's."""
+    Raises ``FileExistsError`` naming a few of the files and the fix, ``ValueError`` for a ``sweep.yaml`` that
+    is not a sweep's, and ``FileNotFoundError`` for a symbolic link that leads nowhere or loops, as ``out`` or a
+    folder above it (``rundir.check_out_path``: creating the folder would fail with a bare errno)."""
     out = Path(out)
+    check_out_path(out)
     own = Path(spec_file).resolve() if spec_file else None
     if not out.is_dir() or all(p.resolve() == own or p.name == LOCK for p in out.iterdir()):  # a study's lock
         return

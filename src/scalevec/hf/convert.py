@@ -45,8 +45,16 @@ FORMATS = ("run", "hf")
 def check_paths(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
     """Refuse an ``--out`` that is ``source`` or a folder above it (``--overwrite`` would delete the source),
     and an existing non-empty ``--out`` unless ``overwrite`` with ``--format run`` (then the trainer applies
-    rundir's rule: only a run directory is emptied, and only of what scalevec wrote). Raises ``ValueError``
-    / ``FileExistsError`` naming the fix."""
+    rundir's rule: only a run directory is emptied, and only of what scalevec wrote). Before any work, as every
+    refusal here: a symbolic link that leads nowhere or loops, as ``--out`` or a folder above it
+    (``rundir.check_out_path``, ``FileNotFoundError``), and with ``--format hf`` an ``--out`` that is any link
+    (``export.refuse_link``: an export is never written through one; ``FileExistsError``). Raises ``ValueError``
+    / ``FileExistsError`` / ``FileNotFoundError`` / ``NotADirectoryError`` naming the fix."""
+    rundir.check_out_path(out)  # first: resolve() below cannot follow a link loop
+    if fmt == "hf":
+        from scalevec.hf.export import refuse_link
+
+        refuse_link(out)
     src, dst = source.resolve(), out.resolve()
     if src == dst or dst in src.parents:
         raise ValueError(f"--out {out} is the source {source} or holds it; choose another --out (the source is "

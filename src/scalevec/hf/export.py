@@ -307,13 +307,26 @@ def copy_remote_code(out_dir: Path) -> None:
 # --------------------------------------------------------------------------------------------- export
 
 
-def check_out_dir(out_dir: str | Path) -> Path:
-    """``out_dir`` as a Path, if writing there overwrites nothing. Raises ``FileExistsError`` otherwise, and for a
-    symbolic link (the export is renamed into place, which cannot go through a link: a raw errno otherwise)."""
-    out = Path(out_dir)
+def refuse_link(out: Path) -> None:
+    """Refuse an export's ``--out`` that is a symbolic link, whatever it points to: the export is renamed into
+    place, which cannot go through a link (a raw errno otherwise). ``FileExistsError`` naming the link, where it
+    leads (``rundir.link_words``) and the fix; ``export`` and ``convert --format hf`` check it before any work."""
+    from scalevec.training.rundir import link_words
+
     if out.is_symlink():
-        raise FileExistsError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the real directory it "
-                              f"points to, or a new --out")
+        raise FileExistsError(f"--out {out} is {link_words(out)}; an export is never written through a link: pass "
+                              f"the real directory it points to, or a new --out")
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path, if writing there overwrites nothing. Raises ``FileNotFoundError`` for a symbolic link
+    that leads nowhere or loops, as ``out_dir`` or a folder above it (``rundir.check_out_path``), ``FileExistsError``
+    for any other link as ``out_dir`` (``refuse_link``) and for an existing file or non-empty directory."""
+    from scalevec.training.rundir import check_out_path
+
+    out = Path(out_dir)
+    check_out_path(out)
+    refuse_link(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"--out {out} already exists and is not empty; choose a new directory or remove it")
     return out

@@ -438,19 +438,80 @@ def state(run_dir: str | Path) -> str:
     return "resume" if checkpoint_dirs(d) else "restart"
 
 
+def _named(path: str) -> str:
+    """``path`` as an absolute path with its folders resolved (``os.path.realpath``) and its last name kept as
+    written, so that a link shows as itself; as written (normalized) when the way there is broken or loops."""
+    head, name = os.path.split(os.path.abspath(path))
+    try:
+        head = os.path.realpath(head, strict=True)
+    except OSError:  # non-strict realpath would invent a path through a loop
+        return os.path.abspath(path)
+    return os.path.join(head, name)
+
+
+def _hop(link: str) -> str:
+    """Where the symbolic link ``link`` points (``_named``): its target read from the link's own folder (a
+    relative target is relative to it, not to the working directory)."""
+    return _named(os.path.join(os.path.dirname(link), os.readlink(link)))
+
+
+def link_words(link: str | Path) -> str:
+    """What the symbolic link ``link`` is, in words that are true for a message: ``a symbolic link to PATH`` (it
+    resolves), ``a symbolic link that leads nowhere (to PATH)`` (nothing there: PATH is where it resolves to, absolute,
+    through every link of a chain), ``a symbolic link loop (A -> B -> A)`` (following it never ends) or ``a symbolic
+    link that cannot be followed (to PATH: why)``. Never a raw errno; a relative target is read from the link's own
+    folder (``os.readlink`` alone would print it as if relative to the working directory)."""
+    link = os.fspath(link)
+    try:
+        os.stat(link)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            chain = [_named(link)]
+            while os.path.islink(chain[-1]) and len(chain) <= 8 and chain[-1] not in chain[:-1]:
+                chain.append(_hop(chain[-1]))
+            if chain[-1] in chain[:-1]:
+                return f"a symbolic link loop ({' -> '.join(chain)})"
+            if len(chain) == 1:  # not a link itself: the way to it loops
+                return "a path through a symbolic link loop"
+            return f"a symbolic link loop (to {chain[1]}, from where the links lead round in a circle)"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return f"a symbolic link that leads nowhere (to {os.path.realpath(link)})"
+        return f"a symbolic link that cannot be followed (to {os.path.realpath(link)}: {one_line(e).lower()})"
+    return f"a symbolic link to {os.path.realpath(link)}"
+
+
+def check_out_path(out: str | Path, flag: str = "--out") -> None:
+    """Refuse an output path that cannot be created because of a broken symbolic link on it: ``out`` itself or a
+    folder above it, up to the first that exists, that is a link leading nowhere, a link loop or a link that
+    cannot be followed (``link_words``); creating the folders would fail with a bare errno from ``mkdir``. The one
+    check of it for every command that writes an ``--out`` (train, convert, export, sweep, compare, study). Raises
+    ``FileNotFoundError``, one line naming the link, where it leads and the fix; nothing is touched."""
+    out = Path(out)
+    for p in (out, *out.parents):
+        try:
+            if p.exists():  # follows links: the first that exists ends the walk (what is above it is fine)
+                return
+            broken = p.is_symlink()
+        except OSError:  # a folder that cannot be searched (permission): the callers' own checks name it
+            return
+        if broken:
+            where = f"{flag} {out} is" if p == out else f"{flag} {out}: {p} is"
+            raise FileNotFoundError(f"{where} {link_words(p)}; remove {'the link' if p == out else 'it'} or "
+                                    f"choose another {flag}")
+
+
 def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     """May a run be written into ``out``? Refuses to clobber an existing run (``FileExistsError`` naming
     ``--resume``/``--overwrite``) and a non-empty directory that is not a run (``FileExistsError``: only
     runs are overwritten, ``is_run``), to resume what is not a run (``FileNotFoundError``), a diverged run
     (``ValueError``) or one whose ``checkpoints/`` or ``metrics.jsonl`` is a symbolic link (``RunDirError``,
-    ``check_no_links``), a path under a file (``NotADirectoryError``) and a dangling symbolic link
-    (``FileNotFoundError``; a link to a directory is written through). The trainer checks it before
-    its work and again under the run's lock before anything is written (``Trainer.setup_run_dir``)."""
+    ``check_no_links``), a path under a file (``NotADirectoryError``) and a symbolic link that leads nowhere or
+    loops, as ``out`` or a folder above it (``FileNotFoundError``, ``check_out_path``; a link to a directory is
+    written through). The trainer checks it before its work and again under the run's lock before anything is
+    written (``Trainer.setup_run_dir``)."""
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other; pick one")
-    if out.is_symlink() and not out.exists():  # mkdir on a dangling link is a bare "[Errno 17] File exists"
-        raise FileNotFoundError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; create "
-                                f"that directory or choose another --out")
+    check_out_path(out)  # mkdir through a dangling link is a bare "[Errno 17] File exists"
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
     parent = next((p for p in out.absolute().parents if p.exists()), None)
@@ -661,15 +722,16 @@ def check_no_links(run_dir: str | Path) -> None:
     for name in NO_LINKS:
         link = Path(run_dir) / name
         if link.is_symlink():
-            raise RunDirError(f"{link} is a symbolic link (to {os.readlink(link)}); a run writes only into its own "
-                              f"files: replace the link by a copy of what it points to, or start a new --out")
+            raise RunDirError(f"{link} is {link_words(link)}; a run writes only into its own files: replace the "
+                              f"link by a copy of what it points to, or start a new --out")
 
 
 __all__ = [
     "CONFIG", "DIVERGED", "DONE", "EVAL", "GROUPS", "KEPT", "LOCK", "META", "METRICS", "RUN_ENTRIES", "RUN_FORMAT",
     "SUMMARY", "TOKENIZER", "TRACKER_ENTRIES", "WANDB_ID", "RunDirError", "RunLock", "RunLocked", "append_metrics",
-    "check_no_links", "check_out_dir", "clean_temporaries", "has_config", "is_diverged", "is_done", "is_run",
-    "last_row", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done", "model_dir_kind",
+    "check_no_links", "check_out_dir", "check_out_path", "clean_temporaries", "has_config", "is_diverged", "is_done",
+    "is_run", "last_row", "link_words", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done",
+    "model_dir_kind",
     "one_line", "read_diverged",
     "read_json", "read_meta", "read_metrics", "read_summary", "remove_run", "rewrite_metrics", "state",
     "tokenizer_dir", "write_atomic", "write_json", "write_meta", "write_run_files", "write_summary",

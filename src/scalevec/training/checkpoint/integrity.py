@@ -36,7 +36,7 @@ from scalevec.training.checkpoint.layout import (
     is_step_name,
     step_of,
 )
-from scalevec.training.rundir import CONFIG, RunDirError, load_config, locked_by, one_line, read_diverged
+from scalevec.training.rundir import CONFIG, RunDirError, link_words, load_config, locked_by, one_line, read_diverged
 
 
 class CorruptCheckpoint(RunDirError):
@@ -210,7 +210,7 @@ def checkpoint_candidates(run_dir: str | Path, before: int | None = None,
 def _unusable(ckpt: Path, steps: int) -> str | None:
     """Why ``ckpt`` must not be resumed from (``checkpoint_candidates``), or ``None``."""
     if ckpt.is_symlink():
-        return f"it is a symbolic link (to {os.readlink(ckpt)}), not a checkpoint of this run; it is never read or " \
+        return f"it is {link_words(ckpt)}, not a checkpoint of this run; it is never read or " \
                "written through"
     if is_legacy(ckpt):
         return "written by an older scalevec in a pickle-based format, which is never loaded (it could run code); " \
@@ -260,7 +260,7 @@ def model_checkpoint(run_dir: str | Path) -> tuple[Path, list[str]]:
         raise RunDirError(f"{run_dir} has no checkpoint (no {CKPT_DIR}/step_*); train it first (or --resume it)")
     ckpt = ckpts[0]
     if ckpt.is_symlink():
-        raise RunDirError(f"{ckpt} is a symbolic link (to {os.readlink(ckpt)}), not a checkpoint of this run; "
+        raise RunDirError(f"{ckpt} is {link_words(ckpt)}, not a checkpoint of this run; "
                           f"refusing to use it: replace it by a copy, or remove it")
     if not (ckpt / MODEL_FILE).is_file():
         raise RunDirError(f"{ckpt} has no {MODEL_FILE} (incomplete or damaged); restore the checkpoint or retrain the "
