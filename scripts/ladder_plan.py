@@ -25,7 +25,7 @@ cells of issue 35's third corpus, ``prose`` (``data/corpora/gutenberg-sotu.txt``
 
 Refusals (one line on stderr, exit 2, nothing written): an ``--out`` that exists (never overwritten), an ``--out``
 whose folder does not exist, a study file whose results folder already has runs, and invalid numbers
-(``--grid-factor`` ≤ 1, ``--val-tokens`` ≤ 0, ``--max-seeds`` / ``--tuning-seeds`` / ``--batch-size`` /
+(``--grid-factor`` ≤ 1.01, ``--val-tokens`` ≤ 0, ``--max-seeds`` / ``--tuning-seeds`` / ``--batch-size`` /
 ``--seq-len`` < 1, ``--lr-scale`` / ``--target`` not positive and finite, ``--tokens-per-param`` above
 10,000, or below 1 for a horizon cell), a horizon cell whose 20-token cell has not reported, and a damaged
 results.csv (named).
@@ -209,8 +209,9 @@ def _check(args: argparse.Namespace) -> str | None:
     """The first invalid argument, as one line (None when all are valid)."""
     def finite_pos(v: float) -> bool:
         return math.isfinite(v) and v > 0
-    if not (math.isfinite(args.grid_factor) and args.grid_factor > 1):
-        return f"--grid-factor {args.grid_factor} must be a finite number > 1 (the grid's spacing, like 1.41421)"
+    if not (math.isfinite(args.grid_factor) and args.grid_factor > 1 + 100 * ladder.SAME_LR_REL):
+        return (f"--grid-factor {args.grid_factor} must be a finite number above {1 + 100 * ladder.SAME_LR_REL:g} "
+                f"(the grid's spacing, like 1.41421; closer values are one lr to the rounding of run names)")
     if args.val_tokens is not None and args.val_tokens <= 0:
         return f"--val-tokens {args.val_tokens} must be > 0 (default: data.val_tokens' 131,072)"
     for flag, v in (("--max-seeds", args.max_seeds), ("--tuning-seeds", args.tuning_seeds),

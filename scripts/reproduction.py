@@ -546,7 +546,7 @@ def _kinds(cell) -> str:
     parts = []
     for k, v in sorted(cell.kinds.items()):
         cpu, _, cap = k.partition(" / ")
-        parts.append(f"{short.get(cpu, cpu)} {cap} ×{v}")
+        parts.append(f"{' '.join(filter(None, (short.get(cpu, cpu), cap)))} ×{v}")  # "unknown" has no " / CAP"
     return ", ".join(parts)
 
 
@@ -674,11 +674,13 @@ FIT_MIN_HELD = 2  # finished held-out seeds every strategy needs at its tuned lr
 
 
 def fit_points(cells: list, results: Path, corpus: str) -> tuple[dict[str, list], list[str]]:
-    """The (N, D) fit's points of one corpus per strategy, and the cells left out with why. A cell without a
-    variant enters only when baseline, none and unified each have ``FIT_MIN_HELD`` finished held-out seeds (not
-    among that strategy's tuning seeds, which carry the winner's curse) at their tuned lr; then every strategy
-    gets that cell's held-out losses. All strategies are fitted on the same cells: a cell that one strategy
-    lacks (still training) would make the compute multipliers compare fits of different data."""
+    """The (N, D) fit's points of one corpus per strategy, and the cells left out with why. A cell's points are
+    its held-out seeds (none among a strategy's tuning seeds, which carry the winner's curse) on which baseline,
+    none and unified each finished at their tuned lr on one known CPU kind (``protocol3.same_kind``): the
+    bootstrap draws a seed for all strategies at once, so a seed stands for one paired comparison, as in protocol
+    v3's Δ. A cell without a variant enters with ``FIT_MIN_HELD`` such seeds; every strategy is fitted on the same
+    cells and seeds: a cell that one strategy lacks (still training) would make the compute multipliers compare
+    fits of different data."""
     from scalevec.experiments import ndfit, protocol3
 
     strategies = ("baseline", *V3_STRATEGIES)
@@ -688,18 +690,26 @@ def fit_points(cells: list, results: Path, corpus: str) -> tuple[dict[str, list]
         if c.corpus != corpus or c.variant:
             continue
         runs = protocol3.read_runs(results / c.name)
-        held = {}
+        held: dict[str, dict[int, protocol3.Run]] = {}
         for s in strategies:
             p = c.picks.get(s)
-            held[s] = [] if p is None else sorted(
-                (r.seed, r.loss) for r in runs if r.strategy == s and r.lr == p.lr and r.done and r.seed not in p.seeds)
-        if any(len(v) < FIT_MIN_HELD for v in held.values()):
+            held[s] = {} if p is None else {r.seed: r for r in runs if r.strategy == s and r.lr == p.lr and r.done
+                                            and r.seed not in p.seeds}
+        shared = sorted(set.intersection(*(set(v) for v in held.values())))
+        seeds = [k for k in shared if all(protocol3.same_kind(held["baseline"][k].kind, held[s][k].kind)
+                                          for s in strategies)]
+        across = len(shared) - len(seeds)
+        if len(seeds) < FIT_MIN_HELD:
             counts = ", ".join(f"{s} {len(v)}" if s in c.picks else f"{s} no lr pick yet" for s, v in held.items())
-            left_out.append(f"`{c.name}` left out: fewer than {FIT_MIN_HELD} finished held-out seeds at the tuned "
-                            f"lr for some strategy ({counts})")
+            left_out.append(f"`{c.name}` left out: fewer than {FIT_MIN_HELD} held-out seeds finished by every "
+                            f"strategy at its tuned lr on one CPU kind (held-out seeds: {counts}"
+                            f"{f'; {across} seed(s) across kinds' if across else ''})")
             continue
-        for s, got in held.items():
-            out[s].append(ndfit.Point(c.n, c.tokens, tuple(g[0] for g in got), tuple(g[1] for g in got)))
+        if across:
+            left_out.append(f"`{c.name}`: {across} held-out seed(s) whose strategies ran on different or unknown "
+                            f"CPU kinds left out of the fit ({len(seeds)} kept)")
+        for s in strategies:
+            out[s].append(ndfit.Point(c.n, c.tokens, tuple(seeds), tuple(held[s][k].loss for k in seeds)))
     return out, left_out
 
 
@@ -755,7 +765,7 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
                 row.append(f"{_num(m)} [{_num(lo)}, {_num(hi)}]{mark}")
             mult.append(f"| {corpus} | {s} | " + " | ".join(row) + " |")
     if left:
-        lines += ["", "Cells not in the fit: " + "; ".join(left) + "."]
+        lines += ["", "Cells and seeds not in the fit: " + "; ".join(left) + "."]
     return lines, {"mult": mult, "fitted": fitted}
 
 

@@ -56,6 +56,7 @@ BAD = [
     ("--lr-scale", "0"), ("--lr-scale", "nan"), ("--tokens-per-param", "0"), ("--tokens-per-param", "-20"),
     ("--tokens-per-param", "inf"), ("--target", "0"), ("--grid-factor", "x"), ("--max-seeds", "1.5"),
     ("--tokens-per-param", "1e308"), ("--tokens-per-param", "1e-300"),  # overflowed; planned a 1-step run
+    ("--grid-factor", "1.00005"),  # neighbours one lr to run names' rounding: share_lrs would have merged them
 ]
 
 
@@ -227,3 +228,6 @@ def test_one_lr_reached_by_two_strategies_is_written_once(lp, capsys, tmp_path):
     values = sorted({lr for g in plan.lr_grids.values() for lr in g})
     assert all(b / a > 1 + ladder.SAME_LR_REL for a, b in zip(values, values[1:])), values
     assert ladder.share_lrs({"a": [1.0, 2.0], "b": [2.00001, 3.0]}) == {"a": [1.0, 2.0], "b": [2.0, 3.0]}
+    # only across strategies: a strategy's own values stay distinct (merged, its 3-value grid became 2 values)
+    assert ladder.share_lrs({"a": [1.0, 1.00005, 2.0]}) == {"a": [1.0, 1.00005, 2.0]}
+    assert ladder.share_lrs({"a": [1.0], "b": [1.00005, 2.0]}) == {"a": [1.0], "b": [1.0, 2.0]}

@@ -165,17 +165,20 @@ def test_an_edge_lr_still_training_leaves_the_tuning_seeds_alone(tmp_path):
     assert cell.arms["unified"].held_seeds == (2, 3, 4, 5)
 
 
-def write_three(folder: Path, held: dict[str, int], n: int, tokens: int) -> None:
+def write_three(folder: Path, held: dict[str, int], n: int, tokens: int,
+                kinds: dict[tuple[str, int], tuple[str, str]] | None = None) -> None:
     """A ladder cell of baseline, none and unified: seeds 0-1 at lrs 0.01 / 0.02 / 0.04 (each picks 0.02), then
-    ``held[strategy]`` held-out seeds (2, 3, ...) at 0.02; ``n`` non-embedding parameters, ``tokens`` per run."""
+    ``held[strategy]`` held-out seeds (2, 3, ...) at 0.02; ``n`` non-embedding parameters, ``tokens`` per run;
+    every run on AMD AVX2 but those ``kinds`` names by (strategy, seed)."""
     rows = []
     for s in ("baseline", "none", "unified"):
         lrs = [(lr, seed) for lr in CURVE for seed in (0, 1)] + [(0.02, k) for k in range(2, 2 + held[s])]
         for lr, seed in lrs:
+            cpu, cap = (kinds or {}).get((s, seed), AMD)
             rows.append({"run": f"{s}_lr{lr:g}_s{seed}", "status": "done", "preset": "cpu-10k", "strategy": s,
                          "optimizer": "adamw", "schedule": "cosine", "lr": lr, "seed": seed,
                          "final_val_loss": CURVE[lr] + 0.001 * seed, "tokens": tokens, "params": 2 * n,
-                         "non_embedding_params": n, "wall_time_s": 1.0, "cpu": AMD[0], "cpu_capability": AMD[1]})
+                         "non_embedding_params": n, "wall_time_s": 1.0, "cpu": cpu, "cpu_capability": cap})
     folder.mkdir(parents=True)
     with (folder / "runs.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=COLUMNS)
@@ -206,6 +209,24 @@ def test_nd_fit_takes_a_cell_only_when_every_strategy_has_two_held_out_seeds(tmp
     assert line.startswith("`ladder-cpu-10k-shakespeare-tpp100` left out") and "baseline 3, none 3, unified 1" in line
     lines, _ = rep.nd_section(read, tmp_path)  # 2 cells per corpus: no fit, but the left-out cell is named
     assert any("`ladder-cpu-10k-shakespeare-tpp100` left out" in ln for ln in lines)
+
+
+def test_nd_fit_keeps_only_seeds_every_strategy_ran_on_one_cpu_kind(tmp_path):
+    """The fit's bootstrap draws a seed for all strategies at once, so a seed is one paired comparison: the 25k
+    cell's seed 3 (unified on Intel, the others on AMD) and the baseline's extra seed 5 (no pair) must stay out of
+    every strategy's points, and the seed across kinds is named."""
+    from test_reproduction_script import _script
+
+    rep = _script()
+    full = {"baseline": 3, "none": 3, "unified": 3}
+    write_three(tmp_path / "ladder-cpu-10k-shakespeare", full, 9660, 400_000)
+    write_three(tmp_path / "ladder-cpu-25k-shakespeare", {**full, "baseline": 4}, 24672, 1_000_000,
+                kinds={("unified", 3): INTEL})
+    pts, left = rep.fit_points(protocol3.read_ladder_cells(tmp_path), tmp_path, "shakespeare")
+    for s in ("baseline", "none", "unified"):
+        assert {p.n: p.seeds for p in pts[s]} == {9660: (2, 3, 4), 24672: (2, 4)}, s
+    (line,) = left
+    assert line.startswith("`ladder-cpu-25k-shakespeare`: 1 held-out seed(s)") and "(2 kept)" in line
 
 
 def test_compute_multipliers_outside_the_fitted_range_are_marked(tmp_path, monkeypatch):
@@ -242,3 +263,26 @@ def test_a_run_whose_cpu_kind_is_not_recorded_pairs_with_none(tmp_path):
     a = cell.arms["unified"]
     assert a.held_seeds == (2, 4, 5) and a.held_out.delta == pytest.approx(0.04 / 3, abs=1e-12)
     assert a.cross_kind == ((3, "unknown CPU / AVX512", "unknown CPU / AVX512"),)
+
+
+@pytest.mark.parametrize("cpu", ["  ", "nan", "NaN", "None", " unknown "])
+def test_a_blank_or_nan_cpu_counts_as_not_recorded(tmp_path, cpu):
+    """runs.csv written by other tools holds "nan" or blanks where no CPU was recorded; those are not a kind
+    ("nan / AVX512" would pair with "nan / AVX512" and pool seed 3's +1 nat pair into Δ)."""
+    held = {**HELD, 3: (2.02, 3.02)}
+    folder = tmp_path / "ladder-cpu-25k-kjv"
+    write_cell(folder, held, kinds={("baseline", 3): (cpu, "AVX512"), ("unified", 3): (cpu, "AVX512")})
+    cell = protocol3.read_cell(folder)
+    assert cell.kinds["unknown CPU / AVX512"] == 2
+    a = cell.arms["unified"]
+    assert a.held_seeds == (2, 4, 5) and a.held_out.delta == pytest.approx(0.04 / 3, abs=1e-12)
+
+
+def test_the_kinds_column_has_no_double_space_for_an_unknown_kind():
+    """A run with no CPU recorded is kind "unknown" (no " / CAP" part): the table read "unknown  ×75"."""
+    from types import SimpleNamespace
+
+    from test_reproduction_script import _script
+
+    kinds = {"unknown": 75, "AMD EPYC / AVX2": 3, "unknown CPU / AVX512": 2}
+    assert _script()._kinds(SimpleNamespace(kinds=kinds)) == "AMD AVX2 ×3, unknown ×75, unknown CPU AVX512 ×2"

@@ -93,6 +93,9 @@ BREAKS = {  # name: (how the file is broken, the line named, the problem's words
     "done without a loss": (lambda p: _set(p, 5, "final_val_loss", ""), 5, "a done run without final_val_loss"),
     "done with a nan loss": (lambda p: _set(p, 5, "final_val_loss", "nan"), 5, "final_val_loss is nan"),
     "tokens not a number": (lambda p: _set(p, 6, "tokens", "many"), 6, "tokens 'many' is not a number"),
+    # read as 0, a blank size made scripts/reproduction.py divide by zero (tokens per parameter)
+    "done without params": (lambda p: _set(p, 5, "params", ""), 5, "a done run without a positive params"),
+    "done with 0 tokens": (lambda p: _set(p, 5, "tokens", "0"), 5, "a done run without a positive tokens"),
     "unknown status": (lambda p: _set(p, 2, "status", "don"), 2, "status 'don' is not one of"),
     "a run listed twice": (_duplicate, 10, "is listed twice (also line 2)"),
     "a missing column": (_drop_column, 1, "the header lacks lr"),

@@ -75,6 +75,7 @@ RUNS_REQUIRED = ("run", "status", "strategy", "lr", "seed", "final_val_loss", "t
                  "non_embedding_params", "wall_time_s")
 RUNS_NUMERIC = tuple(k for k in SUMMARY_COLUMNS if k != "compiled")  # numbers when not blank
 STATUSES = ("done", "diverged", "unfinished")  # records.RunRecord.status
+DONE_SIZES = ("tokens", "params", "non_embedding_params")  # positive numbers in every done row
 
 
 def read_runs_csv(path: str | Path) -> list[dict]:
@@ -86,8 +87,9 @@ def read_runs_csv(path: str | Path) -> list[dict]:
     the file (``scalevec report FOLDER``), when: the file is empty or not CSV, a column of ``RUNS_REQUIRED`` is
     missing, a row has more or fewer fields than the header (a torn or hand-edited line), ``status`` is not one of
     ``STATUSES``, ``lr`` is not a number or ``seed`` not an integer, ``final_val_loss`` is not a finite number in a
-    ``done`` row, a non-blank summary column (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number,
-    or a run is listed twice (it would be counted twice). ``OSError`` when the file cannot be read."""
+    ``done`` row, a ``done`` row's ``DONE_SIZES`` are blank or not positive, a non-blank summary column
+    (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number, or a run is listed twice (it would be
+    counted twice). ``OSError`` when the file cannot be read."""
     path = Path(path)
     fix = f"rewrite it with `scalevec report {path.parent}`"
 
@@ -120,6 +122,9 @@ def read_runs_csv(path: str | Path) -> list[dict]:
                         float(row[k])
                     except ValueError:
                         raise bad(line, f"{k} {row[k]!r} is not a number") from None
+                sizes = [k for k in DONE_SIZES if (k not in numeric or float(row[k]) <= 0)]
+                if row["status"] == "done" and sizes:  # read as 0 they would divide by zero (tokens per parameter)
+                    raise bad(line, f"a done run without a positive {', '.join(sizes)}")
                 if row["status"] == "done" and not math.isfinite(float(row["final_val_loss"])):
                     raise bad(line, f"a done run whose final_val_loss is {row['final_val_loss']} (a diverged run's "
                                     f"status is diverged)")

@@ -153,17 +153,14 @@ SAME_LR_REL = 1e-4  # lrs closer than this (relative) are one lr written twice: 
 def share_lrs(grids: dict[str, list[float]]) -> dict[str, list[float]]:
     """``grids`` (strategy -> lrs) with every lr that lies within ``SAME_LR_REL`` of one already seen (strategies in
     order) replaced by it: two centres reached by different products (0.04 × 0.891 and 0.0283 × 0.891 × √2) round
-    to 0.0356359 and 0.035636, which would read as two lrs in every table and make two run names for one lr."""
+    to 0.0356359 and 0.035636, which would read as two lrs in every table and make two run names for one lr. Only
+    lrs of different strategies are merged: a strategy's own grid keeps every value it has (two of its values so
+    close are a grid factor too near 1, which ``scripts/ladder_plan.py`` refuses)."""
     seen: list[float] = []
     out = {}
     for strategy, lrs in grids.items():
-        shared = []
-        for lr in lrs:
-            same = next((x for x in seen if abs(lr - x) <= SAME_LR_REL * x), None)
-            if same is None:
-                seen.append(lr)
-            shared.append(lr if same is None else same)
-        out[strategy] = shared
+        out[strategy] = [next((x for x in seen if abs(lr - x) <= SAME_LR_REL * x), lr) for lr in lrs]
+        seen += [lr for lr in out[strategy] if lr not in seen]
     return out
 
 

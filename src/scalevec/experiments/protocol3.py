@@ -58,20 +58,29 @@ class Run:
 UNKNOWN = "unknown"
 
 
+MISSING = ("", "nan", "none", "null", "unknown")  # what a csv cell or a json value holds where nothing was recorded
+
+
+def _known(value: object) -> str:
+    """``value`` stripped, or "" where it records nothing (blank, NaN written by pandas, None, "unknown")."""
+    text = str(value if value is not None else "").strip()
+    return "" if text.lower() in MISSING else text
+
+
 def _kind(row: dict, meta: Path) -> str:
-    cpu, cap = row.get("cpu") or "", row.get("cpu_capability") or ""
+    cpu, cap = _known(row.get("cpu")), _known(row.get("cpu_capability"))
     if not (cpu and cap) and meta.is_file():
         try:
             m = json.loads(meta.read_text())
-            cpu, cap = cpu or str(m.get("cpu") or ""), cap or str(m.get("cpu_capability") or "")
-        except (OSError, ValueError):
+            cpu, cap = cpu or _known(m.get("cpu")), cap or _known(m.get("cpu_capability"))
+        except (OSError, ValueError, AttributeError):  # AttributeError: meta.json that is not an object
             pass
     if not (cpu or cap):
         return UNKNOWN
     return f"{cpu or 'unknown CPU'} / {cap or 'unknown capability'}"
 
 
-def _same_kind(a: str, b: str) -> bool:
+def same_kind(a: str, b: str) -> bool:
     """Two runs share a CPU kind only when both kinds are known and equal: a run whose CPU or capability is not
     recorded cannot be shown to pair with anything (it is listed across kinds, never pooled)."""
     return a == b and "unknown" not in a
@@ -83,7 +92,8 @@ def read_runs(folder: Path) -> list[Run]:
     cell still training shows what has finished. Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
     columns where it has them, else the run's ``meta.json``. Empty when the cell has neither (or a header-only
     runs.csv and no finished run). ``ValueError`` (``frames.read_runs_csv``) when runs.csv is torn or lists a run
-    twice, or when a finished run's ``summary.json`` cannot be read."""
+    twice or a finished row lacks its loss, parameter counts or tokens, or when a finished run's ``summary.json``
+    cannot be read."""
     folder = Path(folder)
     out, seen = [], set()
     f = folder / "runs.csv"
@@ -256,8 +266,8 @@ def compare(runs: list[Run], base: Pick, arm: Pick) -> StrategyV3:
     a, b = _at(runs, base.strategy, base.lr), _at(runs, arm.strategy, arm.lr)
     tuning = set(base.seeds) | set(arm.seeds)
     common = sorted(a.keys() & b.keys())
-    same = [k for k in common if _same_kind(a[k].kind, b[k].kind)]
-    cross = tuple((k, a[k].kind, b[k].kind) for k in common if not _same_kind(a[k].kind, b[k].kind))
+    same = [k for k in common if same_kind(a[k].kind, b[k].kind)]
+    cross = tuple((k, a[k].kind, b[k].kind) for k in common if not same_kind(a[k].kind, b[k].kind))
 
     def delta(seeds: list[int]) -> PairedDelta | None:
         return paired_delta([a[k].loss for k in seeds], [b[k].loss for k in seeds]) if seeds else None
@@ -322,4 +332,4 @@ def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, Pa
 
 
 __all__ = ["CellV3", "NOISE_SE", "Pick", "Run", "StrategyV3", "compare", "delta_curve", "neighbour_sd",
-           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_runs", "tuning_seeds"]
+           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_runs", "same_kind", "tuning_seeds"]
