@@ -8,6 +8,7 @@ accounting and the folded parameter count, and the CLI's error handling.
 from __future__ import annotations
 
 import json
+import os
 from contextlib import nullcontext
 
 import pytest
@@ -130,3 +131,21 @@ def test_bench_cli_user_error_exits_2(capsys):
     assert main(["bench", "--preset", "tiny", "--strategies", "baseline,bogus", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bogus" in err[0]
+
+
+def test_bench_refuses_a_dangling_link_above_save(tmp_path, capsys, monkeypatch):
+    """--save below a symbolic link that leads nowhere was open()'s bare '[Errno 2] No such file or directory',
+    after the whole benchmark: one line (exit 2) naming the link, where it leads and the fix, before the benchmark
+    runs; nothing is created."""
+    from scalevec.bench import command
+
+    ran = []
+    monkeypatch.setattr(command, "bench", lambda *a, **k: ran.append(1) or {})
+    link = tmp_path / "dang"
+    os.symlink(tmp_path / "nowhere", link)
+    save = link / "sub" / "bench.json"
+    assert main(["bench", "--preset", "tiny", "--device", "cpu", "--save", str(save)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"scalevec bench: error: --save {save}: {link} is a symbolic link that leads nowhere (to "
+                   f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --save")
+    assert "Errno" not in err and not ran and [p.name for p in tmp_path.iterdir()] == ["dang"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -70,3 +71,19 @@ def test_plot_command_and_report(tmp_path, capsys):
     assert (runs / "gamma_trajectories.png").is_file()
     assert "![gamma_trajectories.png](gamma_trajectories.png)" in (runs / "report.md").read_text()
     assert json.loads((run / "summary.json").read_text())["strategy"] == "unified"
+
+
+def test_plot_refuses_a_dangling_link_above_out(tmp_path, capsys):
+    """--out below a symbolic link that leads nowhere was savefig's bare '[Errno 2] No such file or directory',
+    after the drawing: one line (exit 2) naming the link, where it leads and the fix; nothing is created."""
+    run = tmp_path / "run"
+    fakerun.write_run(run, to_dict(resolve_config("tiny", "unified", ["train.steps=50"])))
+    link = tmp_path / "dang"
+    os.symlink(tmp_path / "nowhere", link)
+    out = link / "sub" / "g.png"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["plot", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"scalevec plot: error: --out {out}: {link} is a symbolic link that leads nowhere (to "
+                   f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --out")
+    assert "Errno" not in err and sorted(str(p) for p in tmp_path.rglob("*")) == before and link.is_symlink()

@@ -1,6 +1,7 @@
 """Prepared data (issue 14): streamed sources, shards, manifest, workers, memory-mapped sampling, resume."""
 
 import json
+import os
 import sys
 import types
 
@@ -264,6 +265,21 @@ def test_errors_write_nothing(tmp_path, capsys):
         P.load_prepared(tmp_path / "p", "bpe:300")
     with pytest.raises(ValueError, match="already prepared"):
         P.prepare_shards(str(tmp_path / "p"), "bytes", tmp_path / "q")
+
+
+def test_a_dangling_link_above_out_is_one_line_naming_it(tmp_path, capsys):
+    """--out below a symbolic link that leads nowhere was mkdir's bare '[Errno 17] File exists': one line (exit 2)
+    naming the link, where it leads and the fix, before the source is read; nothing is created, the link is kept."""
+    src = write_jsonl(tmp_path / "docs.jsonl")
+    link = tmp_path / "dang"
+    os.symlink(tmp_path / "nowhere", link)
+    out = link / "sub"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["prepare-data", str(src), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"scalevec prepare-data: error: --out {out}: {link} is a symbolic link that leads nowhere (to "
+                   f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --out")
+    assert "Errno" not in err and sorted(str(p) for p in tmp_path.rglob("*")) == before and link.is_symlink()
 
 
 # --------------------------------------------------------------------------------------------- reading

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 import torch
@@ -225,6 +226,22 @@ def test_theory_threads_apply_to_the_experiment_only(tmp_path, monkeypatch, caps
         torch.set_num_threads(before)
     assert main(["theory", "magdir", "--out", str(tmp_path / "b"), "--threads", "0"]) == 2
     assert "--threads 0 must be >= 1" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+def test_theory_refuses_a_dangling_link_above_out(tmp_path, capsys, monkeypatch):
+    """--out below a symbolic link that leads nowhere was mkdir's bare '[Errno 17] File exists': one line (exit 2)
+    naming the link, where it leads and the fix, before any experiment runs; nothing is created."""
+    from scalevec.cli import main
+
+    monkeypatch.setattr(lab, "run_experiment", lambda *a, **k: pytest.fail("the experiment ran"))
+    link = tmp_path / "dang"
+    os.symlink(tmp_path / "nowhere", link)
+    out = link / "sub"
+    assert main(["theory", "magdir", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"scalevec theory: error: --out {out}: {link} is a symbolic link that leads nowhere (to "
+                   f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --out")
+    assert "Errno" not in err and [p.name for p in tmp_path.iterdir()] == ["dang"] and link.is_symlink()
 
 
 # ------------------------------------------------------------------ probes

@@ -50,7 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark ``args`` ask for, print its tables (or JSON) and return 0."""
+    """Run the benchmark ``args`` ask for, print its tables (or JSON) and return 0. Raises ``ValueError`` for bad
+    arguments and ``FileNotFoundError`` for a ``--save`` file with a symbolic link that leads nowhere or loops at it
+    or on a folder above it (``rundir.check_out_path``, before the benchmark runs)."""
+    if args.save:
+        from scalevec.training.rundir import check_out_path
+
+        check_out_path(args.save, flag="--save")  # open() below a dangling link: a bare "[Errno 2]", after the run
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     if args.generate:
         r = bench_generate(args.preset, args.strategies, args.new_tokens, rounds=args.steps or 3,

@@ -123,12 +123,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``scalevec plot RUN``: draw RUN's γ trajectories into ``--out``. Raises ``FileNotFoundError`` for a RUN that
+    is not a run directory or a symbolic link that leads nowhere or loops as ``--out`` or a folder above it
+    (``rundir.check_out_path``), ``ValueError`` for an ``--out`` that is not a figure file or a run that logged no
+    scale vectors, and what ``rundir.read_metrics`` raises; all before the figure is written."""
     run_dir = Path(args.run_dir)
     if not rundir.has_config(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a scalevec run directory (no config.yaml); give RUN as train "
                                 f"--out wrote it")
     rows = rundir.read_metrics(run_dir, "train")
     out = Path(args.out) if args.out else run_dir / "gamma_trajectories.png"
+    rundir.check_out_path(out)  # savefig below a dangling link was a bare "[Errno 2]", after the drawing
     if out.is_dir() or out.suffix.lower() not in FIGURE_SUFFIXES:  # matplotlib would write OUT.png and say OUT
         raise ValueError(f"--out {out} is not a figure file; give a path ending in one of "
                          f"{', '.join(sorted(FIGURE_SUFFIXES))} (e.g. {out.with_suffix('.png').name})")

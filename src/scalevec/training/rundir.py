@@ -484,7 +484,8 @@ def check_out_path(out: str | Path, flag: str = "--out") -> None:
     """Refuse an output path that cannot be created because of a broken symbolic link on it: ``out`` itself or a
     folder above it, up to the first that exists, that is a link leading nowhere, a link loop or a link that
     cannot be followed (``link_words``); creating the folders would fail with a bare errno from ``mkdir``. The one
-    check of it for every command that writes an ``--out`` (train, convert, export, sweep, compare, study). Raises
+    check of it for every command that writes an ``--out`` (train, convert, export, sweep, compare, study,
+    prepare-data, theory; plot's figure file and bench's ``--save`` file, ``flag`` naming the option). Raises
     ``FileNotFoundError``, one line naming the link, where it leads and the fix; nothing is touched."""
     out = Path(out)
     for p in (out, *out.parents):
