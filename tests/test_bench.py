@@ -149,3 +149,24 @@ def test_bench_refuses_a_dangling_link_above_save(tmp_path, capsys, monkeypatch)
     assert err == (f"scalevec bench: error: --save {save}: {link} is a symbolic link that leads nowhere (to "
                    f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --save")
     assert "Errno" not in err and not ran and [p.name for p in tmp_path.iterdir()] == ["dang"]
+
+
+def test_bench_save_creates_missing_folders_and_refuses_a_folder_before_the_run(tmp_path, capsys, monkeypatch):
+    """--save missing/dir/b.json was open()'s bare '[Errno 2]' after the whole benchmark: the missing folders are
+    created, as every --out's are. --save at an existing folder was '[Errno 21] Is a directory', also after the
+    benchmark: one line (exit 2) naming the folder and the fix, before the benchmark runs; nothing is created."""
+    from scalevec.bench import command
+
+    ran = []
+    monkeypatch.setattr(command, "bench", lambda *a, **k: ran.append(1) or {"candidates": []})
+    save = tmp_path / "missing" / "dir" / "b.json"
+    assert main(["bench", "--preset", "tiny", "--device", "cpu", "--json", "--save", str(save)]) == 0
+    assert ran == [1] and json.loads(save.read_text()) == {"candidates": []}
+    capsys.readouterr()
+    folder = tmp_path / "missing"
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["bench", "--preset", "tiny", "--device", "cpu", "--save", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"scalevec bench: error: --save {folder} is a folder; give the path of a file to write, e.g. "
+                   f"{folder / 'bench.json'}")
+    assert "Errno" not in err and ran == [1] and sorted(str(p) for p in tmp_path.rglob("*")) == before

@@ -135,6 +135,77 @@ def test_a_dangling_link_above_a_sweep_out_is_one_line(tmp_path, capsys, command
     assert "Errno" not in err and sorted(str(p) for p in tmp_path.rglob("*")) == before
 
 
+OUT_COMMANDS = ["train", "convert", "export", "sweep", "compare", "study", "prepare-data", "theory", "plot", "bench"]
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+def test_an_out_below_a_file_is_one_line_from_every_command(tmp_path, capsys, monkeypatch, command):
+    """An --out (bench: --save) below a regular file was a raw errno: mkdir's '[Errno 17] File exists: 'f'' or
+    '[Errno 20] Not a directory', for plot and bench after the work. Every command that writes an output refuses it
+    through the one check (rundir.check_out_path), before any work: exit 2, one line naming the file and the fix;
+    nothing is created and the file is kept."""
+    import fakerun
+    from scalevec.bench import command as bench_command
+    from scalevec.config_codec import to_dict
+    from scalevec.experiments import gamma_plot
+    from scalevec.experiments.theory import lab
+    from scalevec.resolve import resolve_config
+
+    def no_work(*a, **k):
+        raise AssertionError("the work ran before the refusal")
+
+    monkeypatch.setattr(bench_command, "bench", no_work)
+    monkeypatch.setattr(gamma_plot, "plot_runs", no_work)
+    monkeypatch.setattr(lab, "run_experiment", no_work)
+    run = tmp_path / "run"
+    fakerun.write_run(run, to_dict(resolve_config("tiny", "unified", ["train.steps=50"])))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nbase: {preset: tiny, train: {steps: 3, batch_size: 4, seq_len: 32}}\n"
+                    "grid: {strategy: [baseline], lr: [1.0e-3], seed: [0]}\n"
+                    + ("study: {extend: 2.0, max_extensions: 1, confirm_seeds: [1]}\n" if command == "study" else ""))
+    docs = tmp_path / "d.jsonl"
+    docs.write_text('{"text": "to be or not to be"}\n')
+    f = tmp_path / "f"
+    f.write_text("precious")
+    out = f / "sub" / {"plot": "g.png", "bench": "b.json"}.get(command, "out")
+    flag = "--save" if command == "bench" else "--out"
+    argv = {"train": ["train", *TINY_RUN, "--quiet", *TINY_OVR],
+            "convert": ["convert", str(run), "--strategy", "baseline"],
+            "export": ["export", str(run)],
+            "sweep": ["sweep", str(spec), "--no-report"],
+            "compare": ["compare", *TINY_RUN, "--seeds", "1", "--lr", "1e-3"],
+            "study": ["study", str(spec)],
+            "prepare-data": ["prepare-data", str(docs), "--quiet"],
+            "theory": ["theory", "magdir"],
+            "plot": ["plot", str(run)],
+            "bench": ["bench", "--preset", "tiny", "--device", "cpu"]}[command]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    err = fails(capsys, [*argv, flag, str(out)])
+    assert err == f"scalevec {command}: error: {flag} {out}: {f} is a file, not a folder; choose another {flag}"
+    assert "Errno" not in err and sorted(str(p) for p in tmp_path.rglob("*")) == before
+    assert f.read_text() == "precious"
+
+
+def test_check_out_path_names_what_stands_above_out(tmp_path):
+    """check_out_path: the first existing path above --out must be a folder; a link to a file and a FIFO there are
+    named for what they are; --out itself being a file is the caller's question, a folder above passes."""
+    from scalevec.training.rundir import check_out_path
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    (tmp_path / "flink").symlink_to(f)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(NotADirectoryError, match=rf"^--out {tmp_path}/flink/a/b: {tmp_path}/flink is a symbolic link "
+                                                 rf"to {os.path.realpath(f)}, not a folder; choose another --out$"):
+        check_out_path(tmp_path / "flink" / "a" / "b")
+    with pytest.raises(NotADirectoryError, match=rf"^--save {tmp_path}/fifo/x: {tmp_path}/fifo is not a folder; "
+                                                 rf"choose another --save$"):
+        check_out_path(tmp_path / "fifo" / "x", flag="--save")
+    check_out_path(f)  # what --out itself is: each command's own question
+    check_out_path(tmp_path / "new" / "deeper" / "out")  # missing folders below a folder: created by the command
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "fifo", "flink"]
+
+
 def test_compare_into_a_training_run_is_refused(tmp_path, capsys):
     """compare/sweep --out at a single training run (config.yaml) exits 2 and adds nothing to it."""
     run = tmp_path / "run"

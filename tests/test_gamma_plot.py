@@ -87,3 +87,26 @@ def test_plot_refuses_a_dangling_link_above_out(tmp_path, capsys):
     assert err == (f"scalevec plot: error: --out {out}: {link} is a symbolic link that leads nowhere (to "
                    f"{os.path.realpath(tmp_path / 'nowhere')}); remove it or choose another --out")
     assert "Errno" not in err and sorted(str(p) for p in tmp_path.rglob("*")) == before and link.is_symlink()
+
+
+def test_plot_creates_missing_folders_of_out_and_refuses_a_folder_before_drawing(tmp_path, capsys, monkeypatch):
+    """--out missing/dir/g.png was savefig's bare '[Errno 2] No such file or directory' after the drawing: the
+    missing folders are created, as every --out's are (nothing to draw creates none). An existing folder as --out
+    (even one named like a figure) is one line (exit 2) before anything is drawn; nothing is created."""
+    from scalevec.experiments import gamma_plot
+
+    run = tmp_path / "run"
+    fakerun.write_run(run, to_dict(resolve_config("tiny", "unified", ["train.steps=50"])))
+    out = tmp_path / "missing" / "dir" / "g.png"
+    assert main(["plot", str(run), "--out", str(out)]) == 0
+    assert out.stat().st_size > 5000 and f"plot: {out}" in capsys.readouterr().out
+    assert not plot_runs([("none", [{"kind": "train", "step": 0, "scales": {}}])], tmp_path / "new" / "n.png")
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(gamma_plot, "plot_runs", lambda *a, **k: pytest.fail("the figure was drawn"))
+    folder = tmp_path / "figs.png"
+    folder.mkdir()
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["plot", str(run), "--out", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {folder} is not a figure file" in err and "Errno" not in err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from scalevec.bench.candidates import DEFAULT_STRATEGIES, DENSE, GPU_STRATEGIES, HF
 from scalevec.bench.generate import GENERATE_STRATEGIES, bench_generate
@@ -46,17 +47,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads for torch (default torch's); 1 is steadier on a shared machine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
-    p.add_argument("--save", help="also write the JSON results to this file")
+    p.add_argument("--save", help="also write the JSON results to this file (missing folders are created)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark ``args`` ask for, print its tables (or JSON) and return 0. Raises ``ValueError`` for bad
-    arguments and ``FileNotFoundError`` for a ``--save`` file with a symbolic link that leads nowhere or loops at it
-    or on a folder above it (``rundir.check_out_path``, before the benchmark runs)."""
-    if args.save:
+    """Run the benchmark ``args`` ask for, print its tables (or JSON) and return 0; ``--save`` writes the JSON to its
+    file, creating missing folders above it (as every ``--out`` is created). Raises ``ValueError`` for bad
+    arguments, and before the benchmark runs: ``FileNotFoundError`` for a ``--save`` with a symbolic link that
+    leads nowhere or loops at it or on a folder above it, ``NotADirectoryError`` for one under a file
+    (``rundir.check_out_path``) and ``IsADirectoryError`` for a ``--save`` that is an existing folder."""
+    save = Path(args.save) if args.save else None
+    if save is not None:
         from scalevec.training.rundir import check_out_path
 
-        check_out_path(args.save, flag="--save")  # open() below a dangling link: a bare "[Errno 2]", after the run
+        check_out_path(save, flag="--save")  # open() below a dangling link or a file: a bare errno, after the run
+        if save.is_dir():  # open() would fail with "[Errno 21] Is a directory", after the benchmark
+            raise IsADirectoryError(f"--save {save} is a folder; give the path of a file to write, e.g. "
+                                    f"{save / 'bench.json'}")
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     if args.generate:
         r = bench_generate(args.preset, args.strategies, args.new_tokens, rounds=args.steps or 3,
@@ -65,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
         r = bench(args.preset, args.strategies, args.batch_size, args.seq_len, args.steps or 20, args.warmup,
                   args.compile, args.dtype, args.device, inference=not args.no_inference, memory=not args.no_memory,
                   seed=args.seed, peak=args.peak_tflops, threads=args.threads, log=log)
-    if args.save:
-        with open(args.save, "w") as f:
+    if save is not None:
+        save.parent.mkdir(parents=True, exist_ok=True)
+        with open(save, "w") as f:
             json.dump(r, f, indent=1)
     print(json.dumps(r, indent=1) if args.json else (format_generate_report if args.generate else format_report)(r))
     return 0

@@ -226,9 +226,9 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
     beside ``out`` that is renamed into place at the end, so an interrupted run leaves nothing. Raises
     ``ValueError`` for bad arguments, a bad source, a source that is already prepared or a split left
     empty, ``FileExistsError`` if ``out`` is not empty (and not prepared data with ``overwrite``),
-    ``FileNotFoundError`` for a symbolic link that leads nowhere or loops as ``out`` or a folder above it
-    (``rundir.check_out_path``, before anything is read or written), and what ``iter_documents`` /
-    ``load_tokenizer`` raise.
+    ``FileNotFoundError`` for a symbolic link that leads nowhere or loops as ``out`` or a folder above it and
+    ``NotADirectoryError`` for an ``out`` under a file (``rundir.check_out_path``, before anything is read or
+    written), and what ``iter_documents`` / ``load_tokenizer`` raise.
     """
     if not 0 < val_frac < 1:
         raise ValueError(f"--val-frac {val_frac} must be in (0, 1) (try 0.01 for a large corpus)")
@@ -237,7 +237,7 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
     if workers < 1 or shard_tokens < 1:
         raise ValueError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
     out = Path(out).expanduser()
-    check_out_path(out)  # mkdir through a dangling link is a bare "[Errno 17] File exists"
+    check_out_path(out)  # mkdir through a dangling link or below a file: a bare "[Errno 17]" / "[Errno 20]"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not (overwrite and is_prepared(out)):
             raise FileExistsError(f"{out} exists and is not empty; choose a new --out"

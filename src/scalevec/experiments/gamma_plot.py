@@ -73,8 +73,9 @@ def _draw(ax, series: dict[str, tuple[list[int], list[float]]], title: str) -> N
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], path: Path) -> bool:
-    """One row of panels per ``(label, metrics rows)``, one panel per role (module docstring), written to ``path``.
-    Returns False (nothing written) when no run logged scale vectors."""
+    """One row of panels per ``(label, metrics rows)``, one panel per role (module docstring), written to ``path``
+    (missing folders above it created). Returns False (nothing written, no folder created) when no run logged scale
+    vectors."""
     data = [(label, trajectories(rows)) for label, rows in runs]
     data = [(label, t) for label, t in data if t]
     if not data:
@@ -95,6 +96,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], path: Path) -> bool:
                 else:
                     ax.axis("off")
         fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # as every --out: savefig would fail with "[Errno 2]"
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
@@ -119,21 +121,23 @@ FIGURE_SUFFIXES = {".png", ".pdf", ".svg"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN", help="a scalevec run directory (its metrics.jsonl)")
-    p.add_argument("--out", help="the figure to write (default RUN/gamma_trajectories.png)")
+    p.add_argument("--out", help="the figure to write, .png, .pdf or .svg; missing folders are created (default "
+                                 "RUN/gamma_trajectories.png)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """``scalevec plot RUN``: draw RUN's γ trajectories into ``--out``. Raises ``FileNotFoundError`` for a RUN that
-    is not a run directory or a symbolic link that leads nowhere or loops as ``--out`` or a folder above it
-    (``rundir.check_out_path``), ``ValueError`` for an ``--out`` that is not a figure file or a run that logged no
-    scale vectors, and what ``rundir.read_metrics`` raises; all before the figure is written."""
+    """``scalevec plot RUN``: draw RUN's γ trajectories into ``--out`` (missing folders above it created). Raises
+    ``FileNotFoundError`` for a RUN that is not a run directory or a symbolic link that leads nowhere or loops as
+    ``--out`` or a folder above it and ``NotADirectoryError`` for an ``--out`` under a file (``rundir.check_out_path``),
+    ``ValueError`` for an ``--out`` that is not a figure file (an existing folder included) or a run that logged no
+    scale vectors, and what ``rundir.read_metrics`` raises; all before anything is drawn or written."""
     run_dir = Path(args.run_dir)
     if not rundir.has_config(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a scalevec run directory (no config.yaml); give RUN as train "
                                 f"--out wrote it")
     rows = rundir.read_metrics(run_dir, "train")
     out = Path(args.out) if args.out else run_dir / "gamma_trajectories.png"
-    rundir.check_out_path(out)  # savefig below a dangling link was a bare "[Errno 2]", after the drawing
+    rundir.check_out_path(out)  # savefig below a dangling link or a file was a bare errno, after the drawing
     if out.is_dir() or out.suffix.lower() not in FIGURE_SUFFIXES:  # matplotlib would write OUT.png and say OUT
         raise ValueError(f"--out {out} is not a figure file; give a path ending in one of "
                          f"{', '.join(sorted(FIGURE_SUFFIXES))} (e.g. {out.with_suffix('.png').name})")

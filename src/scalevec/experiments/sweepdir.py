@@ -52,8 +52,9 @@ def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
     would replace a user's files of those names. A new or empty folder, one that holds only ``spec_file`` (the
     sweep's own file kept beside its results, as ``scripts/gpu_ladder.sh`` does), or a sweep folder passes.
     Raises ``FileExistsError`` naming a few of the files and the fix, ``ValueError`` for a ``sweep.yaml`` that
-    is not a sweep's, and ``FileNotFoundError`` for a symbolic link that leads nowhere or loops, as ``out`` or a
-    folder above it (``rundir.check_out_path``: creating the folder would fail with a bare errno)."""
+    is not a sweep's, ``FileNotFoundError`` for a symbolic link that leads nowhere or loops, as ``out`` or a
+    folder above it, and ``NotADirectoryError`` for an ``out`` under a file (``rundir.check_out_path``: creating
+    the folder would fail with a bare errno)."""
     out = Path(out)
     check_out_path(out)
     own = Path(spec_file).resolve() if spec_file else None

@@ -46,10 +46,10 @@ def check_paths(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
     """Refuse an ``--out`` that is ``source`` or a folder above it (``--overwrite`` would delete the source),
     and an existing non-empty ``--out`` unless ``overwrite`` with ``--format run`` (then the trainer applies
     rundir's rule: only a run directory is emptied, and only of what scalevec wrote). Before any work, as every
-    refusal here: a symbolic link that leads nowhere or loops, as ``--out`` or a folder above it
-    (``rundir.check_out_path``, ``FileNotFoundError``), and with ``--format hf`` an ``--out`` that is any link
-    (``export.refuse_link``: an export is never written through one; ``FileExistsError``). Raises ``ValueError``
-    / ``FileExistsError`` / ``FileNotFoundError`` / ``NotADirectoryError`` naming the fix."""
+    refusal here: a symbolic link that leads nowhere or loops, as ``--out`` or a folder above it, and a path under
+    a file (``rundir.check_out_path``: ``FileNotFoundError`` / ``NotADirectoryError``), and with ``--format hf`` an
+    ``--out`` that is any link (``export.refuse_link``: an export is never written through one; ``FileExistsError``).
+    Raises ``ValueError`` / ``FileExistsError`` / ``FileNotFoundError`` / ``NotADirectoryError`` naming the fix."""
     rundir.check_out_path(out)  # first: resolve() below cannot follow a link loop
     if fmt == "hf":
         from scalevec.hf.export import refuse_link
@@ -62,9 +62,6 @@ def check_paths(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file, not a directory; choose a new --out (convert writes "
                               f"a directory and never replaces a file)")
-    blocker = next((a for a in out.absolute().parents if a.exists() and not a.is_dir()), None)
-    if blocker is not None:
-        raise NotADirectoryError(f"{blocker} is a file, so --out {out} cannot be created; choose another --out")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if fmt == "hf":

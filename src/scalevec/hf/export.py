@@ -320,8 +320,9 @@ def refuse_link(out: Path) -> None:
 
 def check_out_dir(out_dir: str | Path) -> Path:
     """``out_dir`` as a Path, if writing there overwrites nothing. Raises ``FileNotFoundError`` for a symbolic link
-    that leads nowhere or loops, as ``out_dir`` or a folder above it (``rundir.check_out_path``), ``FileExistsError``
-    for any other link as ``out_dir`` (``refuse_link``) and for an existing file or non-empty directory."""
+    that leads nowhere or loops, as ``out_dir`` or a folder above it, ``NotADirectoryError`` for one under a file
+    (``rundir.check_out_path``), ``FileExistsError`` for any other link as ``out_dir`` (``refuse_link``) and for an
+    existing file or non-empty directory."""
     from scalevec.training.rundir import check_out_path
 
     out = Path(out_dir)

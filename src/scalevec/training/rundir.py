@@ -481,19 +481,27 @@ def link_words(link: str | Path) -> str:
 
 
 def check_out_path(out: str | Path, flag: str = "--out") -> None:
-    """Refuse an output path that cannot be created because of a broken symbolic link on it: ``out`` itself or a
-    folder above it, up to the first that exists, that is a link leading nowhere, a link loop or a link that
-    cannot be followed (``link_words``); creating the folders would fail with a bare errno from ``mkdir``. The one
-    check of it for every command that writes an ``--out`` (train, convert, export, sweep, compare, study,
-    prepare-data, theory; plot's figure file and bench's ``--save`` file, ``flag`` naming the option). Raises
-    ``FileNotFoundError``, one line naming the link, where it leads and the fix; nothing is touched."""
+    """Refuse an output path that cannot be created: ``out`` itself or a folder above it, up to the first that
+    exists, that is a symbolic link leading nowhere, a link loop or a link that cannot be followed (``link_words``;
+    ``FileNotFoundError``), or a first existing path above ``out`` that is a file, not a folder
+    (``NotADirectoryError``); creating the folders would fail with a bare errno from ``mkdir`` or ``open``
+    ("[Errno 17] File exists", "[Errno 20] Not a directory"). The one check of it for every command that writes an
+    ``--out`` (train, convert, export, sweep, compare, study, prepare-data, theory; plot's figure file and bench's
+    ``--save`` file, ``flag`` naming the option); what ``out`` itself is, when it exists, is the caller's question.
+    Raises one line naming the path, what it is and the fix; nothing is touched."""
     out = Path(out)
     for p in (out, *out.parents):
         try:
-            if p.exists():  # follows links: the first that exists ends the walk (what is above it is fine)
-                return
-            broken = p.is_symlink()
+            exists = p.exists()  # follows links: the first that exists ends the walk (what is above it is fine)
+            folder = exists and p.is_dir()
+            broken = not exists and p.is_symlink()
         except OSError:  # a folder that cannot be searched (permission): the callers' own checks name it
+            return
+        if exists:
+            if p != out and not folder:  # mkdir: "[Errno 17] File exists", open: "[Errno 20] Not a directory"
+                what = (f"{link_words(p)}, not a folder" if p.is_symlink() else
+                        "a file, not a folder" if p.is_file() else "not a folder")
+                raise NotADirectoryError(f"{flag} {out}: {p} is {what}; choose another {flag}")
             return
         if broken:
             where = f"{flag} {out} is" if p == out else f"{flag} {out}: {p} is"
@@ -506,18 +514,15 @@ def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     ``--resume``/``--overwrite``) and a non-empty directory that is not a run (``FileExistsError``: only
     runs are overwritten, ``is_run``), to resume what is not a run (``FileNotFoundError``), a diverged run
     (``ValueError``) or one whose ``checkpoints/`` or ``metrics.jsonl`` is a symbolic link (``RunDirError``,
-    ``check_no_links``), a path under a file (``NotADirectoryError``) and a symbolic link that leads nowhere or
-    loops, as ``out`` or a folder above it (``FileNotFoundError``, ``check_out_path``; a link to a directory is
-    written through). The trainer checks it before its work and again under the run's lock before anything is
-    written (``Trainer.setup_run_dir``)."""
+    ``check_no_links``), an ``out`` that is a file (``NotADirectoryError``), and, from ``check_out_path``, a path
+    under a file (``NotADirectoryError``) and a symbolic link that leads nowhere or loops, as ``out`` or a folder
+    above it (``FileNotFoundError``; a link to a directory is written through). The trainer checks it before its
+    work and again under the run's lock before anything is written (``Trainer.setup_run_dir``)."""
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other; pick one")
-    check_out_path(out)  # mkdir through a dangling link is a bare "[Errno 17] File exists"
+    check_out_path(out)  # a dangling link or a file above out: mkdir's bare "[Errno 17]" / "[Errno 20]"
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
-    parent = next((p for p in out.absolute().parents if p.exists()), None)
-    if not out.exists() and parent is not None and not parent.is_dir():
-        raise NotADirectoryError(f"{parent} is a file, so --out {out} cannot be created; choose another --out")
     existing = out.is_dir() and any(p.name != LOCK for p in out.iterdir())
     why = _not_a_run(out, config=resume) if existing else None
     if resume:
