@@ -142,7 +142,7 @@ OUT_COMMANDS = ["train", "convert", "export", "sweep", "compare", "study", "prep
 def test_an_out_below_a_file_is_one_line_from_every_command(tmp_path, capsys, monkeypatch, command):
     """An --out (bench: --save) below a regular file was a raw errno: mkdir's '[Errno 17] File exists: 'f'' or
     '[Errno 20] Not a directory', for plot and bench after the work. Every command that writes an output refuses it
-    through the one check (rundir.check_out_path), before any work: exit 2, one line naming the file and the fix;
+    through the one check (outpath.check_out_path), before any work: exit 2, one line naming the file and the fix;
     nothing is created and the file is kept."""
     import fakerun
     from scalevec.bench import command as bench_command
@@ -189,7 +189,7 @@ def test_an_out_below_a_file_is_one_line_from_every_command(tmp_path, capsys, mo
 def test_check_out_path_names_what_stands_above_out(tmp_path):
     """check_out_path: the first existing path above --out must be a folder; a link to a file and a FIFO there are
     named for what they are; --out itself being a file is the caller's question, a folder above passes."""
-    from scalevec.training.rundir import check_out_path
+    from scalevec.outpath import check_out_path
 
     f = tmp_path / "f"
     f.write_text("x")

@@ -20,6 +20,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # name map and its reader, safetensors only) sits below training because `train --init-from` reads Hugging
 # Face checkpoints; `hf` (export, generate, eval: transformers, lm-eval) reads finished runs, on top.
 LAYERS = [
+    # output paths (outpath): the standard library only, the one check every command's --out goes through
+    ("files", ["scalevec.outpath"]),
     # the schemas (config), their codec (config_codec), the run arithmetic (run_budget), presets, the resolution
     ("config", ["scalevec.config", "scalevec.config_codec", "scalevec.run_budget", "scalevec.presets",
                 "scalevec.resolve"]),

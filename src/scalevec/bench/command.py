@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
     file, creating missing folders above it (as every ``--out`` is created). Raises ``ValueError`` for bad
     arguments, and before the benchmark runs: ``FileNotFoundError`` for a ``--save`` with a symbolic link that
     leads nowhere or loops at it or on a folder above it, ``NotADirectoryError`` for one under a file
-    (``rundir.check_out_path``) and ``IsADirectoryError`` for a ``--save`` that is an existing folder."""
+    (``outpath.check_out_path``) and ``IsADirectoryError`` for a ``--save`` that is an existing folder."""
     save = Path(args.save) if args.save else None
     if save is not None:
-        from scalevec.training.rundir import check_out_path
+        from scalevec.outpath import check_out_path
 
         check_out_path(save, flag="--save")  # open() below a dangling link or a file: a bare errno, after the run
         if save.is_dir():  # open() would fail with "[Errno 21] Is a directory", after the benchmark

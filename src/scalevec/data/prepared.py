@@ -65,7 +65,7 @@ from scalevec.data.tokenizer import (
     train_bpe,
 )
 from scalevec.data.tokens import TOKEN_DTYPES, TokenData, token_dtype
-from scalevec.training.rundir import check_out_path
+from scalevec.outpath import check_out_path
 
 MANIFEST = "manifest.json"
 FORMAT = "scalevec-prepared"
@@ -227,7 +227,7 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
     ``ValueError`` for bad arguments, a bad source, a source that is already prepared or a split left
     empty, ``FileExistsError`` if ``out`` is not empty (and not prepared data with ``overwrite``),
     ``FileNotFoundError`` for a symbolic link that leads nowhere or loops as ``out`` or a folder above it and
-    ``NotADirectoryError`` for an ``out`` under a file (``rundir.check_out_path``, before anything is read or
+    ``NotADirectoryError`` for an ``out`` under a file (``outpath.check_out_path``, before anything is read or
     written), and what ``iter_documents`` / ``load_tokenizer`` raise.
     """
     if not 0 < val_frac < 1:

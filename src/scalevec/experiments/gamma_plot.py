@@ -16,6 +16,7 @@ import math
 import re
 from pathlib import Path
 
+from scalevec import outpath
 from scalevec.training import rundir
 
 _LAYER = re.compile(r"layers\.(\d+)\.")
@@ -128,16 +129,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """``scalevec plot RUN``: draw RUN's γ trajectories into ``--out`` (missing folders above it created). Raises
     ``FileNotFoundError`` for a RUN that is not a run directory or a symbolic link that leads nowhere or loops as
-    ``--out`` or a folder above it and ``NotADirectoryError`` for an ``--out`` under a file (``rundir.check_out_path``),
-    ``ValueError`` for an ``--out`` that is not a figure file (an existing folder included) or a run that logged no
-    scale vectors, and what ``rundir.read_metrics`` raises; all before anything is drawn or written."""
+    ``--out`` or a folder above it and ``NotADirectoryError`` for an ``--out`` under a file
+    (``outpath.check_out_path``), ``ValueError`` for an ``--out`` that is not a figure file (an existing folder
+    included) or a run that logged no scale vectors, and what ``rundir.read_metrics`` raises; all before anything is
+    drawn or written."""
     run_dir = Path(args.run_dir)
     if not rundir.has_config(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a scalevec run directory (no config.yaml); give RUN as train "
                                 f"--out wrote it")
     rows = rundir.read_metrics(run_dir, "train")
     out = Path(args.out) if args.out else run_dir / "gamma_trajectories.png"
-    rundir.check_out_path(out)  # savefig below a dangling link or a file was a bare errno, after the drawing
+    outpath.check_out_path(out)  # savefig below a dangling link or a file was a bare errno, after the drawing
     if out.is_dir() or out.suffix.lower() not in FIGURE_SUFFIXES:  # matplotlib would write OUT.png and say OUT
         raise ValueError(f"--out {out} is not a figure file; give a path ending in one of "
                          f"{', '.join(sorted(FIGURE_SUFFIXES))} (e.g. {out.with_suffix('.png').name})")

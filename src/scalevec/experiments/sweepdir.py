@@ -53,7 +53,7 @@ def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
     sweep's own file kept beside its results, as ``scripts/gpu_ladder.sh`` does), or a sweep folder passes.
     Raises ``FileExistsError`` naming a few of the files and the fix, ``ValueError`` for a ``sweep.yaml`` that
     is not a sweep's, ``FileNotFoundError`` for a symbolic link that leads nowhere or loops, as ``out`` or a
-    folder above it, and ``NotADirectoryError`` for an ``out`` under a file (``rundir.check_out_path``: creating
+    folder above it, and ``NotADirectoryError`` for an ``out`` under a file (``outpath.check_out_path``: creating
     the folder would fail with a bare errno)."""
     out = Path(out)
     check_out_path(out)

@@ -34,6 +34,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from scalevec import outpath
 from scalevec.run_budget import total_steps, usable_cpus
 from scalevec.training import distributed, init_from, rundir
 from scalevec.training.command import config_from_args
@@ -47,10 +48,10 @@ def check_paths(source: Path, out: Path, fmt: str, overwrite: bool) -> None:
     and an existing non-empty ``--out`` unless ``overwrite`` with ``--format run`` (then the trainer applies
     rundir's rule: only a run directory is emptied, and only of what scalevec wrote). Before any work, as every
     refusal here: a symbolic link that leads nowhere or loops, as ``--out`` or a folder above it, and a path under
-    a file (``rundir.check_out_path``: ``FileNotFoundError`` / ``NotADirectoryError``), and with ``--format hf`` an
+    a file (``outpath.check_out_path``: ``FileNotFoundError`` / ``NotADirectoryError``), and with ``--format hf`` an
     ``--out`` that is any link (``export.refuse_link``: an export is never written through one; ``FileExistsError``).
     Raises ``ValueError`` / ``FileExistsError`` / ``FileNotFoundError`` / ``NotADirectoryError`` naming the fix."""
-    rundir.check_out_path(out)  # first: resolve() below cannot follow a link loop
+    outpath.check_out_path(out)  # first: resolve() below cannot follow a link loop
     if fmt == "hf":
         from scalevec.hf.export import refuse_link
 

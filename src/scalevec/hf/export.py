@@ -310,8 +310,8 @@ def copy_remote_code(out_dir: Path) -> None:
 def refuse_link(out: Path) -> None:
     """Refuse an export's ``--out`` that is a symbolic link, whatever it points to: the export is renamed into
     place, which cannot go through a link (a raw errno otherwise). ``FileExistsError`` naming the link, where it
-    leads (``rundir.link_words``) and the fix; ``export`` and ``convert --format hf`` check it before any work."""
-    from scalevec.training.rundir import link_words
+    leads (``outpath.link_words``) and the fix; ``export`` and ``convert --format hf`` check it before any work."""
+    from scalevec.outpath import link_words
 
     if out.is_symlink():
         raise FileExistsError(f"--out {out} is {link_words(out)}; an export is never written through a link: pass "
@@ -321,9 +321,9 @@ def refuse_link(out: Path) -> None:
 def check_out_dir(out_dir: str | Path) -> Path:
     """``out_dir`` as a Path, if writing there overwrites nothing. Raises ``FileNotFoundError`` for a symbolic link
     that leads nowhere or loops, as ``out_dir`` or a folder above it, ``NotADirectoryError`` for one under a file
-    (``rundir.check_out_path``), ``FileExistsError`` for any other link as ``out_dir`` (``refuse_link``) and for an
+    (``outpath.check_out_path``), ``FileExistsError`` for any other link as ``out_dir`` (``refuse_link``) and for an
     existing file or non-empty directory."""
-    from scalevec.training.rundir import check_out_path
+    from scalevec.outpath import check_out_path
 
     out = Path(out_dir)
     check_out_path(out)

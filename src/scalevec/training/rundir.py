@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.hf_format.names import HF_CONFIG
+from scalevec.outpath import check_out_path, link_words, one_line  # rundir's own messages use them too
 from scalevec.training.checkpoint.layout import CKPT_DIR, checkpoint_dirs, owned_entry
 
 CONFIG = "config.yaml"
@@ -85,12 +86,6 @@ class RunDirError(ValueError):
 
 class RunLocked(RunDirError):
     """Another process holds the run directory's lock."""
-
-
-def one_line(e: BaseException) -> str:
-    """An error's text on one line (an ``OSError``'s strerror; the type's name when there is no text)."""
-    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    return " ".join(str(text).split())
 
 
 # ----------------------------------------------------------------------------------------- plain files
@@ -438,77 +433,6 @@ def state(run_dir: str | Path) -> str:
     return "resume" if checkpoint_dirs(d) else "restart"
 
 
-def _named(path: str) -> str:
-    """``path`` as an absolute path with its folders resolved (``os.path.realpath``) and its last name kept as
-    written, so that a link shows as itself; as written (normalized) when the way there is broken or loops."""
-    head, name = os.path.split(os.path.abspath(path))
-    try:
-        head = os.path.realpath(head, strict=True)
-    except OSError:  # non-strict realpath would invent a path through a loop
-        return os.path.abspath(path)
-    return os.path.join(head, name)
-
-
-def _hop(link: str) -> str:
-    """Where the symbolic link ``link`` points (``_named``): its target read from the link's own folder (a
-    relative target is relative to it, not to the working directory)."""
-    return _named(os.path.join(os.path.dirname(link), os.readlink(link)))
-
-
-def link_words(link: str | Path) -> str:
-    """What the symbolic link ``link`` is, in words that are true for a message: ``a symbolic link to PATH`` (it
-    resolves), ``a symbolic link that leads nowhere (to PATH)`` (nothing there: PATH is where it resolves to, absolute,
-    through every link of a chain), ``a symbolic link loop (A -> B -> A)`` (following it never ends) or ``a symbolic
-    link that cannot be followed (to PATH: why)``. Never a raw errno; a relative target is read from the link's own
-    folder (``os.readlink`` alone would print it as if relative to the working directory)."""
-    link = os.fspath(link)
-    try:
-        os.stat(link)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            chain = [_named(link)]
-            while os.path.islink(chain[-1]) and len(chain) <= 8 and chain[-1] not in chain[:-1]:
-                chain.append(_hop(chain[-1]))
-            if chain[-1] in chain[:-1]:
-                return f"a symbolic link loop ({' -> '.join(chain)})"
-            if len(chain) == 1:  # not a link itself: the way to it loops
-                return "a path through a symbolic link loop"
-            return f"a symbolic link loop (to {chain[1]}, from where the links lead round in a circle)"
-        if e.errno in (errno.ENOENT, errno.ENOTDIR):
-            return f"a symbolic link that leads nowhere (to {os.path.realpath(link)})"
-        return f"a symbolic link that cannot be followed (to {os.path.realpath(link)}: {one_line(e).lower()})"
-    return f"a symbolic link to {os.path.realpath(link)}"
-
-
-def check_out_path(out: str | Path, flag: str = "--out") -> None:
-    """Refuse an output path that cannot be created: ``out`` itself or a folder above it, up to the first that
-    exists, that is a symbolic link leading nowhere, a link loop or a link that cannot be followed (``link_words``;
-    ``FileNotFoundError``), or a first existing path above ``out`` that is a file, not a folder
-    (``NotADirectoryError``); creating the folders would fail with a bare errno from ``mkdir`` or ``open``
-    ("[Errno 17] File exists", "[Errno 20] Not a directory"). The one check of it for every command that writes an
-    ``--out`` (train, convert, export, sweep, compare, study, prepare-data, theory; plot's figure file and bench's
-    ``--save`` file, ``flag`` naming the option); what ``out`` itself is, when it exists, is the caller's question.
-    Raises one line naming the path, what it is and the fix; nothing is touched."""
-    out = Path(out)
-    for p in (out, *out.parents):
-        try:
-            exists = p.exists()  # follows links: the first that exists ends the walk (what is above it is fine)
-            folder = exists and p.is_dir()
-            broken = not exists and p.is_symlink()
-        except OSError:  # a folder that cannot be searched (permission): the callers' own checks name it
-            return
-        if exists:
-            if p != out and not folder:  # mkdir: "[Errno 17] File exists", open: "[Errno 20] Not a directory"
-                what = (f"{link_words(p)}, not a folder" if p.is_symlink() else
-                        "a file, not a folder" if p.is_file() else "not a folder")
-                raise NotADirectoryError(f"{flag} {out}: {p} is {what}; choose another {flag}")
-            return
-        if broken:
-            where = f"{flag} {out} is" if p == out else f"{flag} {out}: {p} is"
-            raise FileNotFoundError(f"{where} {link_words(p)}; remove {'the link' if p == out else 'it'} or "
-                                    f"choose another {flag}")
-
-
 def check_out_dir(out: Path, resume: bool, overwrite: bool) -> None:
     """May a run be written into ``out``? Refuses to clobber an existing run (``FileExistsError`` naming
     ``--resume``/``--overwrite``) and a non-empty directory that is not a run (``FileExistsError``: only
@@ -735,8 +659,8 @@ def check_no_links(run_dir: str | Path) -> None:
 __all__ = [
     "CONFIG", "DIVERGED", "DONE", "EVAL", "GROUPS", "KEPT", "LOCK", "META", "METRICS", "RUN_ENTRIES", "RUN_FORMAT",
     "SUMMARY", "TOKENIZER", "TRACKER_ENTRIES", "WANDB_ID", "RunDirError", "RunLock", "RunLocked", "append_metrics",
-    "check_no_links", "check_out_dir", "check_out_path", "clean_temporaries", "has_config", "is_diverged", "is_done",
-    "is_run", "last_row", "link_words", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done",
+    "check_no_links", "check_out_dir", "clean_temporaries", "has_config", "is_diverged", "is_done",
+    "is_run", "last_row", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done",
     "model_dir_kind",
     "one_line", "read_diverged",
     "read_json", "read_meta", "read_metrics", "read_summary", "remove_run", "rewrite_metrics", "state",

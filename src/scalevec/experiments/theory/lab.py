@@ -53,11 +53,11 @@ def run(args: argparse.Namespace) -> int:
     """``scalevec theory``: run the experiment(s) into ``--out`` (created if missing). Raises ``ValueError`` for an
     ``--out`` that is a file or a ``--threads`` below 1, ``FileNotFoundError`` for a symbolic link that leads
     nowhere or loops as ``--out`` or a folder above it and ``NotADirectoryError`` for an ``--out`` under a file
-    (``rundir.check_out_path``), before anything is written."""
+    (``outpath.check_out_path``), before anything is written."""
     import torch
 
+    from scalevec.outpath import check_out_path
     from scalevec.run_budget import usable_cpus
-    from scalevec.training.rundir import check_out_path
 
     out = Path(args.out)
     check_out_path(out)  # mkdir through a dangling link or below a file: a bare "[Errno 17]" / "[Errno 20]"
