@@ -215,6 +215,22 @@ def test_compare_into_a_training_run_is_refused(tmp_path, capsys):
     assert [p.name for p in run.iterdir()] == ["config.yaml"]
 
 
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]])
+def test_study_out_at_a_file_or_a_link_to_one_is_refused(tmp_path, capsys, dry):
+    """study --out FILE printed a whole plan with --dry-run and failed with a bare "[Errno 17]" without it; sweep
+    and train already refused. One check (sweepdir.check_folder) for sweep, compare and study; the file is kept."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nbase: {preset: tiny, train: {steps: 2, batch_size: 2, seq_len: 16}}\n"
+                    "grid: {strategy: [baseline], lr: [0.001, 0.002], seed: [0]}\nbaseline: baseline\n"
+                    "study: {confirm_seeds: [1]}\n")
+    f = tmp_path / "f"
+    f.write_text("keep")
+    (tmp_path / "flink").symlink_to(f)
+    for out in (f, tmp_path / "flink"):
+        fails(capsys, ["study", str(spec), "--out", str(out), *dry], "exists and is not a directory")
+    assert f.read_text() == "keep" and (tmp_path / "flink").is_symlink()
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--max-new-tokens", "0"], ("--max-new-tokens=0", ">= 1")),
     (["--device", "tpu"], ("--device 'tpu'", "use cpu")),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,61 @@ def test_the_kinds_column_has_no_double_space_for_an_unknown_kind():
 
     kinds = {"unknown": 75, "AMD EPYC / AVX2": 3, "unknown CPU / AVX512": 2}
     assert _script()._kinds(SimpleNamespace(kinds=kinds)) == "AMD AVX2 ×3, unknown ×75, unknown CPU AVX512 ×2"
+
+
+def _set_status(folder: Path, run: str, status: str) -> None:
+    rows = list(csv.DictReader((folder / "runs.csv").open()))
+    for r in rows:
+        if r["run"] == run:
+            r["status"], r["final_val_loss"] = status, ""
+    with (folder / "runs.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_an_unfinished_tuning_run_holds_back_the_pick(tmp_path):
+    """unified's best lr 0.02 with its tuning seed 1 unfinished (runs.csv) was read as a diverged lr (loss inf)
+    and the pick went to 0.04, with a held-out Δ at it: no pick until it finishes. A held-out seed unfinished at
+    the pick does not block (Δ is over the finished pairs); the baseline, all finished, keeps its pick."""
+    folder = tmp_path / "ladder-cpu-25k-kjv"
+    write_cell(folder, HELD)
+    _set_status(folder, "unified_lr0.02_s1", "unfinished")
+    cell = protocol3.read_cell(folder)
+    assert "unified" not in cell.picks and "unified" not in cell.arms and cell.picks["baseline"].lr == 0.02
+    write_cell(tmp_path / "b" / folder.name, HELD)
+    _set_status(tmp_path / "b" / folder.name, "unified_lr0.02_s5", "unfinished")
+    a = protocol3.read_cell(tmp_path / "b" / folder.name).arms["unified"]
+    assert a.pick.lr == 0.02 and a.held_seeds == (2, 3, 4)
+
+
+def test_a_run_still_training_on_a_tuning_seed_holds_back_the_pick(tmp_path):
+    """The study adds lr 0.005 past unified's grid edge and trains it on seed 0 (a folder with config.yaml only, not
+    yet in runs.csv): that lr may still win, so unified has no pick while it trains; once it finishes (DONE and
+    summary.json) the pick is read again, and a runs.csv row left 'unfinished' yields to the finished folder."""
+    import yaml
+
+    from scalevec.config_codec import to_dict
+    from scalevec.experiments.sweep import expand, spec_from_dict
+
+    folder = tmp_path / "ladder-cpu-25k-kjv"
+    write_cell(folder, HELD)
+    (run,) = expand(spec_from_dict({"base": {"preset": "tiny"},
+                                    "grid": {"strategy": ["unified"], "lr": [0.005], "seed": [0]}}))
+    d = folder / "runs" / run.name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(to_dict(run.cfg)))
+    (unfinished,) = [r for r in protocol3.read_runs(folder) if r.name == run.name]
+    assert (unfinished.status, unfinished.lr, unfinished.seed, unfinished.done) == ("unfinished", 0.005, 0, False)
+    cell = protocol3.read_cell(folder)
+    assert "unified" not in cell.picks and sum(cell.kinds.values()) == 20  # the finished runs, not the one in flight
+    _set_status(folder, "unified_lr0.02_s1", "unfinished")  # stale: the folder below says it finished
+    s1 = folder / "runs" / "unified_lr0.02_s1"
+    s1.mkdir(parents=True)
+    (s1 / "summary.json").write_text(json.dumps({"strategy": "unified", "lr": 0.02, "seed": 1,
+                                                 "final_val_loss": CURVE[0.02] + 1.003, "tokens": 1990656,
+                                                 "params": 19900, "non_embedding_params": 9660}))
+    (s1 / "DONE").write_text("")
+    shutil.rmtree(d)
+    cell = protocol3.read_cell(folder)
+    assert cell.picks["unified"].lr == 0.02 and cell.picks["unified"].curve[0.02] == pytest.approx(CURVE[0.02] + 1)

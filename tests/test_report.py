@@ -34,7 +34,7 @@ def fabricate(root: Path, spec: dict, curves: dict[str, list[float]] | None = No
     runs = expand(parsed)
     for r in runs:
         fakerun.write_run(root / "runs" / r.name, to_dict(r.cfg), curve=(curves or {}).get(r.cfg.strategy))
-    (root / "sweep.yaml").write_text(yaml.safe_dump(parsed.to_dict()))
+    (root / "sweep.yaml").write_text(yaml.safe_dump(parsed.to_dict(), sort_keys=False))  # as sweepdir.write_spec
     return runs
 
 
@@ -156,16 +156,41 @@ def test_unfinished_tuning_run_blocks_the_pick_instead_of_losing_to_it(tmp_path,
 
 
 def test_every_lr_diverged_says_a_rerun_changes_nothing(tmp_path, capsys):
-    """With every run diverged no rerun helps (a sweep does not retry diverged runs): the message says to
-    change the grid, not to rerun, and names the lowering of the lr grid."""
-    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3], "seed": [0]}}
+    """With every baseline run diverged a sweep's rerun does not help (it never retries a diverged run), even while
+    another strategy's run is unfinished: the message says to change the grid (or rerun a study, which may grow
+    it), names the lowering of the lr grid, and does not say "rerun it"."""
+    spec = {"base": {**BASE, "preset": "tiny"},
+            "grid": {"strategy": ["baseline", "unified"], "lr": [1e-3, 3e-3], "seed": [0]}}
     fabricate(tmp_path, spec)
     for run in ("baseline_lr0.001_s0", "baseline_lr0.003_s0"):
         (tmp_path / "runs" / run / "DONE").unlink()
         (tmp_path / "runs" / f"{run}.log").write_text("$ train\nnon-finite loss at step 3\n[exit 3]\n")
+    (tmp_path / "runs" / "unified_lr0.003_s0" / "DONE").unlink()
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "lower the lr grid" in err and "rerun it" not in err and "a rerun changes nothing" in err
+    assert "lower the lr grid" in err and "rerun it" not in err and "no tuning run of the baseline is left" in err
+
+
+def test_a_planned_run_without_a_folder_holds_back_the_pick(tmp_path, capsys):
+    """unified's best lr 0.003 and 0.01 never started (no folders: failed before creating one, or deleted to
+    retrain): the report picked 0.001 from the one lr left and starred its Δ, with no warning. The sweep's grid
+    (sweep.yaml) plans them: unified gets no pick and the warning names them; the baseline is reported."""
+    import shutil
+
+    spec = {"base": {**BASE, "preset": "tiny"},
+            "grid": {"strategy": ["baseline", "unified"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0, 1]}}
+    fabricate(tmp_path, spec)
+    gone = [f"unified_lr{lr}_s{s}" for lr in ("0.003", "0.01") for s in (0, 1)]
+    for name in gone:
+        shutil.rmtree(tmp_path / "runs" / name)
+    a = write_report(tmp_path, quiet=True)
+    assert [r.strategy for r in a.cells[0].results] == ["baseline"] and a.waiting == {"unified"}
+    (w,) = [w for w in a.warnings if "unified" in w and "not yet started" in w]
+    assert all(name in w for name in gone)
+    shutil.rmtree(tmp_path / "runs" / "baseline_lr0.01_s1")  # the baseline waits too: a rerun trains it
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "baseline_lr0.01_s1" in err and "rerun it" in err
 
 
 def test_done_without_summary_is_refused_by_report_and_sweep_alike(tmp_path, capsys):
@@ -181,6 +206,9 @@ def test_done_without_summary_is_refused_by_report_and_sweep_alike(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert "no summary.json" in err and f"{runs[0].name}/DONE" in err and len(err.splitlines()) == 1
     with pytest.raises(rundir.RunDirError, match="delete .*DONE to train it again"):
+        run_status(runs[0], tmp_path / "runs")
+    (tmp_path / "runs" / runs[0].name / "DIVERGED").write_text("{}")  # deleting DONE alone: a diverged result
+    with pytest.raises(rundir.RunDirError, match="delete .*DONE and .*DIVERGED to train it again"):
         run_status(runs[0], tmp_path / "runs")
 
 
@@ -219,7 +247,7 @@ def test_report_cli_on_empty_folder_fails_cleanly(tmp_path, capsys):
 
 def test_report_cli_on_partly_finished_folder_names_what_is_missing(tmp_path, capsys):
     """A finished baseline run whose lr still waits for a tuning seed is not 'no finished run' (a new user read
-    that as a bug): the message says no lr has all its tuning seeds finished, and nothing is written."""
+    that as a bug): the message names the tuning runs the pick waits for, and nothing is written."""
     spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3], "seed": [0, 1]}}
     fabricate(tmp_path, spec)
     for run in ("baseline_lr0.001_s1", "baseline_lr0.003_s0", "baseline_lr0.003_s1"):
@@ -227,8 +255,8 @@ def test_report_cli_on_partly_finished_folder_names_what_is_missing(tmp_path, ca
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "nothing to compare yet" in err and "no finished run" not in err.replace("no finished run, or", "")
-    assert "all its tuning seeds finished" in err and "rerun it" in err
+    assert "nothing to compare yet" in err and "no finished run" not in err.replace("(no finished run, a", "")
+    assert "no optim.lr pick until its 3 unfinished" in err and "baseline_lr0.003_s1" in err and "rerun it" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

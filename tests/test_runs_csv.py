@@ -96,6 +96,8 @@ BREAKS = {  # name: (how the file is broken, the line named, the problem's words
     # read as 0, a blank size made scripts/reproduction.py divide by zero (tokens per parameter)
     "done without params": (lambda p: _set(p, 5, "params", ""), 5, "a done run without a positive params"),
     "done with 0 tokens": (lambda p: _set(p, 5, "tokens", "0"), 5, "a done run without a positive tokens"),
+    "inf tokens": (lambda p: _set(p, 5, "tokens", "inf"), 5, "tokens 'inf' is not a finite number"),
+    "nan params": (lambda p: _set(p, 5, "params", "nan"), 5, "params 'nan' is not a finite number"),
     "unknown status": (lambda p: _set(p, 2, "status", "don"), 2, "status 'don' is not one of"),
     "a run listed twice": (_duplicate, 10, "is listed twice (also line 2)"),
     "a missing column": (_drop_column, 1, "the header lacks lr"),

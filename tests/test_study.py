@@ -314,7 +314,8 @@ def test_dry_run_prints_the_whole_plan_with_worst_cases_and_time(tmp_path, capsy
     from fakerun import write_run
     from scalevec.cli import main
     from scalevec.config_codec import to_dict
-    from scalevec.experiments.study import phase1_runs, plan_text
+    from scalevec.experiments.study import plan_text
+    from scalevec.experiments.study_grid import phase1_runs
 
     spec = {**STUDY, "study": {**STUDY["study"], "target_halfwidth": 0.01, "max_seeds": 5}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -328,13 +329,13 @@ def test_dry_run_prints_the_whole_plan_with_worst_cases_and_time(tmp_path, capsy
     assert "phase 4, seeds until a ±0.01-nat interval" in text and "2 past the first 3): at most 4 runs" in text
     assert "whole study: at most 24 runs to train in 1 cell(s)" in text and "at most about 4m02s" in text
     parsed = parse(spec)
-    for run in phase1_runs(parsed[0], parsed[1]):
+    for run in phase1_runs(parsed[0], parsed[1].lr_grids):
         write_run(out / "runs" / run.name, to_dict(run.cfg))
     last = plan_text(parsed[0], parsed[1], out).splitlines()[-1]
     assert "at most 20 runs to train" in last and "at most about 20s" in last and "4 finished run(s)" in last
     grids = parse({**STUDY, "study": {**STUDY["study"], "lr_grids": {"baseline": [1e-3, 2e-3, 4e-3],
                                                                      "unified": [2e-3, 4e-3]}}})
-    assert [r.name for r in phase1_runs(*grids[:2])] == [
+    assert [r.name for r in phase1_runs(grids[0], grids[1].lr_grids)] == [
         "baseline_lr0.001_s0", "baseline_lr0.002_s0", "baseline_lr0.004_s0", "unified_lr0.002_s0", "unified_lr0.004_s0"]
 
 

@@ -87,6 +87,7 @@ class Analysis:
     runs: list[RunRecord]
     warnings: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)  # what write_report wrote (names in its folder); [] before
+    waiting: set[str] = field(default_factory=set)  # strategies whose lr pick waits for unfinished tuning runs
 
 
 def _strategy_order(runs: list[RunRecord], spec: dict, baseline: str) -> list[str]:
@@ -117,7 +118,7 @@ def _seconds(value: Any) -> float:
 
 
 def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None, warnings: list[str],
-                     label: str) -> StrategyResult | None:
+                     label: str, not_started: dict[str, list[str]], waiting: set[str]) -> StrategyResult | None:
     finished = [r for r in runs if r.done]
     pick, common = None, set()
     if tune_key is not None:
@@ -129,10 +130,14 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
         common = set.intersection(*seeds_of.values()) if seeds_of else set()
         # An unfinished tuning run blocks the pick (as ``scalevec study`` waits for it): its value may still win,
         # and a pick past it would be reported as tuned. A diverged one is a result: its value counts as inf.
-        waiting = sorted(r.name for r in runs if r.seed in common and r.status == "unfinished")
-        if waiting:
-            warnings.append(f"[{label}] {strategy}: no {tune_key} pick until its {len(waiting)} unfinished tuning "
-                            f"run(s) finish ({', '.join(waiting)})")
+        # so do planned runs without a folder (never started, or deleted to retrain): a grid's value they alone
+        # hold would otherwise vanish from the pick without a word
+        held = sorted(r.name for r in runs if r.seed in common and r.status == "unfinished")
+        held += sorted({m for r in runs for m in not_started.get(r.name, [])} - set(held))
+        if held:
+            waiting.add(strategy)
+            warnings.append(f"[{label}] {strategy}: no {tune_key} pick until its {len(held)} unfinished or not yet "
+                            f"started tuning run(s) finish ({', '.join(held)})")
             return None
         by_value: dict[float, list[float]] = defaultdict(list)
         for r in runs:
@@ -202,14 +207,19 @@ def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: li
             res.token_efficiency_is_bound = bool(curve[1][0] <= base.loss_mean)
 
 
-def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
+def analyze(runs: list[RunRecord], spec: dict | None = None,
+            not_started: dict[str, list[str]] | None = None) -> Analysis:
     """Group runs into cells, pick each strategy's tuned value, compare with the baseline, fit scaling.
 
     ``spec``: the sweep's ``sweep.yaml`` mapping (``tune``, ``baseline``, ``grid.strategy`` order) or
     None to infer them (tune ``optim.lr`` if it varies; baseline ``baseline`` or the first strategy).
+    ``not_started``: a run's name -> the planned runs of its cell and strategy that have no folder
+    (``report.not_started``); like an unfinished tuning run, one holds back its strategy's pick.
     """
     spec = spec or {}
+    not_started = not_started or {}
     warnings: list[str] = []
+    waiting: set[str] = set()
     strategies = {r.cfg.strategy for r in runs}
     baseline = str(spec.get("baseline") or ("baseline" if "baseline" in strategies else min(strategies)))
     order = _strategy_order(runs, spec, baseline)
@@ -237,13 +247,13 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
         results = []
         for strategy in order:
             res = _strategy_result(strategy, [r for r in cell_runs if r.cfg.strategy == strategy], tune_key,
-                                   warnings, label)
+                                   warnings, label, not_started, waiting)
             if res is not None:
                 results.append(res)
         if not results or results[0].strategy != baseline:
             # a finished baseline run is not enough: its lr must have all its tuning seeds finished to be picked
-            warnings.append(f"[{label}] the baseline {baseline!r} has no result yet (no finished run, or no lr "
-                            f"with all its tuning seeds finished); cell skipped")
+            warnings.append(f"[{label}] the baseline {baseline!r} has no result yet (no finished run, a tuning run "
+                            f"not finished, or every lr diverged: see above); cell skipped")
             continue
         _compare_to_baseline(results, label, warnings)
         cells.append(Cell(key, label, results, tune_key, labeler.size(example)))
@@ -252,10 +262,11 @@ def analyze(runs: list[RunRecord], spec: dict | None = None) -> Analysis:
         names = [r.name for r in runs if r.status == status]
         if names:
             why = ("diverged (left out; their lr counts as failed)" if status == "diverged" else
-                   "not finished (left out; one on the tuning seeds holds back its strategy's lr pick)")
+                   "not finished (left out" + ("; one on the tuning seeds holds back its strategy's lr pick)"
+                                               if tune_key else ")"))
             warnings.append(f"{len(names)} run(s) {why}: {', '.join(names)}")
     scaling = _scaling(cells, setting_keys, labeler, baseline, warnings)
-    return Analysis(str(spec.get("name") or ""), baseline, cells, scaling, runs, warnings)
+    return Analysis(str(spec.get("name") or ""), baseline, cells, scaling, runs, warnings, waiting=waiting)
 
 
 def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, baseline: str,

@@ -87,9 +87,9 @@ def read_runs_csv(path: str | Path) -> list[dict]:
     the file (``scalevec report FOLDER``), when: the file is empty or not CSV, a column of ``RUNS_REQUIRED`` is
     missing, a row has more or fewer fields than the header (a torn or hand-edited line), ``status`` is not one of
     ``STATUSES``, ``lr`` is not a number or ``seed`` not an integer, ``final_val_loss`` is not a finite number in a
-    ``done`` row, a ``done`` row's ``DONE_SIZES`` are blank or not positive, a non-blank summary column
-    (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number, or a run is listed twice (it would be
-    counted twice). ``OSError`` when the file cannot be read."""
+    ``done`` row, a ``DONE_SIZES`` value is not finite or, in a ``done`` row, blank or not positive, a non-blank
+    summary column (``RUNS_NUMERIC``: parameters, tokens, wall time...) is not a number, or a run is listed twice
+    (it would be counted twice). ``OSError`` when the file cannot be read."""
     path = Path(path)
     fix = f"rewrite it with `scalevec report {path.parent}`"
 
@@ -122,6 +122,9 @@ def read_runs_csv(path: str | Path) -> list[dict]:
                         float(row[k])
                     except ValueError:
                         raise bad(line, f"{k} {row[k]!r} is not a number") from None
+                for k in DONE_SIZES:  # counts: an inf or nan one is no count (int() of it fails downstream)
+                    if k in numeric and not math.isfinite(float(row[k])):
+                        raise bad(line, f"{k} {row[k]!r} is not a finite number")
                 sizes = [k for k in DONE_SIZES if (k not in numeric or float(row[k]) <= 0)]
                 if row["status"] == "done" and sizes:  # read as 0 they would divide by zero (tokens per parameter)
                     raise bad(line, f"a done run without a positive {', '.join(sizes)}")

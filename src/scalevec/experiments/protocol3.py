@@ -40,7 +40,8 @@ class Run:
     """One run of a cell: ``loss`` is the final validation loss (nats/token; ``inf`` when diverged or unfinished),
     ``kind`` the CPU kind it ran on (``"cpu / capability"``, a missing part named ``unknown CPU`` / ``unknown
     capability``, ``"unknown"`` when neither runs.csv nor meta.json says; a run of unknown kind pairs with none),
-    ``n`` non-embedding and ``params`` total parameters, ``tokens`` training tokens."""
+    ``n`` non-embedding and ``params`` total parameters, ``tokens`` training tokens (0 while unfinished),
+    ``status`` done, diverged or unfinished (``records.RunRecord.status``)."""
 
     name: str
     strategy: str
@@ -53,6 +54,7 @@ class Run:
     params: int
     tokens: int
     wall_s: float
+    status: str = "done"
 
 
 UNKNOWN = "unknown"
@@ -88,23 +90,27 @@ def same_kind(a: str, b: str) -> bool:
 
 def read_runs(folder: Path) -> list[Run]:
     """The runs of a cell: the rows of its ``runs.csv`` (written when a study reports), then every finished run
-    of ``runs/NAME/`` (``DONE`` or ``DIVERGED`` beside its ``summary.json``) that runs.csv does not list yet, so a
-    cell still training shows what has finished. Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
+    of ``runs/NAME/`` (``DONE`` or ``DIVERGED`` beside its ``summary.json``) that runs.csv does not list yet or
+    lists as unfinished, so a cell still training shows what has finished, then every run still training there
+    (a ``config.yaml`` alone: status unfinished, which holds back its strategy's pick when on a tuning seed).
+    Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
     columns where it has them, else the run's ``meta.json``. Empty when the cell has neither (or a header-only
     runs.csv and no finished run). ``ValueError`` (``frames.read_runs_csv``) when runs.csv is torn or lists a run
     twice or a finished row lacks its loss, parameter counts or tokens, or when a finished run's ``summary.json``
-    cannot be read."""
+    or a training run's ``config.yaml`` cannot be read."""
     folder = Path(folder)
     out, seen = [], set()
     f = folder / "runs.csv"
     if f.is_file():
         for r in read_runs_csv(f):  # a torn or doubled runs.csv is a ValueError naming its line, not a wrong cell
             done = r["status"] == "done"
+            if r["status"] == "unfinished" and (folder / "runs" / r["run"] / rundir.SUMMARY).is_file():
+                continue  # it finished since runs.csv was written: its folder below says how
             loss = float(r["final_val_loss"]) if done else math.inf
             out.append(Run(r["run"], r["strategy"], float(r["lr"]), int(r["seed"]), loss, done,
                            _kind(r, folder / "runs" / r["run"] / rundir.META),
                            int(float(r["non_embedding_params"] or 0)), int(float(r["params"] or 0)),
-                           int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0)))
+                           int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0), r["status"]))
             seen.add(r["run"])
     for d in sorted((folder / "runs").glob("*/summary.json")) if (folder / "runs").is_dir() else []:
         run = d.parent
@@ -116,11 +122,21 @@ def read_runs(folder: Path) -> list[Run]:
             loss = float(m["final_val_loss"]) if done else math.inf
             out.append(Run(run.name, str(m["strategy"]), float(m["lr"]), int(m["seed"]), loss, done,
                            _kind({}, run / rundir.META), int(m.get("non_embedding_params") or 0),
-                           int(m.get("params") or 0), int(m.get("tokens") or 0), float(m.get("wall_time_s") or 0)))
+                           int(m.get("params") or 0), int(m.get("tokens") or 0), float(m.get("wall_time_s") or 0),
+                           "done" if done else "diverged"))
         except (OSError, ValueError, KeyError, TypeError) as e:  # a finished run left out would move the picks
             mark = rundir.DONE if done else rundir.DIVERGED
             raise ValueError(f"{d} cannot be read ({type(e).__name__}: {e}); retrain the run, or delete its {mark} "
                              f"to leave it unfinished") from None
+        seen.add(run.name)
+    # runs still training (a config, no DONE or DIVERGED): an lr pick must wait for a tuning seed among them
+    for c in sorted((folder / "runs").glob(f"*/{rundir.CONFIG}")) if (folder / "runs").is_dir() else []:
+        run = c.parent
+        if run.name in seen or (run / rundir.DONE).is_file() or (run / rundir.DIVERGED).is_file():
+            continue
+        cfg = rundir.load_config(run)  # RunDirError (a ValueError) names a damaged config
+        out.append(Run(run.name, cfg.strategy, float(cfg.optim.lr), int(cfg.train.seed), math.inf, False,
+                       _kind({}, run / rundir.META), 0, 0, 0, 0.0, "unfinished"))
     return out
 
 
@@ -193,6 +209,8 @@ def pick(runs: list[Run], strategy: str, sd: float) -> Pick | None:
     report pick), with its margin over the runner-up; ``sd`` is ``neighbour_sd``'s. None while the strategy has
     no tuning seed or an unfinished tuning run."""
     seeds = tuning_seeds(runs, strategy)
+    if any(r.strategy == strategy and r.seed in seeds and r.status == "unfinished" for r in runs):
+        return None  # the unfinished run's lr may still win: no pick past it (as ``scalevec study`` waits)
     curve = _curve(runs, strategy, seeds) if seeds else None
     if not curve:
         return None
@@ -290,8 +308,9 @@ def read_cell(folder: Path, strategies=STRATEGIES) -> CellV3 | None:
         return None
     base_runs = [r for r in runs if r.strategy == "baseline" and r.done]
     b0 = base_runs[0] if base_runs else runs[0]
-    cell = CellV3(folder.name, *parsed, Counter(r.kind for r in runs), b0.n, b0.params, b0.tokens, sd, dof,
-                  sum(r.wall_s for r in runs) / 3600, picks)
+    kinds = Counter(r.kind for r in runs if r.status != "unfinished")  # finished runs: one in flight may still move
+    cell = CellV3(folder.name, *parsed, kinds, b0.n, b0.params, b0.tokens, sd, dof, sum(r.wall_s for r in runs) / 3600,
+                  picks)
     for s, p in picks.items():
         if s != "baseline":
             cell.arms[s] = compare(runs, picks["baseline"], p)

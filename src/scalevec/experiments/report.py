@@ -28,6 +28,7 @@ from scalevec.experiments.figures import plot_loss_curves, plot_lr_sweep, plot_s
 from scalevec.experiments.frames import results_frame, runs_frame, to_csv
 from scalevec.experiments.gamma_plot import plot_cells
 from scalevec.experiments.records import RunRecord, load_runs, machines, validation_splits
+from scalevec.experiments.study_grid import LR, SEED, planned_runs
 from scalevec.experiments.tables import (
     LEGEND,
     SCALING_LEGEND,
@@ -117,6 +118,31 @@ def _figure(plot, a: Analysis, path: Path):
         tmp.unlink(missing_ok=True)
 
 
+def not_started(root: Path, runs: list[RunRecord]) -> dict[str, list[str]]:
+    """For each run of ``root``, the runs its sweep or study planned in the same cell and strategy (same axis values
+    but lr and seed: ``study_grid.planned_runs`` of the stored specs) that have no folder: never started, failed
+    before creating one, or deleted to retrain. {} when none is missing, or when a stored spec no longer parses
+    (an old grammar: its runs are on disk and read as they are)."""
+    try:
+        planned = planned_runs(sweepdir.spec_files(root))
+    except ValueError:
+        return {}
+    present = {r.name for r in runs}
+
+    def sibling_key(run) -> tuple:  # the cell and the strategy: every axis value but lr and seed
+        return tuple(sorted((k, repr(v)) for k, v in run.values.items() if k not in (LR, SEED)))
+
+    names: dict[tuple, list[str]] = {}
+    for p in planned:
+        if p.name in present:
+            names.setdefault(sibling_key(p), []).append(p.name)
+    out: dict[str, list[str]] = {}
+    for m in (p for p in planned if p.name not in present):
+        for name in names.get(sibling_key(m), []):
+            out.setdefault(name, []).append(m.name)
+    return out
+
+
 def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     """Read every run under ``root`` and write ``report.md``, ``results.csv``, ``runs.csv`` and figures there.
 
@@ -126,13 +152,13 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     root = Path(root)
     runs = load_runs(root)
     spec = sweepdir.load_specs(root)
-    a = analyze(runs, spec)
+    a = analyze(runs, spec, not_started(root, runs))
     if not a.cells:
-        # a rerun trains only unfinished runs: where none is left, advise what does change the outcome
-        waiting = any(r.status == "unfinished" for r in runs)
-        fix = ("finish the sweep first (rerun it: finished runs are kept)" if waiting else
-               "no run is left to finish, so a rerun changes nothing: change the grid as the warnings say and sweep "
-               "into a new --out")
+        # a rerun trains what is unfinished or not started: where the baseline waits for none, advise what does
+        # change the outcome (a study may still grow an lr grid past an edge; a sweep never retries a diverged run)
+        fix = ("finish the sweep first (rerun it: finished runs are kept)" if a.baseline in a.waiting else
+               "no tuning run of the baseline is left to finish: rerun a study (it may still grow its lr grid), or "
+               "change a sweep's grid as the warnings say and sweep into a new --out")
         raise ValueError(f"nothing to compare yet in {root} ({'; '.join(a.warnings)}); {fix}")
     try:
         figures = ["loss_curves.png"]
@@ -175,4 +201,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "machine_text", "render_markdown", "run", "write_report"]
+__all__ = ["add_arguments", "machine_text", "not_started", "render_markdown", "run", "write_report"]

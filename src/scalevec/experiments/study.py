@@ -54,6 +54,7 @@ from scalevec.config import SEED_LIMIT
 from scalevec.config_codec import is_int, is_number, load_yaml, short
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
+from scalevec.experiments.study_grid import LR, SEED, STRATEGY, cell_of, grid_cells, narrowed, phase1_runs
 from scalevec.experiments.sweep import check_sources, dry_run_text, run_sweep
 from scalevec.experiments.sweep_grid import Run, expand, run_params, run_status
 from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label, yaml_number
@@ -63,7 +64,6 @@ from scalevec.training import rundir
 STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "halfwidth_on",
               "lr_grids")
 HALFWIDTH_ON = ("all", "held-out")  # which seeds' Δ target_halfwidth plans (phase 4)
-LR, SEED, STRATEGY = "optim.lr", "train.seed", "strategy"
 
 
 @dataclass
@@ -193,27 +193,6 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
     return spec, plan, stored
 
 
-def _cell(run: Run) -> tuple:
-    """A run's cell: its values on every axis but strategy, lr and seed."""
-    return tuple((k, repr(v)) for k, v in run.values.items() if k not in (STRATEGY, LR, SEED))
-
-
-def narrowed(spec: SweepSpec, example: Run, strategy: Any, lrs: list[float], seeds: list[int]) -> SweepSpec:
-    """``spec`` with every other axis fixed at ``example``'s value: the same run names as the full grid.
-    ``strategy`` is a value of the strategy axis (a name, or a variant's bundle)."""
-    axes = []
-    for key, _ in spec.axes:
-        if key == STRATEGY:
-            axes.append((key, [strategy]))
-        elif key == LR:
-            axes.append((key, list(lrs)))
-        elif key == SEED:
-            axes.append((key, list(seeds)))
-        else:
-            axes.append((key, [example.values[key]]))
-    return replace(spec, axes=axes)
-
-
 def _final(runs_dir: Path, name: str) -> float | None:
     """A run's final validation loss; ``inf`` when it diverged, None when it has not finished."""
     d = runs_dir / name
@@ -236,33 +215,6 @@ def _grow(lrs: list[float], losses: dict[float, list[float | None]], factor: flo
     if not pick.at_edge:
         return None
     return min(lrs) / factor if pick.lr == min(lrs) else max(lrs) * factor
-
-
-def grid_cells(spec: SweepSpec) -> tuple[dict[tuple, dict[str, list[float]]], dict[tuple, Run], dict[str, Any]]:
-    """The study's cells read off its grid: ``(lrs, examples, axis_value)`` where ``lrs[cell][label]`` is the
-    grid's lrs of strategy ``label`` in ``cell``, ``examples[cell]`` a run of that cell (``narrowed`` fixes
-    the other axes from it) and ``axis_value[label]`` the strategy's value on the strategy axis."""
-    groups: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
-    examples: dict[tuple, Run] = {}
-    axis_value: dict[str, Any] = {}  # a strategy's (or variant's) value on the strategy axis
-    for run in expand(spec):
-        cell, strategy = _cell(run), run.cfg.strategy
-        examples.setdefault(cell, run)
-        axis_value[strategy] = run.values[STRATEGY]
-        groups[cell].setdefault(strategy, [])
-        if run.values[LR] not in groups[cell][strategy]:
-            groups[cell][strategy].append(run.values[LR])
-    return groups, examples, axis_value
-
-
-def phase1_runs(spec: SweepSpec, plan: StudyPlan) -> list[Run]:
-    """The runs of phase 1: the grid, or with ``lr_grids`` each strategy of each cell on its own lrs."""
-    if plan.lr_grids is None:
-        return expand(spec)
-    groups, examples, axis_value = grid_cells(spec)
-    tuning = list(dict(spec.axes)[SEED])
-    return [r for cell, by_strategy in groups.items() for label in by_strategy
-            for r in expand(narrowed(spec, examples[cell], axis_value[label], plan.lr_grids[label], tuning))]
 
 
 def measured_rate(runs_dir: Path) -> tuple[float, int]:
@@ -292,10 +244,10 @@ def _phases(spec: SweepSpec, plan: StudyPlan, runs_dir: Path):
     """``(phase 1's runs, their statuses on disk, phases, cells)`` where each phase is ``(label, runs to train at
     most, FLOPs at 6·N·D, is an upper bound)``: phase 1 as it stands on disk, later phases at their worst case
     counted from scratch (``plan_text``)."""
-    first = phase1_runs(spec, plan)
+    first = phase1_runs(spec, plan.lr_grids)
     statuses = [run_status(r, runs_dir) for r in first]
     tuning = list(dict(spec.axes)[SEED])
-    work = {(_cell(r), r.cfg.strategy): 6.0 * run_params(r.cfg) * run_tokens(r.cfg) for r in first}  # one run's
+    work = {(cell_of(r), r.cfg.strategy): 6.0 * run_params(r.cfg) * run_tokens(r.cfg) for r in first}  # one run's
     n_pairs = len(work)  # (cell, strategy) pairs; lr and seed change neither N nor D
     seeds0 = len(dict.fromkeys(tuning + plan.confirm_seeds))
     # phase 4 adds seeds in cells with the baseline and another strategy, to each of them, up to max_seeds
@@ -306,7 +258,7 @@ def _phases(spec: SweepSpec, plan: StudyPlan, runs_dir: Path):
     todo1 = [r for r, s in zip(first, statuses) if s not in ("done", "diverged")]
     phases = [
         ("phase 1, the grid" + (" (each strategy on its lr_grids)" if plan.lr_grids else ""), len(todo1),
-         sum(work[(_cell(r), r.cfg.strategy)] for r in todo1), False),
+         sum(work[(cell_of(r), r.cfg.strategy)] for r in todo1), False),
         (f"phase 2, lr extensions (up to {plan.max_extensions} per strategy and cell, × {len(tuning)} tuning "
          f"seed(s), only while a best lr sits at a grid edge)", plan.max_extensions * len(tuning) * n_pairs,
          plan.max_extensions * len(tuning) * sum(work.values()), True),
@@ -386,7 +338,8 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
     # phase 1's runs still to train (later phases' runs are checked by their sweeps, as they start)
-    check_sources([r for r in phase1_runs(spec, plan) if run_status(r, out / "runs") not in ("done", "diverged")])
+    check_sources([r for r in phase1_runs(spec, plan.lr_grids)
+                   if run_status(r, out / "runs") not in ("done", "diverged")])
     if dry_run:
         print(plan_text(spec, plan, out, step_time=step_time, jobs=jobs))
         return 0
@@ -563,5 +516,4 @@ def run(args: argparse.Namespace) -> int:
                      step_time=args.step_time)
 
 
-__all__ = ["StudyPlan", "grid_cells", "measured_rate", "narrowed", "parse", "phase1_runs", "plan_text", "run_study",
-           "seeds_needed"]
+__all__ = ["StudyPlan", "measured_rate", "parse", "plan_text", "run_study", "seeds_needed"]

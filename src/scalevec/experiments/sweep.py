@@ -146,10 +146,6 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     if jobs < 1:
         raise ValueError(f"--jobs {jobs} must be >= 1")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out} exists and is not a directory; choose another --out")
-    if rundir.has_config(out):
-        raise FileExistsError(f"{out} is a single training run (config.yaml), not a sweep folder; choose another --out")
     sweepdir.check_folder(out, spec.file)
     runs = expand(spec)
     runs_dir = out / "runs"

@@ -17,7 +17,8 @@ from pathlib import Path
 import yaml
 
 from scalevec.config_codec import load_yaml
-from scalevec.training.rundir import LOCK, check_out_path
+from scalevec.outpath import check_out_path
+from scalevec.training.rundir import LOCK, has_config
 
 SPEC_FILE = "sweep.yaml"
 MORE_SPECS = "sweeps"
@@ -54,9 +55,15 @@ def check_folder(out: Path, spec_file: str | Path | None = None) -> None:
     Raises ``FileExistsError`` naming a few of the files and the fix, ``ValueError`` for a ``sweep.yaml`` that
     is not a sweep's, ``FileNotFoundError`` for a symbolic link that leads nowhere or loops, as ``out`` or a
     folder above it, and ``NotADirectoryError`` for an ``out`` under a file (``outpath.check_out_path``: creating
-    the folder would fail with a bare errno)."""
+    the folder would fail with a bare errno); ``NotADirectoryError`` for an ``out`` that is a file and
+    ``FileExistsError`` for one that is a training run (sweep, compare and study alike)."""
     out = Path(out)
     check_out_path(out)
+    if out.exists() and not out.is_dir():  # a file, or a link to one: mkdir would fail with a bare errno
+        raise NotADirectoryError(f"--out {out} exists and is not a directory; choose another --out")
+    if has_config(out):
+        raise FileExistsError(f"--out {out} is a single training run (config.yaml), not a sweep folder; choose "
+                              f"another --out")
     own = Path(spec_file).resolve() if spec_file else None
     if not out.is_dir() or all(p.resolve() == own or p.name == LOCK for p in out.iterdir()):  # a study's lock
         return
@@ -85,6 +92,13 @@ def write_spec(out: Path, spec: dict) -> Path:
     return path
 
 
+def spec_files(out: Path) -> list[Path]:
+    """The specs stored in the sweep folder ``out``: ``sweep.yaml``, then ``sweeps/*.yaml`` (more sweeps trained
+    into it, e.g. by ``compare``), in that order; [] when there is none."""
+    out = Path(out)
+    return ([out / SPEC_FILE] if (out / SPEC_FILE).is_file() else []) + sorted((out / MORE_SPECS).glob("*.yaml"))
+
+
 def load_specs(out: Path) -> dict | None:
     """The merged spec of every sweep stored in ``out`` (None when there is none).
 
@@ -93,7 +107,7 @@ def load_specs(out: Path) -> dict | None:
     would have to pick one): keep such sweeps in separate folders. A spec that tunes nothing (``tune: []``)
     defers to one that tunes an axis.
     """
-    paths = ([out / SPEC_FILE] if (out / SPEC_FILE).is_file() else []) + sorted((out / MORE_SPECS).glob("*.yaml"))
+    paths = spec_files(out)
     if not paths:
         return None
     specs = [(p, load_yaml(p)) for p in paths]
@@ -119,4 +133,4 @@ def load_specs(out: Path) -> dict | None:
     return merged
 
 
-__all__ = ["load_specs", "spec_path", "write_spec"]
+__all__ = ["check_folder", "load_specs", "spec_files", "spec_path", "write_spec"]

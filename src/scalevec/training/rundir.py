@@ -424,9 +424,10 @@ def state(run_dir: str | Path) -> str:
     if not d.exists() or not any(p.name != LOCK for p in d.iterdir()):
         return "new"
     if is_done(d):
-        if not (d / SUMMARY).is_file():
-            raise RunDirError(f"{d} has {DONE} but no {SUMMARY}: its result is lost; delete {d / DONE} to train it "
-                              f"again")
+        if not (d / SUMMARY).is_file():  # with DIVERGED too, deleting DONE alone would make it a diverged result
+            marks = [m for m in (DONE, DIVERGED) if (d / m).exists()]
+            raise RunDirError(f"{d} has {DONE} but no {SUMMARY}: its result is lost; delete "
+                              f"{' and '.join(str(d / m) for m in marks)} to train it again")
         return "done"
     if is_diverged(d):
         return "diverged"
