@@ -266,10 +266,11 @@ def test_a_run_whose_cpu_kind_is_not_recorded_pairs_with_none(tmp_path):
     assert a.cross_kind == ((3, "unknown CPU / AVX512", "unknown CPU / AVX512"),)
 
 
-@pytest.mark.parametrize("cpu", ["  ", "nan", "NaN", "None", " unknown "])
+@pytest.mark.parametrize("cpu", ["  ", "nan", "NaN", "None", " unknown ", "N/A", "?", "x86_64", "aarch64"])
 def test_a_blank_or_nan_cpu_counts_as_not_recorded(tmp_path, cpu):
-    """runs.csv written by other tools holds "nan" or blanks where no CPU was recorded; those are not a kind
-    ("nan / AVX512" would pair with "nan / AVX512" and pool seed 3's +1 nat pair into Δ)."""
+    """runs.csv written by other tools holds "nan", "N/A" or blanks where no CPU was recorded, and a CPU name that
+    could not be read falls back to the machine type (x86_64); none of those is a kind ("nan / AVX512" would pair
+    with "nan / AVX512" and pool seed 3's +1 nat pair into Δ)."""
     held = {**HELD, 3: (2.02, 3.02)}
     folder = tmp_path / "ladder-cpu-25k-kjv"
     write_cell(folder, held, kinds={("baseline", 3): (cpu, "AVX512"), ("unified", 3): (cpu, "AVX512")})

@@ -60,7 +60,10 @@ class Run:
 UNKNOWN = "unknown"
 
 
-MISSING = ("", "nan", "none", "null", "unknown")  # what a csv cell or a json value holds where nothing was recorded
+# what a csv cell or a json value holds where no CPU was recorded; a machine type (``platform.machine()``, the
+# fallback of a CPU name that could not be read) names a family of CPUs, not a kind that reproduces bits
+MISSING = ("", "nan", "none", "null", "unknown", "n/a", "na", "?", "-",
+           "x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "armv7l", "ppc64le", "s390x")
 
 
 def _known(value: object) -> str:
