@@ -237,6 +237,22 @@ def test_scaling_fit_recovers_compute_multiplier(tmp_path):
     assert (tmp_path / "scaling.png").is_file() and "## Scaling" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow  # a 24-run synthetic fit: ~3 s
+def test_scaling_does_not_fit_a_strategy_on_fewer_sizes_than_the_baseline(tmp_path):
+    """unified's largest size waits for an unfinished tuning run: fitted on 3 sizes against the baseline's 4, its
+    extrapolated multiplier moved (3.65 -> 4.93 in the break-it pass) with no warning. It is not fitted now, and
+    the warning names the size."""
+    fabricate(tmp_path, {"base": BASE, "grid": {"size": SIZES, "strategy": ["baseline", "unified"],
+                                                "lr": [1e-3, 3e-3, 1e-2], "seed": [0, 1]}})
+    (name,) = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("d192") and "unified" in p.name
+               and "lr0.003_s0" in p.name]
+    (tmp_path / "runs" / name / "DONE").unlink()
+    a = write_report(tmp_path, quiet=True)
+    (s,) = a.scaling
+    assert "unified" not in s.fits and "unified" not in s.extrapolated and "baseline" in s.fits
+    assert any("[scaling" in w and "unified: no result at" in w for w in a.warnings)
+
+
 def test_report_cli_on_empty_folder_fails_cleanly(tmp_path, capsys):
     """`scalevec report` on a folder without runs exits 2 with a one-line fix and writes nothing."""
     assert main(["report", str(tmp_path)]) == 2

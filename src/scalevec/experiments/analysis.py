@@ -294,6 +294,15 @@ def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, basel
             for res in c.results:
                 points[res.strategy][0].extend([res.non_embedding_params] * len(res.runs))
                 points[res.strategy][1].extend(res.losses)
+        # every strategy is fitted on the baseline's sizes: one missing a size (its pick waits, its runs are not in)
+        # would extrapolate from other data than the baseline's, and its multiplier compare the two
+        base_sizes = set(points[baseline][0]) if baseline in points else set()
+        for strategy in [s for s in points if s != baseline]:
+            lacking = sorted(base_sizes - set(points[strategy][0]))
+            if lacking:
+                warnings.append(f"[scaling {label}] {strategy}: no result at {', '.join(si(n) for n in lacking)} "
+                                f"non-embedding parameters, which the baseline has; not fitted (finish its runs)")
+                del points[strategy]
         fits, shared, per_size, extrapolated = {}, {}, {}, {}
         for strategy, (n, loss) in points.items():
             try:
