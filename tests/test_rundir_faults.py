@@ -1108,3 +1108,23 @@ def test_export_of_a_run_training_before_its_first_checkpoint_says_so(tmp_path, 
             err = capsys.readouterr().err.strip()
             assert len(err.splitlines()) == 1 and f"is being trained by process {os.getpid()}" in err, err
             assert "wait for its first one" in err and "train it first" not in err
+
+
+def test_overwrite_removes_the_done_marker_before_the_summary(tmp_path, monkeypatch):
+    """--overwrite removes DONE (and DIVERGED) before anything else and meta.json last: a report reading the run
+    meanwhile, or after an interrupted removal, sees an unfinished run, never DONE without its summary.json."""
+    import fakerun
+    from scalevec.training import rundir
+
+    (run,) = expand(spec_from_dict({"base": {"preset": "tiny", "train": {"steps": 10, "batch_size": 2,
+                                                                          "seq_len": 16}},
+                                    "grid": {"strategy": ["baseline"]}}))
+    out = tmp_path / run.name
+    fakerun.write_run(out, to_dict(run.cfg))
+    (out / "DIVERGED").write_text("{}")
+    removed = []
+    real_unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (removed.append(self.name), real_unlink(self, *a, **k)))
+    rundir.remove_run(out)
+    top = [n for n in removed if (out / n).parent == out]
+    assert set(top[:2]) == {"DONE", "DIVERGED"} and top[-1] == "meta.json" and "summary.json" in top, top

@@ -639,8 +639,10 @@ def remove_run(path: str | Path, notice: Callable[[str], None] | None = None) ->
     def owned(name: str):  # the lock is kept (its holder is the caller) and so left out of what is named
         return name != LOCK and (folders.get(name) or _written_by_scalevec(name))
 
-    # meta.json last: an interrupted removal leaves a directory that is still recognized as a run
-    left = [name for name in _remove_owned(path, owned, key=lambda p: p.name == META) if name != LOCK]
+    # the DONE and DIVERGED markers first (a reader meanwhile sees an unfinished run, never DONE without its
+    # summary.json) and meta.json last (an interrupted removal leaves a directory still recognized as a run)
+    order = {DONE: 0, DIVERGED: 0, META: 2}
+    left = [name for name in _remove_owned(path, owned, key=lambda p: order.get(p.name, 1)) if name != LOCK]
     if left and notice:
         notice(f"--overwrite left {len(left)} file(s) in {path} that scalevec did not write: {', '.join(sorted(left))}")
     return sorted(left)
