@@ -303,3 +303,18 @@ def test_ctrl_c_before_the_command_runs_prints_no_traceback(capsys, monkeypatch)
 def test_a_negative_step_count_is_named_not_the_warmup_it_implies(capsys):
     """`train --steps -1` names train.steps (the default warmup, 10 % of the steps, used to be -1 and was named)."""
     fails(capsys, ["train", "--steps", "-1", "--print-config"], "train.steps=-1", "positive")
+
+
+def test_an_out_below_a_folder_this_user_may_not_write_is_one_line(tmp_path, capsys, monkeypatch):
+    """sweep --out locked/x where locked is not writable by this user: mkdir's bare "[Errno 13] Permission denied"
+    named no fix. outpath.check_out_path refuses it first (os.access is patched: the tests may run as root, for
+    whom every folder is writable)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if os.fspath(p) == str(locked) else real(p, mode, **k))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nbase: {preset: tiny, train: {steps: 2, batch_size: 2, seq_len: 16}}\n"
+                    "grid: {strategy: [baseline]}\n")
+    err = fails(capsys, ["sweep", str(spec), "--out", str(locked / "x")], "may not create anything in", "writable")
+    assert "Errno" not in err and list(locked.iterdir()) == []

@@ -61,12 +61,14 @@ def link_words(link: str | Path) -> str:
 def check_out_path(out: str | Path, flag: str = "--out") -> None:
     """Refuse an output path that cannot be created: ``out`` itself or a folder above it, up to the first that
     exists, that is a symbolic link leading nowhere, a link loop or a link that cannot be followed (``link_words``;
-    ``FileNotFoundError``), or a first existing path above ``out`` that is a file, not a folder
-    (``NotADirectoryError``); creating the folders would fail with a bare errno from ``mkdir`` or ``open``
-    ("[Errno 17] File exists", "[Errno 20] Not a directory"). The one check of it for every command that writes an
-    ``--out`` (train, convert, export, sweep, compare, study, prepare-data, theory; plot's figure file and bench's
-    ``--save`` file, ``flag`` naming the option); what ``out`` itself is, when it exists, is the caller's question.
-    Raises one line naming the path, what it is and the fix; nothing is touched."""
+    ``FileNotFoundError``), a first existing path above ``out`` that is a file, not a folder
+    (``NotADirectoryError``), or one this user may not create anything in (``PermissionError``, ``os.access``);
+    creating the folders would fail with a bare errno from ``mkdir`` or ``open`` ("[Errno 17] File exists",
+    "[Errno 20] Not a directory", "[Errno 13] Permission denied"), for some commands only after their work. The
+    one check of it for every command that writes an ``--out`` (train, convert, export, sweep, compare, study,
+    prepare-data, theory; plot's figure file and bench's ``--save`` file, ``flag`` naming the option); what ``out``
+    itself is, when it exists, is the caller's question. Raises one line naming the path, what it is and the fix;
+    nothing is touched."""
     out = Path(out)
     for p in (out, *out.parents):
         try:
@@ -80,6 +82,9 @@ def check_out_path(out: str | Path, flag: str = "--out") -> None:
                 what = (f"{link_words(p)}, not a folder" if p.is_symlink() else
                         "a file, not a folder" if p.is_file() else "not a folder")
                 raise NotADirectoryError(f"{flag} {out}: {p} is {what}; choose another {flag}")
+            if p != out and not os.access(p, os.W_OK | os.X_OK):  # mkdir: a bare "[Errno 13]", maybe after the work
+                raise PermissionError(f"{flag} {out}: this user may not create anything in {p}; choose another "
+                                      f"{flag}, or make {p} writable")
             return
         if broken:
             where = f"{flag} {out} is" if p == out else f"{flag} {out}: {p} is"
