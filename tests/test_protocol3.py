@@ -140,12 +140,21 @@ def test_cell_names(name, want):
 def test_committed_cells_reproduce_the_audits_held_out_numbers():
     """The issue's audit, re-computed independently of this code, gave Shakespeare's held-out Δ(unified) per rung
     +0.0100, +0.0202, +0.0091, +0.0002, +0.0101, and 2 of cpu-200k KJV's 6 unified pairs across two kinds; the
-    committed results must read the same here (to the audit's printed 4 decimals)."""
+    committed results must read the same here (to the audit's printed 4 decimals). cpu-550k has grown since (seeds
+    6-10 on Intel): its audited value is that of the held-out seeds the audit had, 2 and 3."""
     root = Path(__file__).resolve().parents[1] / "results"
     got = []
     for rung in ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k"):
         cell = protocol3.read_cell(root / f"ladder-{rung}-shakespeare")
-        got.append(round(cell.arms["unified"].held_out.delta, 4))
+        arm = cell.arms["unified"]
+        if rung == "cpu-550k":
+            assert {2, 3} < set(arm.held_seeds)
+            at = {s: {r.seed: r.loss for r in protocol3.read_runs(root / f"ladder-{rung}-shakespeare")
+                      if r.strategy == s and r.lr == lr and r.done}
+                  for s, lr in (("baseline", cell.picks["baseline"].lr), ("unified", arm.pick.lr))}
+            got.append(round(sum(at["unified"][k] - at["baseline"][k] for k in (2, 3)) / 2, 4))
+        else:
+            got.append(round(arm.held_out.delta, 4))
     assert got == [0.0100, 0.0202, 0.0091, 0.0002, 0.0101]
     assert len(protocol3.read_cell(root / "ladder-cpu-200k-kjv").arms["unified"].cross_kind) == 2
 
