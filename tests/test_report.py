@@ -168,7 +168,7 @@ def test_every_lr_diverged_says_a_rerun_changes_nothing(tmp_path, capsys):
     (tmp_path / "runs" / "unified_lr0.003_s0" / "DONE").unlink()
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "lower the lr grid" in err and "rerun it" not in err and "no tuning run of the baseline is left" in err
+    assert "lower the lr grid" in err and "rerun it" not in err and "no baseline run is left to finish" in err
 
 
 def test_a_planned_run_without_a_folder_holds_back_the_pick(tmp_path, capsys):

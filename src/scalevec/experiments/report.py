@@ -156,9 +156,10 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     if not a.cells:
         # a rerun trains what is unfinished or not started: where the baseline waits for none, advise what does
         # change the outcome (a study may still grow an lr grid past an edge; a sweep never retries a diverged run)
-        fix = ("finish the sweep first (rerun it: finished runs are kept)" if a.baseline in a.waiting else
-               "no tuning run of the baseline is left to finish: rerun a study (it may still grow its lr grid), or "
-               "change a sweep's grid as the warnings say and sweep into a new --out")
+        waits = a.baseline in a.waiting or any(r.status == "unfinished" and r.cfg.strategy == a.baseline for r in runs)
+        fix = ("finish the sweep first (rerun it: finished runs are kept)" if waits else
+               "no baseline run is left to finish: rerun a study (its lr grid may grow) or sweep a changed grid into "
+               "a new --out")
         raise ValueError(f"nothing to compare yet in {root} ({'; '.join(a.warnings)}); {fix}")
     try:
         figures = ["loss_curves.png"]
