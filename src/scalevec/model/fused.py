@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from scalevec.model import scales as plain
+from scalevec.model.device_path import autocast_dtype
 from scalevec.model.kernels import fold_grads
 
 
@@ -89,8 +90,7 @@ class _FusedMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, cg: Tensor | None, cu: Tensor | None,
                 sg: Tensor | None, su: Tensor | None, eps: float, dnp: bool) -> Tensor:
-        device = u.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else u.dtype
+        dtype = autocast_dtype(u) or u.dtype
         f, shape = wg.shape[0], u.shape
         u2 = u.reshape(-1, shape[-1]).to(dtype)  # (N, d)
         w = _stack_fold((wg, cg, None if dnp else sg), (wu, cu, None if dnp else su))
@@ -182,8 +182,7 @@ class _FusedProj(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u: Tensor, *wcs: Tensor | None):
-        device = u.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else u.dtype
+        dtype = autocast_dtype(u) or u.dtype
         triples = [wcs[i:i + 3] for i in range(0, len(wcs), 3)]
         y = u.reshape(-1, u.shape[-1]).to(dtype) @ _stack_fold(*triples).to(dtype).t()  # (N, Σ d_b)
         ctx.save_for_backward(u, *wcs)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from scalevec.model import scales as plain
+from scalevec.model.device_path import autocast_dtype
 
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
@@ -210,8 +211,7 @@ class _FoldedLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None) -> Tensor:
-        device = u.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else u.dtype
+        dtype = autocast_dtype(u) or u.dtype
         ctx.u_dtype = u.dtype
         u = u.to(dtype)  # what F.linear under autocast would save
         ctx.save_for_backward(u, w, c, s)

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalevec.config import ModelConfig
+from scalevec.model.device_path import autocast_dtype, on_cuda_path
 from scalevec.model.params import new_param, normal_init
 from scalevec.model.scales import (
     PLAIN,
@@ -117,8 +118,8 @@ def grouped_linear_offsets(x: Tensor, weight: Tensor, offsets: Tensor) -> Tensor
     it falls back to ``grouped_linear`` on host counts: a host sync and, under compile, a graph break.
     Under autocast the matmul runs in the autocast dtype, as ``F.linear`` would.
     """
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    device = "cuda" if on_cuda_path(x) else x.device.type
+    dtype = autocast_dtype(x) or x.dtype
     grouped = getattr(F, "grouped_mm", None)
     size = dtype.itemsize
     aligned = (x.shape[-1] * size) % 16 == 0 and (weight.shape[-2] * size) % 16 == 0  # grouped_mm's stride rule
