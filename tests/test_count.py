@@ -72,6 +72,17 @@ def test_autocast_casts_a_weight_once_and_an_activation_per_call():
     assert sorted(casts) == sorted([u, u, w, y, y] + [gy, gy, u, u, w])
 
 
+def test_autocast_reaches_inside_a_custom_autograd_function():
+    """The model's own autograd Functions (kernels.folded_linear) see CUDA's autocast as on a GPU: their matmul runs
+    in bf16 (it reads 2 bytes per element), though grad mode is off inside a Function's forward."""
+    from scalevec.model.kernels import folded_linear
+
+    x, W, c = _meta(N, D), _meta(O, D), _meta(D)
+    ops = record_step(lambda: folded_linear(x * 2, W, c).float().sum(), torch.bfloat16)
+    forward_mm = next(b for name, b in ops if name == "mm")
+    assert forward_mm == 2 * (N * D + O * D + N * O)
+
+
 def test_per_block_count_does_not_depend_on_depth():
     """A block's kernels and bytes per token are the same in a 2-block and a 4-block model: the per-block figure is
     the block's own work, not a share of the embedding, head or loss."""

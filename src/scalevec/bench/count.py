@@ -94,6 +94,21 @@ class CudaRouting(TorchFunctionMode):
         super().__init__()
         self.autocast = autocast
         self.cache: dict[int, Tensor] = {}  # autocast's cache: a leaf weight is cast once per forward
+        self.saved: tuple[bool, torch.dtype] | None = None
+
+    def __enter__(self):
+        # the model asks torch for CUDA's autocast state (``device_path.autocast_dtype``): set it as torch.autocast
+        # would; torch.autocast("cuda") itself turns off without a GPU, and does nothing to meta tensors anyway
+        self.saved = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+        torch.set_autocast_enabled("cuda", self.autocast is not None)
+        if self.autocast is not None:
+            torch.set_autocast_dtype("cuda", self.autocast)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.set_autocast_enabled("cuda", self.saved[0])
+        torch.set_autocast_dtype("cuda", self.saved[1])
+        return super().__exit__(*exc)
 
     def cast(self, t, dtype: torch.dtype):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.dtype == dtype:
@@ -107,7 +122,7 @@ class CudaRouting(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if self.autocast is not None and torch.is_grad_enabled():
+        if self.autocast is not None:
             if name in AUTOCAST_LOWER:
                 args = tuple(self.cast(a, self.autocast) for a in args)
                 kwargs = {k: self.cast(v, self.autocast) for k, v in kwargs.items()}
