@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import signal
+import subprocess
+import sys
+from itertools import accumulate
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from monitorchild import RunningLoss, tiny_cfg
 from scalevec import build_model
 from scalevec.config import RunConfig
 from scalevec.resolve import resolve_config
@@ -19,6 +27,8 @@ from scalevec.training.health import HealthGuard
 from scalevec.training.monitors import Monitor, StepEvent
 from scalevec.training.telemetry import ScaleTelemetry
 from scalevec.training.trainer import Trainer, train
+
+CHILD = str(Path(__file__).with_name("monitorchild.py"))
 
 
 def tiny_run(tmp_path, steps=6, **over):
@@ -33,12 +43,13 @@ def rows(run, kind):
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
-def test_a_new_monitor_is_one_class(tmp_path, monkeypatch):
-    """A monitor added to ``MONITORS`` sees every step, every evaluation, every row and one close with the wall
-    time; the run's numbers do not change."""
+def test_a_new_monitor_is_one_class_passed_in(tmp_path):
+    """A monitor passed to the trainer beside the defaults sees every step, every evaluation, every row and a
+    close; nothing is patched and the run's numbers do not change."""
 
     class Seen(Monitor):
-        events: dict = {"steps": [], "evals": [], "rows": [], "walls": []}
+        def __init__(self):
+            self.events = {"steps": [], "evals": [], "rows": [], "closed": 0}
 
         def after_step(self, ev):
             self.events["steps"].append(ev.step)
@@ -49,19 +60,59 @@ def test_a_new_monitor_is_one_class(tmp_path, monkeypatch):
         def on_row(self, row):
             self.events["rows"].append(row["kind"])
 
-        def close(self, wall):
-            self.events["walls"].append(wall)
+        def close(self):
+            self.events["closed"] += 1
 
     plain = train(tiny_run(tmp_path), tmp_path / "plain", quiet=True)
-    monkeypatch.setattr(monitors, "MONITORS", (*monitors.MONITORS, Seen))
-    watched = train(tiny_run(tmp_path), tmp_path / "watched", quiet=True)
-    seen = Seen.events
-    assert seen["steps"] == list(range(6)) and seen["evals"] == [3, 6]
-    assert seen["rows"].count("train") == 4 and seen["rows"].count("eval") == 2
-    assert seen["walls"][0] > 0 and set(seen["walls"][1:]) <= {None}
+    seen = Seen()
+    watched = train(tiny_run(tmp_path), tmp_path / "watched", quiet=True, monitors=[*monitors.default(), seen])
+    assert seen.events["steps"] == list(range(6)) and seen.events["evals"] == [3, 6]
+    assert seen.events["rows"].count("train") == 4 and seen.events["rows"].count("eval") == 2
+    assert seen.events["closed"] >= 1
     assert [r["loss"] for r in rows(tmp_path / "plain", "train")] == [r["loss"] for r in rows(tmp_path / "watched",
                                                                                               "train")]
     assert plain["final_val_loss"] == watched["final_val_loss"]
+
+
+@pytest.mark.slow  # a training subprocess killed, two tiny trainings
+def test_monitor_state_survives_a_kill_and_resume_bitwise(tmp_path):
+    """A stateful monitor (a running mean of the loss) killed with its process after step 4 and resumed from
+    checkpoint 4 ends with the state of the straight run, bit for bit (it would count 2 steps, not 6, if its
+    state were not restored); the checkpoint stores it under its name."""
+    cache = str(tmp_path / "cache")
+    straight = RunningLoss()
+    train(tiny_cfg(cache), tmp_path / "straight", quiet=True, monitors=[*monitors.default(), straight])
+    out = tmp_path / "killed"
+    child = subprocess.run([sys.executable, CHILD, str(out), cache, "4"], timeout=300, capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    state = json.loads((out / "checkpoints" / "step_0000004" / "train_state.json").read_text())
+    running = list(accumulate(r["loss"] for r in rows(tmp_path / "straight", "train")))  # left to right, as the monitor
+    assert state["extra"]["monitors"] == {"RunningLoss": {"n": 4, "total": running[3]}}
+    resumed = RunningLoss()
+    train(tiny_cfg(cache), out, resume=True, quiet=True, monitors=[*monitors.default(), resumed])
+    assert (resumed.n, resumed.total) == (straight.n, straight.total) == (6, running[5])
+
+
+def test_a_checkpoint_without_monitor_state_resumes(tmp_path):
+    """A run with stateless monitors stores no monitor state (the checkpoint format of before monitors kept
+    state); resumed with a stateful monitor, the run is bitwise the straight one and the monitor starts empty."""
+    cfg = tiny_run(tmp_path, **{"train.ckpt_every": 2})
+    train(cfg, tmp_path / "straight", quiet=True)
+    out = tmp_path / "split"
+    assert train(cfg, out, stop_at=4, quiet=True) == {"stopped_at": 4}
+    extra = json.loads((out / "checkpoints" / "step_0000004" / "train_state.json").read_text())["extra"]
+    assert "monitors" not in extra
+    late = RunningLoss()
+    train(cfg, out, resume=True, quiet=True, monitors=[*monitors.default(), late])
+    losses = [[r["loss"] for r in rows(run, "train")] for run in (out, tmp_path / "straight")]
+    assert late.n == 2 and losses[0] == losses[1] != []
+
+
+def test_two_monitors_with_one_name_are_refused(tmp_path):
+    """Two monitors under one name would overwrite each other's checkpoint state: refused before anything."""
+    with pytest.raises(ValueError, match="two monitors are named 'RunningLoss'"):
+        Trainer(tiny_run(tmp_path), tmp_path / "run", monitors=[RunningLoss(), RunningLoss()])
+    assert not (tmp_path / "run").exists()
 
 
 def test_health_guard_state_round_trips():
@@ -89,8 +140,10 @@ def test_peak_memory_in_rows_on_cuda(monkeypatch):
         model = build_model(cfg.model, cfg.scale, seed=0)
         fake = SimpleNamespace(cfg=cfg, device=torch.device(device), flops_per_token=1.0, peak_flops=None,
                                model=model, telemetry=ScaleTelemetry(model), log=logged.append)
-        monitors.MetricsRows(fake).after_step(StepEvent(0, 1, 5.0, 0.0, 1.0, 1e-3, 128, 0.5, 0.5, logged=True,
-                                                        evaluates=False))
+        rows_monitor = monitors.MetricsRows()
+        rows_monitor.start(fake)
+        rows_monitor.after_step(StepEvent(0, 1, 5.0, 0.0, 1.0, 1e-3, 128, 0.5, 0.5, elapsed=0.5, logged=True,
+                                          evaluates=False))
     assert logged[0]["max_memory_gib"] == 3.0 and "max_memory_gib" not in logged[1]
 
 
@@ -123,3 +176,26 @@ def test_resume_says_where_it_continues(tmp_path, capsys):
     trainer.fit()
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"resume: {out} continues from checkpoint {out / 'checkpoints' / 'step_0000003'} (step 3 of 6)"
+
+
+STEP_LINE = re.compile(r"step +(\d+)/(\d+) loss ([\d.]+) lr \S+ grad \S+ ([\d,]+) tok/s mfu ([\d.]+)% "
+                       r"(mem|rss) ([\d.]+) GiB elapsed (\S+) eta (\S+)")
+
+
+@pytest.mark.slow  # a real training subprocess
+def test_piped_train_prints_elapsed_eta_speed_mfu_and_memory(tmp_path):
+    """`scalevec train ... | cat` (stdout and stderr not terminals): each log step is one line with elapsed
+    time, the ETA, tokens/s, MFU and memory; tokens/s and MFU are the metrics row's, and the last step has no
+    time left."""
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "scalevec", "train", "--preset", "tiny", "--steps", "4",
+                           "--batch-size", "4", "--seq-len", "32", "--threads", "1", "--out", str(out),
+                           "data.val_tokens=512", "train.log_every=1", f"data.cache_dir={tmp_path / 'cache'}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [m for m in map(STEP_LINE.match, proc.stdout.splitlines()) if m]
+    assert [(int(m[1]), int(m[2])) for m in lines] == [(0, 4), (1, 4), (2, 4), (3, 4)], proc.stdout
+    for m, row in zip(lines, rows(out, "train")):
+        assert int(m[4].replace(",", "")) == round(row["tok_per_s"]) and float(m[5]) == round(100 * row["mfu"], 2)
+        assert float(m[7]) > 0 and m[6] == "rss"  # the process's peak resident set on CPU
+    assert lines[-1][9] == "0s" and lines[-1][8].endswith("s")

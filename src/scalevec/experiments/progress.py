@@ -42,16 +42,7 @@ from pathlib import Path
 from typing import TextIO
 
 from scalevec.training import rundir
-
-
-def format_seconds(s: float) -> str:
-    """``42s``, ``6m10s``, ``2h05m``."""
-    s = max(0, int(round(s)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+from scalevec.training.console import format_seconds
 
 
 def _seconds(s: float | None) -> str:

@@ -17,8 +17,10 @@ command line: ``command``.
 
 The trainer keeps construction, the step, evaluation, the loop and checkpointing; its parts live beside it:
 the run directory's lock, checks and rank-0 writes in ``run_owner.RunDirOwner``, the health guard and its
-state in ``health.HealthGuard``, and everything the run reports (metrics rows, trackers, console, probes,
-the summary) in ``monitors``, called back after each step and evaluation. Checkpoints are periodic
+state in ``health.HealthGuard``, its lines in ``console.Console``, and what the run reports in the monitors
+it is given (``monitors``; by default metrics rows, step lines, probes, trackers), called back after each step
+and evaluation, each one's state kept in the checkpoints; ``fit`` returns the summary
+(``monitors.run_summary``). Checkpoints are periodic
 (``train.ckpt_every`` steps, and at least every ``CKPT_MINUTES`` of training) and at the end; a resumed run
 says which checkpoint and step it continues from.
 """
@@ -30,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -40,19 +43,22 @@ from scalevec.config_codec import config_diff, format_diff
 from scalevec.data.corpus import prepare_data
 from scalevec.data.sampler import TrainSampler, val_batches
 from scalevec.model.flops import flops_per_token, peak_flops
+from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
 from scalevec.resolve import fit_vocab
 from scalevec.run_budget import tokens_per_step, total_steps
-from scalevec.training import autocompile, distributed, init_from, monitors, rundir, tracking
+from scalevec.training import autocompile, distributed, init_from, rundir, tracking
+from scalevec.training import monitors as monitors_mod
 from scalevec.training.checkpoint import layout
 from scalevec.training.checkpoint.save_load import resume_checkpoint, save_checkpoint, writer_tag
+from scalevec.training.console import Console
 from scalevec.training.environment import run_meta
 from scalevec.training.exits import Preempted
 from scalevec.training.health import BLOWUP_RATIO, BLOWUP_STEPS, HealthGuard, TrainingDiverged
-from scalevec.training.monitors import EvalEvent, StepEvent
+from scalevec.training.monitors import EvalEvent, Monitor, RunContext, StepEvent, run_summary
 from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
 from scalevec.training.run_owner import RunDirOwner, TrainingFailed, check_target
-from scalevec.training.schedule import lr_multiplier
+from scalevec.training.schedule import lr_multiplier, warmup_warning
 from scalevec.training.step import accumulate_gradients, evaluate
 from scalevec.training.telemetry import ScaleTelemetry
 
@@ -63,13 +69,13 @@ CKPT_MINUTES = 30.0
 
 
 @contextmanager
-def deferred_sigint(enabled: bool = True, sigint: bool = True):
+def deferred_sigint(sigint: bool = True):
     """Within the block, a first Ctrl-C only sets ``flag["set"]`` and SIGTERM sets ``flag["term"]``
     (both checked between steps, so a step is never cut in half); a second Ctrl-C interrupts at once.
-    Off outside the main thread or when disabled; SIGINT is left alone when ``sigint`` is false or when
-    someone else handles it."""
+    Off outside the main thread; SIGINT is left alone when ``sigint`` is false or when someone else
+    handles it."""
     flag = {"set": False, "term": False}
-    if not enabled or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield flag
         return
 
@@ -93,17 +99,25 @@ def deferred_sigint(enabled: bool = True, sigint: bool = True):
             signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, old_term)
 
+
 class Trainer:
     """Builds everything for one run and trains it; see the module docstring for the contract.
 
     ``cfg``: a validated ``RunConfig``; ``out_dir``: the run directory; ``resume`` / ``overwrite``: continue the
-    run there, or replace it; ``quiet``: no progress lines; ``init``: ``--init-from`` (``init_from.InitFrom``).
-    Raises as ``train`` does, before anything is written for bad input."""
+    run there, or replace it; ``quiet``: no progress lines; ``init``: ``--init-from`` (``init_from.InitFrom``);
+    ``monitors``: what the run reports (``monitors.Monitor``; default ``monitors.default()``), each under a
+    distinct ``name``. Raises as ``train`` does, before anything is written for bad input."""
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-                 quiet: bool = False, init: init_from.InitFrom | None = None):
+                 quiet: bool = False, init: init_from.InitFrom | None = None,
+                 monitors: Sequence[Monitor] | None = None):
+        self.monitors = list(monitors_mod.default() if monitors is None else monitors)
+        names = [m.name for m in self.monitors]
+        if len(set(names)) < len(names):
+            raise ValueError(f"two monitors are named {next(n for n in names if names.count(n) > 1)!r}: their "
+                             f"checkpoint states would collide; give one a distinct `name`")
         self.init = init  # --init-from: a Hugging Face model or a parent run (init_from.py)
-        self.cfg, self.out, self.resume, self.quiet = cfg, Path(out_dir), resume, quiet
+        self.cfg, self.out, self.resume = cfg, Path(out_dir), resume
         self.steps = total_steps(cfg)
         check_target(self.out, resume, overwrite)
         tracking.check(cfg.train.tracker)  # a missing optional package fails before anything is written
@@ -114,6 +128,7 @@ class Trainer:
         self.device = self.dist.device
         self.rank, self.world = self.dist.rank, self.dist.world_size
         self.write = self.rank == 0
+        self.console = Console(quiet=quiet or not self.write)
         self.run_dir = RunDirOwner(self.out, resume, overwrite, self.dist)
         self.run_dir.lock_existing()  # a second writer is refused at once, before any work
         t = cfg.train
@@ -158,9 +173,8 @@ class Trainer:
         self.optimizers = distributed.shard_aware_optimizers(build_optimizers(self.groups, cfg.optim))
         if init is not None:
             init.info["optimizer"] = init_from.carry_optimizer(init, cfg, self.model, self.optimizers, self.device)
-            if self.rank == 0 and not quiet:
-                print(f"init-from: optimizer state {init.info['optimizer']}; schedule {init.schedule_from} "
-                      f"(first step {init.start_step})", flush=True)
+            self.console.say(f"init-from: optimizer state {init.info['optimizer']}; schedule {init.schedule_from} "
+                             f"(first step {init.start_step})")
         cuda_bf16 = self.device.type == "cuda" and t.dtype != "float32"
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda_bf16
                          else torch.autocast("cpu", dtype=torch.bfloat16) if t.dtype == "bfloat16" else nullcontext())
@@ -174,26 +188,18 @@ class Trainer:
         # temporary checkpoint names carry rank 0's PID (every rank writes into the same directory)
         self.tmp_tag = writer_tag()
         self.compiled, self.compile_why = autocompile.resolve(t.compile, self.device, self.steps, t.sharpness_every > 0)
-        # the mfu / flops_per_s metrics (issue 17): FLOPs per token from the config, a peak resolved once
+        # the mfu / flops_per_s metrics: FLOPs per token from the config, a peak resolved once (it may measure)
         self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
         self.peak_flops = None
         if self.write:
             mm_dtype = torch.bfloat16 if self.device.type == "cuda" and t.dtype != "float32" else torch.float32
-            self.peak_flops, self.peak_source = peak_flops(self.device, mm_dtype, t.peak_flops)
-        self.end = self.steps  # where this session stops (fit's stop_at)
-        self.monitors = [cls(self) for cls in monitors.MONITORS]  # called back after each step and evaluation
-        self.console = next(m for m in self.monitors if isinstance(m, monitors.Console))
-
+            self.peak_flops, _ = peak_flops(self.device, mm_dtype, t.peak_flops)
 
     # -- the run directory ----------------------------------------------------------------------------
 
     def release(self) -> None:
         """Release the run directory's lock (``fit`` and ``train`` do it when they end)."""
         self.run_dir.release()
-
-    def say(self, msg: str) -> None:
-        """A progress line on stdout from rank 0 unless quiet (``monitors.Console.say``)."""
-        self.console.say(msg)
 
     def setup_run_dir(self) -> None:
         """Lock and check the run directory, then resume from its newest checkpoint that loads
@@ -207,7 +213,8 @@ class Trainer:
                 self.load(state)
                 self.run_dir.truncate_metrics(self.step)  # rows past the checkpoint belong to a lost future
                 ckpt = self.out / layout.CKPT_DIR / layout.step_name(self.step)
-                self.say(f"resume: {self.out} continues from checkpoint {ckpt} (step {self.step} of {self.steps})")
+                self.console.say(f"resume: {self.out} continues from checkpoint {ckpt} (step {self.step} of "
+                                 f"{self.steps})")
             else:
                 self.run_dir.restart(self._write_run_files)
         distributed.barrier()
@@ -230,29 +237,53 @@ class Trainer:
             for m in self.monitors:
                 m.on_row(row)
 
-    def close_monitors(self, wall: float | None = None) -> None:
+    def close_monitors(self) -> None:
         """Close every monitor (``Monitor.close``; safe to call again)."""
         for m in self.monitors:
-            m.close(wall)
+            m.close()
+
+    def header(self) -> None:
+        """The lines that open a new run (rank 0): a warmup warning on stderr (even when quiet); the run, the
+        corpus's documents and which are validation, the parameter groups and the compile decision on stdout."""
+        note = warmup_warning(self.steps, self.cfg.schedule)
+        if note and self.write:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
+        say = self.console.say
+        say(f"run {self.out} · {self.cfg.preset} · {self.cfg.strategy} · {count_params(self.model)['params']:,} "
+            f"params · {self.steps} steps × {tokens_per_step(self.cfg):,} tokens · {self.world} process(es) on "
+            f"{self.device}")
+        say(self.data.describe())
+        say(group_table(self.groups))
+        say(f"compile: {'on' if self.compiled else 'off'} ({self.compile_why})")
 
     # -- checkpoints -------------------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
         """Write checkpoint ``self.step`` (every rank: DCP writes each rank's shards, rank 0 the rest;
         ``checkpoint.save_checkpoint``) with the train state: best validation loss, time so far, the guard's
-        state. Pruning keeps the checkpoint that ``DIVERGED`` would name (``HealthGuard.keep_window``)."""
-        save_checkpoint(self.out, self.step, self.model, self.optimizers,
-                        {"best_val": self.best_val, "elapsed_s": self.elapsed, "guard": self.guard.state_dict()},
+        state and, under ``monitors``, each monitor's that has one (by name). Pruning keeps the checkpoint that
+        ``DIVERGED`` would name (``HealthGuard.keep_window``)."""
+        extra = {"best_val": self.best_val, "elapsed_s": self.elapsed, "guard": self.guard.state_dict()}
+        states = {m.name: s for m in self.monitors if (s := m.state_dict())}
+        save_checkpoint(self.out, self.step, self.model, self.optimizers, {**extra, **({"monitors": states}
+                                                                                       if states else {})},
                         tag=self.tmp_tag, keep_window=self.guard.keep_window(self.step))
 
     def load(self, state: dict) -> None:
         """Restore the trainer from a loaded checkpoint's train state (``resume_checkpoint`` loaded the
-        model, optimizer and RNG states): step, best validation loss, time so far, the guard's state. The
-        step is the checkpoint's and within the run's steps (``integrity`` skips a checkpoint that is not)."""
+        model, optimizer and RNG states): step, best validation loss, time so far, the guard's state, and each
+        monitor's stored state (a monitor the checkpoint holds none for starts empty: one added since, or any
+        before monitors kept state). The step is the checkpoint's and within the run's steps (``integrity``
+        skips a checkpoint that is not)."""
         self.step = state["step"]
-        self.best_val = state["extra"].get("best_val", math.inf)
-        self.elapsed = state["extra"].get("elapsed_s", 0.0)
-        self.guard.load_state_dict(state["extra"].get("guard"), fresh_start=self.step == 0)
+        extra = state["extra"]
+        self.best_val = extra.get("best_val", math.inf)
+        self.elapsed = extra.get("elapsed_s", 0.0)
+        self.guard.load_state_dict(extra.get("guard"), fresh_start=self.step == 0)
+        stored = extra.get("monitors") or {}
+        for m in self.monitors:
+            if m.name in stored:
+                m.load_state_dict(stored[m.name])
         if self.step == 0:
             # written before any step (`scalevec convert`): resume it as the fresh start it is. Its optimizer state
             # is torch's, not a step's: get_state_dict fills an untouched optimizer with one zero-gradient step at lr
@@ -291,51 +322,52 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------------------
 
     def fit(self, stop_at: int | None = None) -> dict:
-        """Train to the end (or until ``stop_at`` steps are done, for tests and preemption); return the summary."""
+        """Train to the end (or until ``stop_at`` steps are done, for tests and preemption) and return the run's
+        summary (``monitors.run_summary``; ``{"stopped_at": step}`` when it stopped before its last step)."""
         try:
-            return self._fit(stop_at)
+            if self.resume and rundir.is_done(self.out):
+                self.console.say(f"{self.out} is already finished; nothing to resume")
+                return rundir.read_summary(self.out, fix="retrain the run with --overwrite")
+            self.setup_run_dir()
+            try:  # from here an OSError (a full disk, a read-only remount, a vanished mount) leaves a resumable run
+                end = min(self.steps, stop_at) if stop_at is not None else self.steps
+                if self.step == 0:
+                    self.header()
+                ctx = RunContext(self.cfg, self.out, self.model, self.device, self.write, self.steps, self.step, end,
+                                 self.flops_per_token, self.peak_flops, self.telemetry, self.val[0], self.log,
+                                 self.console)
+                for m in self.monitors:
+                    m.start(ctx)
+                t_start = time.perf_counter() - self.elapsed
+                self.wrapped.train()
+                with deferred_sigint(sigint=self.world == 1) as interrupt:
+                    self._loop(end, t_start, interrupt)
+                if self.step < self.steps:
+                    return {"stopped_at": self.step}
+                summary = run_summary(ctx, time.perf_counter() - t_start, self.compiled, self.world)
+                self.close_monitors()
+                self.run_dir.finish(summary)
+                self.console.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, "
+                                 f"{summary['final_val_bpb']:.4f} bits/byte")
+                distributed.barrier()
+                return summary
+            except OSError as e:
+                raise self.run_dir.failed(e, self.step) from None
         finally:
             self.close_monitors()
             self.release()
 
-    def _fit(self, stop_at: int | None) -> dict:
-        if self.resume and rundir.is_done(self.out):
-            self.say(f"{self.out} is already finished; nothing to resume")
-            return rundir.read_summary(self.out, fix="retrain the run with --overwrite")
-        self.setup_run_dir()
-        try:
-            return self._train(stop_at)
-        except OSError as e:  # a full disk, a read-only remount, a vanished mount: the run stays resumable
-            raise self.run_dir.failed(e, self.step) from None
-
-    def _train(self, stop_at: int | None) -> dict:
-        self.end = min(self.steps, stop_at) if stop_at is not None else self.steps
-        if self.step == 0:
-            self.console.header()
-        t_start = time.perf_counter() - self.elapsed
-        self.wrapped.train()
-        with deferred_sigint(True, sigint=self.world == 1) as interrupt:
-            self._fit_loop(t_start, interrupt)
-        if self.step < self.steps:
-            return {"stopped_at": self.step}
-        self.close_monitors(time.perf_counter() - t_start)
-        summary = next(m.result for m in self.monitors if isinstance(m, monitors.RunSummary))
-        self.run_dir.finish(summary)
-        self.say(f"done: val_loss {summary['final_val_loss']:.4f} nats/token, {summary['final_val_bpb']:.4f} bits/byte")
-        distributed.barrier()
-        return summary
-
-    def _fit_loop(self, t_start: float, interrupt: dict) -> None:
-        """The steps of ``fit``, each followed by the monitors' ``after_step`` (and, on an evaluation step, the
-        evaluation, the guard's check and ``after_eval``), then by a checkpoint every ``train.ckpt_every`` steps,
-        after the step that ends ``CKPT_MINUTES`` since the last one, and at the end. On Ctrl-C
+    def _loop(self, end: int, t_start: float, interrupt: dict) -> None:
+        """The steps of ``fit`` up to ``end``, each followed by the monitors' ``after_step`` (and, on an evaluation
+        step, the evaluation, the guard's check and ``after_eval``), then by a checkpoint every ``train.ckpt_every``
+        steps, after the step that ends ``CKPT_MINUTES`` since the last one, and at the end. On Ctrl-C
         (``interrupt["set"]``) it checkpoints the completed steps and raises ``KeyboardInterrupt``; on SIGTERM
         (``interrupt["term"]``, agreed by every rank) it does the same and raises ``Preempted``; ``--resume``
         continues from there, bit for bit."""
         t = self.cfg.train
         per_step = tokens_per_step(self.cfg)
         saved, saved_at = self.step, time.perf_counter()
-        while self.step < self.end:
+        while self.step < end:
             term = interrupt["term"]
             overdue = bool(t.ckpt_every) and time.perf_counter() - saved_at >= CKPT_MINUTES * 60
             if self.world > 1:  # every rank must agree: a stop and a checkpoint are collectives
@@ -368,6 +400,7 @@ class Trainer:
             evaluates = self.step % t.eval_every == 0 or self.step == self.steps
             ev = StepEvent(step, self.step, loss, aux, grad_norm,
                            self.cfg.optim.lr * lr_multiplier(step, self.steps, self.cfg.schedule), per_step, dt, cpu,
+                           elapsed=time.perf_counter() - t_start,
                            logged=step % t.log_every == 0 or self.step == self.steps, evaluates=evaluates)
             for m in self.monitors:
                 m.after_step(ev)
@@ -377,15 +410,16 @@ class Trainer:
                 self.best_val = min(self.best_val, val_loss)
                 for m in self.monitors:
                     m.after_eval(EvalEvent(self.step, val_loss, val_bpb))
-            if overdue or (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (self.end, self.steps):
+            if overdue or (t.ckpt_every and self.step % t.ckpt_every == 0) or self.step in (end, self.steps):
                 self.elapsed = time.perf_counter() - t_start
                 self.checkpoint()
                 saved, saved_at = self.step, time.perf_counter()
 
 
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
-          stop_at: int | None = None, quiet: bool = False, init: init_from.InitFrom | None = None) -> dict:
-    """Train one run into ``out_dir`` and return its summary (see ``Trainer``).
+          stop_at: int | None = None, quiet: bool = False, init: init_from.InitFrom | None = None,
+          monitors: Sequence[Monitor] | None = None) -> dict:
+    """Train one run into ``out_dir`` and return its summary (see ``Trainer``; ``monitors``: its monitors).
 
     Raises ``ValueError`` / ``FileNotFoundError`` / ``FileExistsError`` for bad input (before anything is
     written), ``rundir.RunDirError`` (a ``ValueError``) for an unusable or locked run directory,
@@ -394,7 +428,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
     """
     threads = torch.get_num_threads()  # train.threads applies to this run only, not to the caller after it
     try:
-        trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet, init=init)
+        trainer = Trainer(cfg, out_dir, resume=resume, overwrite=overwrite, quiet=quiet, init=init, monitors=monitors)
         try:
             return trainer.fit(stop_at=stop_at)
         finally:
