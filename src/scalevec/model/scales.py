@@ -469,18 +469,6 @@ def gamma_of(vector: ScaleVector | None) -> Tensor | None:
 # ============================================================================================ placements
 
 
-class Linear(nn.Module):
-    """A bias-free linear map ``y = x Wᵀ``, ``W: (d_out, d_in)``, with its role and init std (§2, §5). The model's own
-    maps are all planned (``Branch``, ``Projection``); this plain one stays for code outside the model."""
-
-    def __init__(self, d_in: int, d_out: int, role: str = "matrix", std: float = 0.02):
-        super().__init__()
-        new_param(self, "weight", (d_out, d_in), role, normal_init(std))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight)
-
-
 class Branch(nn.Module):
     """One linear map reading a normalized input: ``y = s ⊙ (W diag(γ_b) u)`` (DESIGN.md §3), every vector foldable.
 
@@ -648,7 +636,7 @@ __all__ = [
     "DNP_CANNOT_FOLD", "refuse_unfoldable", "multiply", "decayed_scale_roles", "ScaleSpec", "BranchPlan", "NormPlan",
     "OutputNormPlan", "ScalePlan", "branch_plan", "norm_plan", "scale_plan",
     "ScaleVector", "DirectScale", "MagDirScale", "ORScale", "ERScale", "SCALE_KINDS",
-    "batched_scales", "Linear", "Branch", "Projection", "NormedBranch",
+    "batched_scales", "Branch", "Projection", "NormedBranch",
     "make_branch", "NormLinear", "SwiGLUProj", "DNPSwiGLUProj",
     "swiglu_proj", "OutputNorm", "gamma_of", "scale_vectors",
 ]

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import yaml
 
-from scalevec.config import RunConfig
+from scalevec.config import EXECUTION_FIELDS, RunConfig
 from scalevec.config_codec import config_fields, load_yaml, to_dict
 from scalevec.resolve import fit_vocab, resolve_config
 from scalevec.run_budget import usable_cpus
@@ -209,12 +209,12 @@ def run(args) -> int:
         if init.kind == "hf" and args.preset:  # before init_from.base_sections reads the model's weights
             raise ValueError(preset_conflict(args.init_from))
     if args.resume and args.out and not args.config and rundir.has_config(args.out):
-        execution = {"dist": "train.dist", "device": "train.device", "tracker": "train.tracker",
-                     "threads": "train.threads"}
+        execution = {n: key for n, key in FLAG_FIELDS.items() if key in EXECUTION_FIELDS}  # --compile aside
         if (args.overrides or args.preset or args.strategy
                 or any(getattr(args, n, None) is not None for n in FLAG_FIELDS if n not in execution)):
-            raise ValueError("--resume continues the stored config; drop the other options except --dist, --device, "
-                             "--tracker, --threads and --compile (or start a new --out)")
+            kept = ", ".join("--" + n.replace("_", "-") for n in execution)
+            raise ValueError(f"--resume continues the stored config; drop the other options except {kept} and "
+                             f"--compile (or start a new --out)")
         overrides = [f"{key}={getattr(args, n)}" for n, key in execution.items() if getattr(args, n, None) is not None]
         if args.compile is not None:
             overrides.append(f"train.compile={'true' if args.compile else 'false'}")

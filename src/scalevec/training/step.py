@@ -8,11 +8,11 @@ ranks. The optimizer step, clipping and the health guard are the trainer's (``tr
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import torch
 
+from scalevec.data.sampler import bits_per_byte
 from scalevec.training import distributed
 
 
@@ -68,7 +68,7 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     ce_sum, n = distributed.all_reduce_sum(ce_sum), distributed.all_reduce_sum(n)
     model.train()
     loss = (ce_sum / n).item()
-    return loss, ce_sum.item() / (math.log(2) * n_bytes)
+    return loss, bits_per_byte(ce_sum.item(), n_bytes)
 
 
 __all__ = ["accumulate_gradients", "evaluate"]
