@@ -4,14 +4,15 @@ import pytest
 
 from scalevec import ScaleConfig, Transformer, build_model, get_preset, info
 from scalevec.config import PRESET_NAMES, OptimConfig
-from scalevec.model import moe, params, scales, transformer
+from scalevec.model import moe, params, roles, scales, transformer
 from scalevec.model.params import EMBEDDING_ROLES, ROLES, SCALE_ROLES, count_params
 from scalevec.training import optim
 
 
 def test_one_role_list():
-    """optim uses params.ROLES itself (not a copy); the scale and embedding roles are among them."""
-    assert optim.ROLES is ROLES
+    """optim groups by roles.GROUP_ROLES (params.ROLES then a plain model's bias), not a copy; the scale and
+    embedding roles are among them."""
+    assert optim.GROUP_ROLES is roles.GROUP_ROLES and roles.GROUP_ROLES == (*ROLES, roles.BIAS)
     assert set(SCALE_ROLES) <= set(ROLES) and set(EMBEDDING_ROLES) <= set(ROLES)
     assert len(set(ROLES)) == len(ROLES)
     assert info.count_params is count_params

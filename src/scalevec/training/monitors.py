@@ -14,7 +14,8 @@ every hook on every rank in list order: a hook that gathers across ranks (``tele
 run on each, a hook that writes or prints checks ``ctx.write`` (rank 0). Monitors read the ``RunContext`` and
 change nothing that training reads: a run's numbers are the same with any set of monitors.
 
-- ``MetricsRows``: the ``train`` and ``eval`` rows of ``metrics.jsonl`` (loss, lr, gradient norm, speed, MFU,
+- ``MetricsRows``: the ``train`` and ``eval`` rows of ``metrics.jsonl`` (loss, lr and each optimizer group's
+  ``lr.<role>``, gradient norm, speed, MFU,
   per-scale-vector and MoE telemetry from ``telemetry``, and on CUDA the peak memory)
 - ``Progress``: the step lines on the console (``console.Console``), or a progress bar on a terminal
 - ``Probes``: the theory probes (``train.probe_every``, ``train.sharpness_every``) as ``probe`` rows
@@ -29,7 +30,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -79,6 +80,7 @@ class StepEvent:
     elapsed: float  # wall seconds of training so far, earlier sessions of a resumed run included
     logged: bool  # a log step (every train.log_every steps, and the run's last)
     evaluates: bool  # an evaluation of checkpoint ``done`` follows (``after_eval``)
+    group_lrs: dict[str, float] = field(default_factory=dict)  # {"lr.<role>": lr} each group stepped with
 
 
 @dataclass
@@ -151,8 +153,8 @@ class MetricsRows(Monitor):
         if not ev.logged:
             return
         ctx, fast = self.ctx, speed(self.ctx, ev)
-        row = {"kind": "train", "step": ev.step, "tokens": ev.done * ev.tokens, "lr": ev.lr, "loss": ev.loss,
-               "grad_norm": ev.grad_norm, "tok_per_s": fast["tok_per_s"], "step_time": ev.step_time,
+        row = {"kind": "train", "step": ev.step, "tokens": ev.done * ev.tokens, "lr": ev.lr, **ev.group_lrs,
+               "loss": ev.loss, "grad_norm": ev.grad_norm, "tok_per_s": fast["tok_per_s"], "step_time": ev.step_time,
                # process CPU seconds of the step (all threads): comparable on a loaded machine
                "cpu_time": ev.cpu_time, "flops_per_s": fast["flops_per_s"], "mfu": fast["mfu"],
                **memory_fields(ctx.device), **ctx.telemetry.collect()}

@@ -1,14 +1,18 @@
-"""Optimizer parameter groups built from parameter roles, never from names (DESIGN.md §5).
+"""Optimizer parameter groups built from parameter roles, never from names (DESIGN.md §5): the one rule.
 
-``param_groups(model, optim_cfg, scale_cfg, roles)`` makes one ``Group`` per role and optimizer (every
+``param_groups(model, optim_cfg, scale_cfg, roles)`` makes one ``Group`` per role and optimizer (every trainable
 parameter in exactly one group, asserted) and ``group_table`` prints them; ``build_optimizers(groups, optim_cfg)``
 returns the optimizers (AdamW alone, or Muon for ``matrix`` parameters plus AdamW for every other role).
-Weight decay per role (``role_weight_decay``): ``matrix`` and ``lm_head`` get ``weight_decay``; ``embedding`` and
-``router`` only if configured; the scale roles (``input_scale``, ``output_scale``, ``scale_direction``) as the
-strategy's ``wd`` switch says through ``scales.decayed_scale_roles`` (IWD = input scales only; OR/ER's
-scale-invariant direction α only under ``wd: direction``), at ``scale.weight_decay`` when it is set. The scale
-roles' lr is ``optim.lr × scale.lr_mult``. ``scalevec.integrations.param_groups`` offers the same rules to a
-model trained in another loop.
+Roles are ``model.roles.model_roles``': recorded for scalevec's parameters, found by module type and position on
+any other model (embeddings, the tied or untied output head, norm gains, biases). Weight decay per role
+(``role_weight_decay``): ``matrix`` and ``lm_head`` get ``weight_decay``; ``embedding`` and ``router`` only if
+configured (``optim.embedding_wd``/``router_wd``, default off); ``bias`` never; the scale roles (``input_scale``,
+``output_scale``, ``scale_direction``) as the strategy's ``wd`` switch says through ``scales.decayed_scale_roles``
+(IWD = input scales only; OR/ER's scale-invariant direction α only under ``wd: direction``), at
+``scale.weight_decay`` when it is set. The scale roles' lr is ``optim.lr × scale.lr_mult``.
+``scalevec.integrations.param_groups`` is this function for a model trained in another loop (torch param group
+dicts from keyword arguments), and the Hugging Face ``Trainer`` subclass, torchtitan's optimizer builder and
+OLMo-core's group overrides call it too.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ import torch
 from torch import nn
 
 from scalevec.config import OptimConfig, ScaleConfig
-from scalevec.model.params import ROLES, SCALE_ROLES
+from scalevec.model.params import SCALE_ROLES
+from scalevec.model.roles import BIAS, GROUP_ROLES, model_roles
 from scalevec.model.scales import decayed_scale_roles
 
 
 def role_weight_decay(role: str, cfg: OptimConfig, scfg: ScaleConfig) -> float:
     """Decoupled weight decay of a role (DESIGN.md §3 ``wd`` switch, §5): the scale roles as
-    ``scales.decayed_scale_roles`` says (the strategy's plan), at ``scale.weight_decay`` when it is set."""
+    ``scales.decayed_scale_roles`` says (the strategy's plan), at ``scale.weight_decay`` when it is set; a plain
+    model's ``bias`` never. ``KeyError`` for a role that is not in ``roles.GROUP_ROLES``."""
+    if role == BIAS:
+        return 0.0
     scale_decay = decayed_scale_roles(scfg)
     decayed = {
         "matrix": True,
@@ -177,13 +185,15 @@ class Muon(torch.optim.Optimizer):
 
 def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig,
                  roles: dict[str, str] | None = None) -> list[Group]:
-    """One group per role (and optimizer); asserts every parameter lands in exactly one group."""
-    roles = roles if roles is not None else model.param_roles()
-    named = dict(model.named_parameters())
+    """One ``Group`` per role (and optimizer) of ``model``'s trainable parameters, in ``GROUP_ROLES`` order (module
+    docstring; DESIGN.md §5). ``roles``: ``{name: role}``, default ``model_roles(model)``. ``AssertionError`` unless
+    every trainable parameter is in exactly one group."""
+    roles = roles if roles is not None else model_roles(model)
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if set(named) != set(roles):
         raise AssertionError(f"roles and parameters differ: {sorted(set(named) ^ set(roles))[:5]}")
     groups = []
-    for role in ROLES:  # the group table's order
+    for role in GROUP_ROLES:  # the group table's order
         names = [n for n in named if roles[n] == role]
         if not names:
             continue
@@ -196,6 +206,7 @@ def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig,
     covered = [n for g in groups for n in g.names]
     assert sorted(covered) == sorted(named) and len(covered) == len(set(covered)), \
         "a parameter is not in exactly one group"
+    assert len({id(p) for g in groups for p in g.params}) == len(covered), "a tensor sits in two groups"
     return groups
 
 
@@ -241,6 +252,12 @@ def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
     for opt in optimizers:
         for g in opt.param_groups:
             g["lr"] = g["peak_lr"] * multiplier
+
+
+def group_lrs(optimizers: list[torch.optim.Optimizer]) -> dict[str, float]:
+    """``{"lr.<role>": lr}``: the lr each optimizer group steps with now (its peak lr × the schedule's multiplier;
+    Muon's lr and the scale roles' ``scale.lr_mult`` included), read from the optimizers themselves."""
+    return {f"lr.{g['role']}": g["lr"] for opt in optimizers for g in opt.param_groups}
 
 
 def group_table(groups: list[Group]) -> str:

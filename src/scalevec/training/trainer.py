@@ -56,7 +56,7 @@ from scalevec.training.environment import run_meta
 from scalevec.training.exits import Preempted
 from scalevec.training.health import BLOWUP_RATIO, BLOWUP_STEPS, HealthGuard, TrainingDiverged
 from scalevec.training.monitors import EvalEvent, Monitor, RunContext, StepEvent, run_summary
-from scalevec.training.optim import build_optimizers, group_table, param_groups, set_lr
+from scalevec.training.optim import build_optimizers, group_lrs, group_table, param_groups, set_lr
 from scalevec.training.run_owner import RunDirOwner, TrainingFailed, check_target
 from scalevec.training.schedule import lr_multiplier, warmup_warning
 from scalevec.training.step import accumulate_gradients, evaluate
@@ -401,7 +401,8 @@ class Trainer:
             ev = StepEvent(step, self.step, loss, aux, grad_norm,
                            self.cfg.optim.lr * lr_multiplier(step, self.steps, self.cfg.schedule), per_step, dt, cpu,
                            elapsed=time.perf_counter() - t_start,
-                           logged=step % t.log_every == 0 or self.step == self.steps, evaluates=evaluates)
+                           logged=step % t.log_every == 0 or self.step == self.steps, evaluates=evaluates,
+                           group_lrs=group_lrs(self.optimizers))
             for m in self.monitors:
                 m.after_step(ev)
             if evaluates:
