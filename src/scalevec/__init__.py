@@ -2,8 +2,8 @@
 
 See DESIGN.md for the math and the layout; the public entry points are re-exported here. The integrations with
 other stacks (issue 36, docs/integrations.md: ``apply_strategy``, ``param_groups``, ``fold``, ``save``,
-``scale_metrics``, ``ScaleMetricsCallback``, ``add_scale_metrics``, ``to_scalevec``) are imported on first use,
-so that ``import scalevec`` does not import transformers.
+``scale_metrics``, ``ScaleMetricsCallback``, ``add_scale_metrics``, ``to_scalevec``, ``allow_any_weight_decay``)
+are imported on first use, so that ``import scalevec`` does not import transformers.
 """
 
 from scalevec.config import ModelConfig, MoEConfig, RunConfig, ScaleConfig
@@ -14,7 +14,7 @@ from scalevec.presets import PRESETS, get_preset
 __version__ = "0.1.0"
 
 _INTEGRATIONS = ("apply_strategy", "param_groups", "fold", "save", "to_scalevec", "scale_metrics",
-                 "ScaleMetricsCallback", "add_scale_metrics")
+                 "ScaleMetricsCallback", "add_scale_metrics", "allow_any_weight_decay")
 
 
 def __getattr__(name: str):

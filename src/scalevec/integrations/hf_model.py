@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from scalevec.config import PRESET_NAMES, ModelConfig, ScaleConfig
 from scalevec.hf_format.hf_import import load_plain, model_config_from_hf, plain_from_model
 from scalevec.hf_format.names import FORMATS
+from scalevec.integrations.wd_guard import guard_weight_decay
 from scalevec.model.fold import fold_scales
 from scalevec.model.kernels import FAST
 from scalevec.model.moe import Experts
@@ -383,6 +384,7 @@ def apply_strategy(model: nn.Module, strategy: str | ScaleConfig = "unified", **
         fold(model)
     info = _apply_hf(model, scfg, strategy_name(strategy, switches))
     model.scalevec_info = info
+    guard_weight_decay(model)  # no optimizer may step it with weight decay that breaks the strategy (wd_guard.py)
     if not info.function_preserved:
         warnings.warn(f"apply_strategy: strategy {info.strategy} -> THE FUNCTION CHANGES: {'; '.join(info.notes)}",
                       UserWarning, stacklevel=2)

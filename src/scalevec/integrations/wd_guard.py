@@ -1,0 +1,98 @@
+"""Refuse to step an optimizer whose weight decay breaks the strategy a model carries (DESIGN.md §5).
+
+A strategy decides which scale vectors are decayed: ``unified``/IWD decay the Input-Norm scales, no strategy
+decays an Output-Norm scale (QK-norm's, DNP's gate scale) or OR/ER's direction α (``scales.decayed_scale_roles``).
+An optimizer built by another rule — ``transformers.Trainer``'s own (decay everything but biases and norm names it
+knows), ``torch.optim.AdamW(model.parameters())`` (0.01 on everything), or any weight decay of 0 — silently trains
+another method. ``apply_strategy`` calls ``guard_weight_decay(model)``; from then on, before the first step of any
+torch optimizer that holds one of the model's scale vectors (torch's public global
+``torch.optim.optimizer.register_optimizer_step_pre_hook``, so every loop is covered: HF ``Trainer``, accelerate,
+Lightning, a hand-written one), the optimizer's groups are checked against the strategy and a wrong one raises
+``WeightDecayMismatch`` naming the first wrong tensor and the fix. The check runs once per optimizer (a passing
+optimizer is remembered, weakly), so a step costs one set lookup after that.
+
+The opt-out, for a user who means it: ``allow_any_weight_decay(model)``. A model without a strategy (never applied,
+or ``fold``-ed) is not checked. Not covered: an optimizer that holds flattened copies of the parameters instead of
+the parameters (FSDP1 without ``use_orig_params``, DeepSpeed ZeRO): nothing of the model is found in it, so it
+passes unchecked.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch import nn
+
+from scalevec.model.params import SCALE_ROLES
+from scalevec.model.roles import model_roles
+from scalevec.model.scales import decayed_scale_roles
+
+OPT_OUT = "_scalevec_any_weight_decay"  # the model attribute allow_any_weight_decay sets
+
+_guarded: weakref.WeakSet = weakref.WeakSet()  # models carrying a strategy
+_passed: weakref.WeakSet = weakref.WeakSet()  # optimizers already checked and found right
+_hook = None  # the one global step pre-hook, registered on the first guard_weight_decay
+
+
+class WeightDecayMismatch(ValueError):
+    """An optimizer's weight decay on a scale vector differs from what the model's strategy says (DESIGN.md §5)."""
+
+
+def guard_weight_decay(model: nn.Module) -> None:
+    """Check every optimizer that steps ``model``'s scale vectors against its strategy (``model.scalevec_info``)
+    before its first step (module docstring). Idempotent; holds ``model`` weakly."""
+    global _hook
+    _guarded.add(model)
+    if _hook is None:
+        _hook = register_optimizer_step_pre_hook(_check_before_step)
+
+
+def allow_any_weight_decay(model: nn.Module, allow: bool = True) -> nn.Module:
+    """Opt ``model`` out of the check (``allow=True``) or back in; returns ``model``. For a user who decays the scale
+    vectors differently from the strategy on purpose."""
+    model.__dict__[OPT_OUT] = bool(allow)
+    return model
+
+
+def weight_decay_mismatch(optimizer: torch.optim.Optimizer, model: nn.Module) -> str | None:
+    """The message for the first scale vector of ``model`` whose decay in ``optimizer`` (a group's ``weight_decay``
+    > 0, or not) differs from ``model.scalevec_info``'s strategy, in the optimizer's group order; ``None`` when all
+    agree, ``model`` carries no strategy, or ``optimizer`` holds none of its scale vectors. Only whether a tensor is
+    decayed is checked: the amount (``weight_decay``) is the user's, and so are the other roles."""
+    info = getattr(model, "scalevec_info", None)
+    if info is None:
+        return None
+    named = dict(model.named_parameters())
+    scales = {id(named[n]): (n, r) for n, r in model_roles(model).items() if r in SCALE_ROLES}
+    decayed = decayed_scale_roles(info.scale)
+    for group in optimizer.param_groups:
+        wd = group.get("weight_decay") or 0.0
+        for p in group["params"]:
+            if id(p) not in scales:
+                continue
+            name, role = scales[id(p)]
+            if (wd > 0) == (role in decayed):
+                continue
+            return (f"{name} ({role}) has weight_decay={wd:g} in {type(optimizer).__name__}, but strategy "
+                    f"{info.strategy} {'decays' if role in decayed else 'never decays'} {role} (DESIGN.md §5): build "
+                    f"the optimizer from scalevec.param_groups(model, lr, weight_decay) (transformers: "
+                    f"scalevec.integrations.hf_trainer.ScalevecTrainer), or call "
+                    f"scalevec.allow_any_weight_decay(model) if you mean it")
+    return None
+
+
+def _check_before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    if optimizer in _passed:
+        return
+    for model in list(_guarded):
+        if model.__dict__.get(OPT_OUT):
+            continue
+        problem = weight_decay_mismatch(optimizer, model)
+        if problem is not None:
+            raise WeightDecayMismatch(problem)
+    _passed.add(optimizer)
+
+
+__all__ = ["WeightDecayMismatch", "guard_weight_decay", "allow_any_weight_decay", "weight_decay_mismatch"]
