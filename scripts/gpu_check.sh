@@ -27,5 +27,5 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   echo "gpu_check: $PY cannot import torch; set PYTHON to a python3 with torch (>= 2.11)" >&2
   exit 2
 fi
-export PYTHON="$PY" PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHON="$PY" PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" SCALEVEC_CHECKOUT="$ROOT"
 exec "$PY" -m scalevec.bench.gpu_check "$1" --device "${DEVICE:-cuda}" ${BUDGET_S:+--budget-s "$BUDGET_S"} ${ONLY:+--only "$ONLY"}

@@ -41,9 +41,9 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, and its reproduction package
 
-from scalevec.experiments import ladder  # noqa: E402
+from reproduction import ladder  # noqa: E402
 
 STRATEGIES = ("baseline", "none", "unified")
 HELD_OUT_TARGET = 0.015  # nats: the planned half-width of Δ on the held-out seeds (issue 35)

@@ -1,5 +1,5 @@
 """Tables, figures and verdicts of docs/reproduction.md from the committed study results (issue 12); the claims,
-their cells and the studies that fill them are declared in ``scalevec.experiments.claims``.
+their cells and the studies that fill them are declared in ``reproduction.claims``.
 
     python scripts/reproduction.py                 # print the generated section
     python scripts/reproduction.py --write docs/reproduction.md   # replace it between the markers,
@@ -26,10 +26,10 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, and its reproduction package
 
-from scalevec.experiments import ladder  # noqa: E402
-from scalevec.experiments.claims import CLAIMS, scaling_size  # noqa: E402
+from reproduction import ladder  # noqa: E402
+from reproduction.claims import CLAIMS, scaling_size  # noqa: E402
 from scalevec.experiments.frames import MACHINE_COLUMNS, SUMMARY_COLUMNS, read_runs_csv  # noqa: E402
 from scalevec.experiments.stats import (  # noqa: E402
     fit_power_law,
@@ -681,7 +681,7 @@ def fit_points(cells: list, results: Path, corpus: str) -> tuple[dict[str, list]
     v3's Δ. A cell without a variant enters with ``FIT_MIN_HELD`` such seeds; every strategy is fitted on the same
     cells and seeds: a cell that one strategy lacks (still training) would make the compute multipliers compare
     fits of different data."""
-    from scalevec.experiments import ndfit, protocol3
+    from reproduction import ndfit, protocol3
 
     strategies = ("baseline", *V3_STRATEGIES)
     out: dict[str, list] = {s: [] for s in strategies}
@@ -722,7 +722,7 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
     the cells left out and why, and the compute multipliers."""
     import numpy as np
 
-    from scalevec.experiments import ndfit
+    from reproduction import ndfit
 
     lines = ["| corpus | strategy | cells (N, D) | E | A | α | B | β |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     mult = ["| corpus | strategy | " + " | ".join(MULTIPLIER_AT) + " |", "|---|---|" + "---:|" * len(MULTIPLIER_AT)]
@@ -829,7 +829,7 @@ def horizon_figure(cells: list, figures: Path) -> str:
 
 def delta_t_lines(cells: list, results: Path, figures: Path | None) -> list[str]:
     """Δ(t) at every evaluation of each horizon cell (held-out same-kind pairs), the WSD cell's with a figure."""
-    from scalevec.experiments import protocol3
+    from reproduction import protocol3
 
     lines = ["**Δ during training** (Δ(t): each evaluation of the horizon cells, on the same held-out same-kind "
              "pairs as their final Δ; tokens seen so far; the paper says `unified`'s advantage grows through WSD's "
@@ -905,7 +905,7 @@ def repetition_lines(quarter, full) -> list[str]:
 
 def v3_section(results: Path, figures: Path | None) -> list[str]:
     """Protocol v3 on every ladder cell, the horizon axis, the (N, D) fit and the figure (issue 35)."""
-    from scalevec.experiments import protocol3
+    from reproduction import protocol3
 
     cells = protocol3.read_ladder_cells(results)
     lines = ["### Protocol v3: every ladder cell, both budgets (issue 35)", ""]
@@ -998,7 +998,7 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
 
 
 def ndfit_alphas() -> tuple:
-    from scalevec.experiments import ndfit
+    from reproduction import ndfit
 
     return ndfit.ALPHAS
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The reproduction study (docs/reproduction.md): every study declared in scalevec.experiments.claims, in its
-# order (`python -m scalevec.experiments.claims ladder|first` lists them: NAME CELL OPTIONAL), each
+# The reproduction study (docs/reproduction.md): every study declared in reproduction.claims, in its
+# order (`python -m reproduction.claims ladder|first` lists them: NAME CELL OPTIONAL), each
 # sweeps/study-NAME.yaml into results/CELL. Resumable: rerun the same command after an interruption; finished
 # runs are skipped and failed ones retried (a second pass does that too). One run at a time, one thread each
 # (STUDY_JOBS=2 on an idle 2-core machine trains two at once, measured 2x the throughput).
@@ -33,7 +33,7 @@ study() {  # study NAME CELL: sweeps/study-NAME.yaml into results/CELL
 }
 part() {  # part ladder|horizon|first: run its declared studies (an optional one only where its file exists)
     local plan name cell optional
-    plan=$("$PY" -m scalevec.experiments.claims "$1") || { echo "!! cannot list the studies of $1" >&2; exit 2; }
+    plan=$("$PY" -m reproduction.claims "$1") || { echo "!! cannot list the studies of $1" >&2; exit 2; }
     while read -r name cell optional; do
       if [ "$optional" = 1 ] && [ ! -f "sweeps/study-$name.yaml" ]; then continue; fi
       study "$name" "$cell"

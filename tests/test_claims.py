@@ -1,4 +1,4 @@
-"""scalevec.experiments.claims, the one declaration of the reproduction study: every committed study file is
+"""reproduction.claims, the one declaration of the reproduction study: every committed study file is
 declared once, every claim's cells are filled by declared studies, and scripts/study.sh reads that list."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from scalevec.experiments import claims, ladder
+from reproduction import claims, ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,7 @@ from scalevec.experiments import compare, sweep
 from scalevec.experiments.sweep import expand, spec_from_dict
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # the committed study `--lr tuned` reads
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -31,7 +32,7 @@ def test_no_arguments_is_the_main_job():
     d = compare.DEFAULTS
     assert [r.name for r in runs] == [f"{s}_s{i}" for s in d["strategies"].split(",") for i in range(d["seeds"])]
     key = (d["preset"], "shakespeare", "bytes", d["optimizer"], d["schedule"], d["tokens_per_param"])
-    tuned = compare.study_lrs(compare.TUNED[key])
+    tuned = compare.study_lrs(compare.TUNED[key], RESULTS)
     base_params = sweep.baseline_params(runs[0].cfg)
     for r in runs:
         assert r.cfg.preset == d["preset"] and r.cfg.optim.lr == tuned[r.cfg.strategy]
@@ -49,21 +50,22 @@ def test_no_arguments_is_the_main_job():
     assert strip[0] != strip[1]
 
 
-def test_tuned_lrs_are_read_from_the_committed_results_it_cites(tmp_path, monkeypatch):
-    """--lr tuned reads results/<cell>/results.csv (the study's best_value), and a missing file is a one-line
-    ValueError naming the folder, never a silent default."""
+def test_tuned_lrs_are_read_from_the_results_folder_it_is_given(tmp_path, monkeypatch):
+    """--lr tuned reads RESULTS/<cell>/results.csv (the study's best_value; RESULTS defaults to ``results`` in the
+    working directory, never the checkout found from the module's path), and a missing file is a one-line
+    ValueError naming it, never a silent default."""
     import csv
 
     key = ("cpu-80k", "shakespeare", "bytes", "adamw", "cosine", 20.0)
     cell = compare.TUNED[key]
-    with (compare.REPO / cell.folder / "results.csv").open() as f:
+    with (RESULTS / cell.folder / "results.csv").open() as f:
         committed = {r["strategy"]: float(r["best_value"]) for r in csv.DictReader(f)}
-    assert compare.study_lrs(cell) == committed
-    missing = compare.TunedCell("results/no-such-cell", {})
-    monkeypatch.setattr(compare, "REPO", tmp_path)
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="results/no-such-cell/results.csv, which is not here"):
-        compare.study_lrs(missing)
+    assert compare.study_lrs(cell, RESULTS) == committed
+    monkeypatch.chdir(RESULTS.parent)
+    assert compare.study_lrs(cell) == committed  # the default: results/ under the working directory
+    monkeypatch.chdir(tmp_path)  # no results/ here: the default finds nothing, whatever checkout scalevec is in
+    with pytest.raises(ValueError, match=f"results/{cell.folder}/results.csv, which is not here"):
+        compare.study_lrs(cell)
 
 
 def test_every_tuned_cell_is_the_committed_study_of_its_key():
@@ -75,15 +77,15 @@ def test_every_tuned_cell_is_the_committed_study_of_its_key():
     from scalevec.presets import get_preset
 
     for key, cell in compare.TUNED.items():
-        name = cell.folder.removeprefix("results/")
-        base = yaml.safe_load((compare.REPO / "sweeps" / f"study-{name}.yaml").read_text())["base"]
+        name = cell.folder
+        base = yaml.safe_load((RESULTS.parent / "sweeps" / f"study-{name}.yaml").read_text())["base"]
         trained = (base["preset"], base["data"]["source"], base["data"]["tokenizer"], base["optim"]["name"],
                    base["schedule"]["name"], float(base["tokens_per_param"]))
         assert trained == key, name
         assert {"batch_size": base["train"]["batch_size"], "seq_len": base["train"]["seq_len"]} == compare.TUNED_AT
         assert base["schedule"]["warmup_frac"] == cell.protocol["schedule.warmup_frac"], name
         assert get_preset(key[0]).init_width == cell.protocol["model.init_width"], name  # the study's init
-        assert {"baseline", "none", "unified"} <= set(compare.study_lrs(cell)), name
+        assert {"baseline", "none", "unified"} <= set(compare.study_lrs(cell, RESULTS)), name
 
 
 def test_tuned_lr_refuses_a_setting_the_study_did_not_cover():

@@ -129,7 +129,7 @@ def test_horizon_cell_is_centred_on_the_20_token_pick_times_the_shift(lp, capsys
 def test_committed_horizon_evidence_and_passes():
     """On the committed first-protocol cells the exponent is log(2 · 1/4)/6/log 5 = −0.0718 (4 picks unchanged,
     unified ×2 and ×1/4), and cpu-25k at 100 tokens per parameter makes 0.91 passes over Shakespeare (issue 35)."""
-    from scalevec.experiments import ladder
+    from reproduction import ladder
 
     s, pairs = ladder.horizon_exponent(ROOT / "results")
     assert s == pytest.approx(math.log(0.5) / 6 / math.log(5), rel=1e-9)
@@ -144,7 +144,7 @@ def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp,
     says how to build it; without the flag a 20-token prose cell is refused (there is nothing to predict from),
     and the flag is refused on a GPU-ladder rung."""
     from scalevec.config_codec import load_yaml
-    from scalevec.experiments import ladder
+    from reproduction import ladder
     from scalevec.experiments.study import parse
 
     fake_results(tmp_path / "results")
@@ -176,7 +176,7 @@ def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp,
 def test_every_horizon_cell_on_prose_makes_under_one_pass():
     """The third corpus exists so that no planned cell repeats data (issue 35): cpu-10k/25k/80k at 20 and 100 and
     cpu-10k/25k at 400 all stay under one pass over its 16,917,603 training tokens, and claims.HORIZON lists them."""
-    from scalevec.experiments import claims, ladder
+    from reproduction import claims, ladder
 
     planned = [(r, d) for r in ("cpu-10k", "cpu-25k", "cpu-80k") for d in (20, 100)] + [("cpu-10k", 400),
                                                                                          ("cpu-25k", 400)]
@@ -211,7 +211,7 @@ def test_one_lr_reached_by_two_strategies_is_written_once(lp, capsys, tmp_path):
     0.035636: two lrs in every table and two run names for one lr. The plan writes the first one for both; no two
     lrs of the file lie within ladder.SAME_LR_REL of each other unless equal."""
     from scalevec.config_codec import load_yaml
-    from scalevec.experiments import ladder
+    from reproduction import ladder
     from scalevec.experiments.study import parse
 
     results = tmp_path / "results"  # the committed picks and evidence, without the cell that has run already

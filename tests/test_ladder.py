@@ -134,7 +134,7 @@ def test_fit_line_recovers_a_line_and_covers_it():
 def test_predict_lr_follows_the_smaller_rungs_power_law():
     """Tuned lrs on a power law lr = c·N^-0.8 over 3 rungs predict the next rung's exactly; with fewer rungs the
     prior slope -1/2 runs through their geometric mean."""
-    from scalevec.experiments.ladder import lr_grid, predict_lr
+    from reproduction.ladder import lr_grid, predict_lr
 
     pts = [(n, 3.0 * n ** -0.8) for n in (9660, 24672, 83280)]
     assert predict_lr(pts, 196672) == pytest.approx(3.0 * 196672 ** -0.8, rel=1e-9)
@@ -146,7 +146,7 @@ def test_predict_lr_follows_the_smaller_rungs_power_law():
 
 def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
     """Δ rows in the ladder's results.csv -> a trend through them, evaluated at the 0.12B model's N."""
-    from scalevec.experiments import ladder
+    from reproduction import ladder
 
     head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
             "non_embedding_params\n")
@@ -167,7 +167,7 @@ def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
 
 def fake_rungs(results, corpus: str, k: dict[str, float], exponent: float, seeds: int) -> None:
     """cpu-10k and cpu-25k results.csv files whose tuned lr is ``k[strategy] · N^exponent`` (no Δ columns)."""
-    from scalevec.experiments import ladder
+    from reproduction import ladder
 
     head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
             "non_embedding_params\n")
@@ -188,7 +188,7 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     from pathlib import Path
 
     from scalevec.config_codec import load_yaml
-    from scalevec.experiments import ladder
+    from reproduction import ladder
     from scalevec.experiments.study import parse
 
     fake_rungs(tmp_path, "kjv", {"baseline": 3.0, "none": 2.0, "unified": 6.0}, -0.5, seeds=10)
@@ -223,7 +223,7 @@ def test_gpu_ladder_smallest_rung_runs_on_cpu(tmp_path):
     import subprocess
     from pathlib import Path
 
-    from scalevec.experiments import ladder
+    from reproduction import ladder
 
     root = Path(__file__).resolve().parents[1]
     fake_rungs(tmp_path, "shakespeare", {"baseline": 0.6, "none": 0.5, "unified": 1.2}, -0.3, seeds=2)

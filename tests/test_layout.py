@@ -263,3 +263,108 @@ def test_imports_of_reads_nested_and_relative_imports(tmp_path, monkeypatch, sou
     f.write_text(source)
     monkeypatch.setitem(MODULES, "scalevec.hf.probe", f)
     assert [t for t, _, _ in imports_of("scalevec.hf.probe")] == expected
+
+
+ROOT = SRC.parent  # the checkout: its study (reproduction/, scripts/, results/) is not part of the library
+CHECKOUT_FOLDERS = ("scripts", "results", "reproduction", "sweeps", "tests")
+
+
+def climbs_out(node: ast.AST, depth: int) -> bool:
+    """Whether ``node`` is ``….parents[k]`` or a chain of ``.parent`` that reaches above a module ``depth``
+    folders below ``src/scalevec`` (a module of ``scalevec/x/`` has depth 1: ``parents[1]`` is ``scalevec``)."""
+    if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "parents"
+            and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int)):
+        return node.slice.value > depth
+    ups = 0
+    while isinstance(node, ast.Attribute) and node.attr == "parent":
+        ups, node = ups + 1, node.value
+    return ups > depth + 1  # Path(__file__).parent is the module's own folder
+
+
+def test_no_installed_module_finds_the_checkout_or_imports_the_study():
+    """No module of src/scalevec climbs from its own path out of the package (``parents[3]``: the checkout an
+    editable install happens to run from) or imports the repository's ``reproduction`` study: an installed
+    scalevec reads only the paths it is given."""
+    bad = []
+    for m, path in MODULES.items():
+        depth = len(path.relative_to(SRC / "scalevec").parts) - 1
+        for node in _nodes(path):
+            if climbs_out(node, depth):
+                bad.append(f"{m}:{node.lineno} climbs out of the package from its own path")
+            if isinstance(node, ast.Import):
+                roots = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                roots = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            if "reproduction" in roots:
+                bad.append(f"{m}:{node.lineno} imports the reproduction study")
+    assert not bad, "\n".join(bad)
+
+
+def test_climbs_out_sees_parents_and_parent_chains():
+    """The checker flags ``parents[3]`` and ``.parent.parent.parent`` from a depth-1 module, not ``parents[1]``."""
+    expr = lambda text: ast.parse(text, mode="eval").body  # noqa: E731
+    assert climbs_out(expr("Path(__file__).resolve().parents[3]"), 1)
+    assert climbs_out(expr("Path(__file__).parent.parent.parent"), 1)
+    assert not climbs_out(expr("Path(__file__).resolve().parents[1]"), 1)
+    assert not climbs_out(expr("Path(__file__).parent / 'corpora'"), 1)
+
+
+def test_study_modules_live_outside_the_installed_package():
+    """Every module that ``scripts/`` or ``reproduction/`` import from scalevec is also imported inside the
+    library or is a ``scalevec`` subcommand: a module only the reproduction uses belongs in ``reproduction/``."""
+    from scalevec.cli import SUBCOMMANDS
+
+    used_inside = {t for deps in graph().values() for t in deps} | {m for _, m, _ in SUBCOMMANDS}
+    outside = [p for folder in ("scripts", "reproduction") for p in sorted((ROOT / folder).rglob("*.py"))]
+    assert outside, "no scripts found"
+    bad = []
+    for path in outside:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                         for a in node.names]
+            for name in names:
+                if name in MODULES and name not in used_inside and name != FACADE:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}, used by no module of "
+                               f"scalevec: move it into reproduction/")
+    assert not bad, "\n".join(bad)
+
+
+# An audit hook (PEP 578) sees every open, listdir and scandir while every module of the package is imported.
+IMPORT_PROBE = """
+import importlib, os, pkgutil, sys
+root, hits = os.path.realpath(sys.argv[1]), []
+folders = tuple(os.path.join(root, f) + os.sep for f in sys.argv[2].split(","))
+def hook(event, args):
+    if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.realpath(os.fsdecode(args[0])) + os.sep
+        if path.startswith(folders):
+            hits.append(f"{event} {path}")
+sys.addaudithook(hook)
+os.chdir(root)  # from the checkout itself, where a relative results/ would be found
+import scalevec
+for m in pkgutil.walk_packages(scalevec.__path__, "scalevec."):
+    if not m.name.endswith("__main__"):  # `python -m scalevec` runs the CLI
+        importlib.import_module(m.name)
+hits += [f"imported {m}" for m in sys.modules if m.split(".")[0] == "reproduction"]
+print("\\n".join(hits))
+"""
+
+
+@pytest.mark.slow
+def test_importing_scalevec_touches_no_checkout_folder():
+    """``import scalevec`` and the import of every installed module, run from the checkout, open or list nothing
+    under scripts/, results/, reproduction/, sweeps/ or tests/, and import no reproduction module."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", IMPORT_PROBE, str(ROOT), ",".join(CHECKOUT_FOLDERS)],
+                           capture_output=True, text=True, timeout=300,
+                           env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.strip() == "", f"importing scalevec touched the checkout:\n{probe.stdout}"

@@ -1,4 +1,4 @@
-"""The (N, D) fit of issue 35 (scalevec.experiments.ndfit): it recovers known parameters from synthetic seeds within
+"""The (N, D) fit of issue 35 (reproduction.ndfit): it recovers known parameters from synthetic seeds within
 its bootstrap intervals, says when the data cannot identify a parameter, and turns fits into compute multipliers."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scalevec.experiments import ndfit
+from reproduction import ndfit
 
 TRUE = ndfit.NDFit(E=1.2, A=0.6, alpha=0.35, B=0.5, beta=0.3, sse=0.0, n_points=0, cells=0)
 SIZES = (9660, 24672, 83280, 196672, 554016)  # the ladder's non-embedding N

@@ -1,4 +1,4 @@
-"""Protocol v3 (issue 35, scalevec.experiments.protocol3): Δ on held-out seeds only, pairs across CPU kinds left out,
+"""Protocol v3 (issue 35, reproduction.protocol3): Δ on held-out seeds only, pairs across CPU kinds left out,
 each pick's margin over its runner-up with its standard error, cells read while still training."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scalevec.experiments import protocol3
+from reproduction import protocol3
 
 COLUMNS = ["run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
            "tokens", "params", "non_embedding_params", "wall_time_s", "cpu", "cpu_capability"]

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("reproduction", ROOT / "scripts" / "reproduction.py")
+    spec = importlib.util.spec_from_file_location("reproduction_script", ROOT / "scripts" / "reproduction.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["reproduction"] = mod  # its dataclasses look their module up there
+    sys.modules["reproduction_script"] = mod  # its dataclasses look their module up there ("reproduction" is the package)
     spec.loader.exec_module(mod)
     return mod
 
@@ -125,7 +125,7 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     stub.write_text(f'#!/usr/bin/env bash\necho "$2 $4" >> {log}\n')  # study FILE --out DIR ...
     stub.chmod(0o755)
     env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "PYTHON": sys.executable, "REDO": "1",
-           "MARKS": "0", "BUILD": "0"}  # run all, mark nothing, build no corpus
+           "MARKS": "0", "BUILD": "0", "PYTHONPATH": str(ROOT / "src")}  # run all, mark nothing, build no corpus
     subprocess.run(["bash", str(ROOT / "scripts" / "study.sh")], env=env, check=True, capture_output=True)
     for bad in ([""], ["ladder", "extra"], ["bogus"]):  # an empty part is a mistake, not "all"
         p = subprocess.run(["bash", str(ROOT / "scripts" / "study.sh"), *bad], env=env, capture_output=True,
@@ -134,7 +134,7 @@ def test_study_script_runs_every_committed_study_file_into_its_folder(tmp_path):
     calls = {tuple(line.split()) for line in log.read_text().splitlines()}
     ran = {f for f, _ in calls}
     committed = {f"sweeps/{p.name}" for p in (ROOT / "sweeps").glob("study-*.yaml")}
-    assert committed - ran == set(), "not declared in scalevec.experiments.claims"
+    assert committed - ran == set(), "not declared in reproduction.claims"
     assert ran - committed == set(), "declared, not optional, but its file is missing"
     for f, out in calls:
         header = re.search(r"--out (\S+)", (ROOT / f).read_text())
@@ -151,10 +151,12 @@ def test_study_script_skips_a_finished_study_until_its_file_changes(tmp_path):
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "study.sh", root / "scripts" / "study.sh")
     shutil.copytree(ROOT / "sweeps", root / "sweeps")
+    shutil.copytree(ROOT / "reproduction", root / "reproduction")  # the declaration of the studies it runs
     log, stub = tmp_path / "calls.txt", tmp_path / "sv"
     stub.write_text(f'#!/usr/bin/env bash\necho "$2" >> {log}\n')
     stub.chmod(0o755)
-    base_env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "PYTHON": sys.executable}
+    base_env = {"PATH": "/usr/bin:/bin", "SCALEVEC": str(stub), "PYTHON": sys.executable,
+                "PYTHONPATH": str(ROOT / "src")}
     run = lambda **env: subprocess.run(["bash", str(root / "scripts" / "study.sh"), "ladder"], check=True,
                                        capture_output=True, env={**base_env, **env})
     (root / "results" / "ladder-cpu-10k-kjv").mkdir(parents=True)

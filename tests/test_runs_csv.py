@@ -13,7 +13,7 @@ import pytest
 
 import fakerun
 from scalevec.config_codec import to_dict
-from scalevec.experiments import protocol3
+from reproduction import protocol3
 from scalevec.experiments.frames import read_runs_csv, runs_frame, to_csv
 from scalevec.experiments.records import load_runs
 from scalevec.experiments.sweep import expand, spec_from_dict

@@ -49,7 +49,9 @@ from scalevec.bench.gpu_summary import Stage, write_summary
 from scalevec.training.checkpoint.layout import CKPT_DIR
 from scalevec.training.rundir import DONE, METRICS, SUMMARY
 
-ROOT = Path(__file__).resolve().parents[3]  # the checkout (scripts/, tests/, results/)
+# the checkout whose scripts/, tests/ and results/ the stages run: scripts/gpu_check.sh names it, else the working
+# directory (an installed module never finds a checkout from its own path)
+ROOT = Path(os.environ.get("SCALEVEC_CHECKOUT") or Path.cwd()).resolve()
 BUDGET_S = {"cuda": 510, "cpu": 240}  # cuda: fits a 9-minute window with the tarball and a margin
 MIN_STAGE_S = 20  # a stage that would get less than this is skipped
 LADDER_RUNG = "cpu-1m"

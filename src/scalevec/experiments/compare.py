@@ -9,9 +9,9 @@ matrices (the trainer guarantees it), which is what makes the per-seed differenc
 ``scalevec compare`` with no arguments is the project's main job; its settings are ``DEFAULTS`` below
 (the one place to change them). A fair comparison puts every strategy at its own best lr (issue 12):
 with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
-found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the committed results
-folder it reads them from, ``results/ladder-<rung>-<corpus>/results.csv``, and the protocol they were tuned
-under, the ladder's);
+found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the study's cell it reads
+them from, ``RESULTS/ladder-<rung>-<corpus>/results.csv`` with ``--results RESULTS``, default ``results`` in the
+working directory, and the protocol they were tuned under, the ladder's);
 ``--lr 3e-3,1e-2`` tunes on the spot instead, and ``--lr 1e-2`` puts every strategy at one lr (a test of lr
 tolerance, not of the strategies).
 """
@@ -28,7 +28,6 @@ import yaml
 
 from scalevec.config import ScaleConfig
 from scalevec.config_codec import YAMLBoundError, safe_load, section_message, section_of
-from scalevec.experiments import ladder
 from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import run_sweep
 from scalevec.experiments.sweep_spec import canonical_key, spec_from_dict
@@ -49,11 +48,12 @@ DEFAULTS = {
     "seq_len": 128,
     "eval_every": 100,
     "out": "runs/compare",
+    "results": "results",  # the committed study `--lr tuned` reads, relative to the working directory
 }
 
 @dataclass(frozen=True)
 class TunedCell:
-    """A committed study cell that ``--lr tuned`` reads: ``folder`` (``results/<cell>`` in the repository; its
+    """A committed study cell that ``--lr tuned`` reads: ``folder`` (``<cell>`` in the study's results folder; its
     ``results.csv`` holds each strategy's tuned lr as ``best_value``) and ``protocol``, the cell's settings that
     are not compare's own flags, applied to every run so that the lrs are used under the setting they were
     tuned in (the ladder's: the 0.12B model's init regime and warmup over 5 % of the steps, DESIGN.md §2)."""
@@ -62,29 +62,29 @@ class TunedCell:
     protocol: dict
 
 
-# The ladder's protocol (issue 23), pinned so that a changed preset default cannot move the main job off it.
-LADDER_PROTOCOL = {"model.init_width": LADDER_INIT_WIDTH, "schedule.warmup_frac": ladder.WARMUP_FRAC}
-# The study cells behind `--lr tuned`: the ladder's finished rungs (sweeps/study-ladder-RUNG-CORPUS.yaml; each
-# lr picked on the mean of two seeds). Key: (preset, corpus, tokenizer, optimizer, schedule, tokens per
-# parameter) at batch 16 × 128 tokens.
+# The ladder's protocol, pinned so that a changed preset default cannot move the main job off it: the 0.12B
+# model's init regime and warmup over 5 % of the steps on every rung (DESIGN.md §2: the same regime on every rung).
+LADDER_WARMUP_FRAC = 0.05
+LADDER_PROTOCOL = {"model.init_width": LADDER_INIT_WIDTH, "schedule.warmup_frac": LADDER_WARMUP_FRAC}
+# The study cells behind `--lr tuned`: the ladder's finished rungs on the two bundled corpora
+# (sweeps/study-ladder-RUNG-CORPUS.yaml; each lr picked on the mean of two seeds). Key: (preset, corpus,
+# tokenizer, optimizer, schedule, tokens per parameter) at batch 16 × 128 tokens.
 TUNED: dict[tuple, TunedCell] = {
-    (rung, corpus, "bytes", "adamw", "cosine", 20.0): TunedCell(f"results/ladder-{rung}-{corpus}", LADDER_PROTOCOL)
-    for rung in ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k") for corpus in ladder.CORPORA
+    (rung, corpus, "bytes", "adamw", "cosine", 20.0): TunedCell(f"ladder-{rung}-{corpus}", LADDER_PROTOCOL)
+    for rung in ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k") for corpus in ("shakespeare", "kjv")
 }
 TUNED_AT = {"batch_size": 16, "seq_len": 128}
-REPO = Path(__file__).resolve().parents[3]  # the checkout an editable install runs from
 
 
-def study_lrs(cell: TunedCell) -> dict[str, float]:
-    """Each strategy's tuned lr from ``cell.folder/results.csv`` (in the working directory, else the checkout
-    scalevec runs from). ``ValueError`` naming the folder when it is missing or has no tuned lr."""
-    for root in (Path.cwd(), REPO):
-        path = root / cell.folder / "results.csv"
-        if path.is_file():
-            break
-    else:
-        raise ValueError(f"--lr tuned reads the committed study in {cell.folder}/results.csv, which is not here; "
-                         f"run from the scalevec repository checkout, or pass --lr with a comma list to tune now")
+def study_lrs(cell: TunedCell, results: Path | str = DEFAULTS["results"]) -> dict[str, float]:
+    """Each strategy's tuned lr from ``results/cell.folder/results.csv`` (``results``: the study's results folder,
+    a relative one read from the working directory). ``ValueError`` naming the file and the fix when it is missing
+    or has no tuned lr."""
+    path = Path(results) / cell.folder / "results.csv"
+    if not path.is_file():
+        raise ValueError(f"--lr tuned reads the committed study in {path}, which is not here; run from the "
+                         f"scalevec repository checkout or pass --results FOLDER, or pass --lr with a comma list "
+                         f"to tune now")
     with path.open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("tuned") == "optim.lr" and r.get("best_value")]
     if not rows:
@@ -118,6 +118,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="corpus (default: the bundled Shakespeare); see `scalevec train --help`")
     p.add_argument("--tokenizer", help="bytes (default), bpe:N or a tokenizer.json")
     p.add_argument("--out", default=d["out"], help=f"output folder (default {d['out']}); rerun to resume")
+    p.add_argument("--results", default=d["results"],
+                   help=f"the study's results folder that --lr tuned reads (default {d['results']}, as in the "
+                        f"repository checkout)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
     p.add_argument("--threads", type=int, help="CPU threads per run (default: the usable CPUs split between --jobs); "
                                                "a loss is bitwise reproducible at the same thread count only")
@@ -147,7 +150,7 @@ def tuned_lrs(args: argparse.Namespace, strategies: list[str], tpp: float | None
             "the study has no tuned lr for this setting"
         raise ValueError(f"--lr tuned: {why} (tuned settings: {known}); pass --lr with a comma list to tune now "
                          f"(e.g. --lr 5e-3,1e-2,2e-2) or run `scalevec study`")
-    table = study_lrs(cell)
+    table = study_lrs(cell, getattr(args, "results", DEFAULTS["results"]))
     missing = [s for s in strategies if s not in table]
     if missing:
         raise ValueError(f"--lr tuned: no tuned lr for {', '.join(missing)} in this setting (tuned: "
@@ -251,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
         if str(args.lr).strip() == "tuned":
             lrs = {v["strategy"]: v["optim.lr"] for v in dict(spec.axes)["strategy"]}
             tpp = args.tokens_per_param if args.tokens_per_param is not None else DEFAULTS["tokens_per_param"]
-            print(f"lr per strategy (tuned, read from {_tuned_cell(args, tpp).folder}/results.csv): "
+            print(f"lr per strategy (tuned, read from {Path(args.results) / _tuned_cell(args, tpp).folder}"
+                  f"/results.csv): "
                   + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()))
         return rc
     analysis = write_report(args.out, quiet=True)

@@ -4,7 +4,7 @@ claims of the paper those cells answer (docs/reproduction.md).
 A *study* is ``sweeps/study-NAME.yaml`` run by ``scalevec study`` into ``results/CELL/``; several studies may
 fill one cell (C5 reuses C6's baseline runs; the ``-seeds`` studies add seeds to a cell). A *claim* names the
 cells it is read in, its control arm and its arms with the direction the paper states. ``scripts/study.sh``
-runs the studies in the order declared here (``python -m scalevec.experiments.claims ladder|first``) and
+runs the studies in the order declared here (``python -m reproduction.claims ladder|first``) and
 ``scripts/reproduction.py`` reads the claims from here; tests check that every committed study file is
 declared once and that every claim's cells are filled by a declared study.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from scalevec.experiments import ladder
+from reproduction import ladder
 
 
 @dataclass(frozen=True)
@@ -154,12 +154,12 @@ def scaling_size(cell: str) -> tuple[str, int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m scalevec.experiments.claims ladder|horizon|first|all``: one ``NAME CELL OPTIONAL`` line per study,
+    """``python -m reproduction.claims ladder|horizon|first|all``: one ``NAME CELL OPTIONAL`` line per study,
     in run order (what scripts/study.sh reads). Exit 2 on another argument."""
     args = sys.argv[1:] if argv is None else argv
     part = {"ladder": LADDER, "horizon": HORIZON, "first": FIRST, "all": STUDIES}.get(args[0] if len(args) == 1 else "")
     if part is None:
-        print("usage: python -m scalevec.experiments.claims ladder|horizon|first|all", file=sys.stderr)
+        print("usage: python -m reproduction.claims ladder|horizon|first|all", file=sys.stderr)
         return 2
     for s in part:
         print(s.name, s.cell, int(s.optional))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalevec.experiments import stats
+from scalevec.experiments.compare import LADDER_WARMUP_FRAC
 
 CPU_RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")  # scripts/study.sh ladder
 GPU_RUNGS = ("cpu-1m", "gpu-3m", "gpu-6m", "gpu-14m", "gpu-30m")  # scripts/gpu_ladder.sh
@@ -34,7 +35,7 @@ RUNGS = CPU_RUNGS + GPU_RUNGS  # by N
 CORPORA = ("shakespeare", "kjv")  # the 20-token ladder's (issue 23): the two bundled corpora
 TARGET = "llama-0.12b"  # the paper's smallest model
 GRID_FACTOR = math.sqrt(2)
-WARMUP_FRAC = 0.05  # every rung warms up over 5 % of its steps (DESIGN.md §2: the same regime on every rung)
+WARMUP_FRAC = LADDER_WARMUP_FRAC  # every rung warms up over 5 % of its steps, as `scalevec compare` pins it
 
 
 def folder(results: Path, rung: str, corpus: str) -> Path:
