@@ -28,12 +28,10 @@ says which checkpoint and step it continues from.
 from __future__ import annotations
 
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -53,7 +51,7 @@ from scalevec.training.checkpoint import layout
 from scalevec.training.checkpoint.save_load import resume_checkpoint, save_checkpoint, writer_tag
 from scalevec.training.console import Console
 from scalevec.training.environment import run_meta
-from scalevec.training.exits import Preempted
+from scalevec.training.exits import Preempted, deferred_sigint
 from scalevec.training.health import BLOWUP_RATIO, BLOWUP_STEPS, HealthGuard, TrainingDiverged
 from scalevec.training.monitors import EvalEvent, Monitor, RunContext, StepEvent, run_summary
 from scalevec.training.optim import build_optimizers, group_lrs, group_table, param_groups, set_lr
@@ -66,38 +64,6 @@ from scalevec.training.telemetry import ScaleTelemetry
 # after the first step that ends CKPT_MINUTES of training after the last one, so a slow run (a big model, a
 # loaded machine) never loses more than that to a kill. 0 turns both off (a checkpoint at the end only).
 CKPT_MINUTES = 30.0
-
-
-@contextmanager
-def deferred_sigint(sigint: bool = True):
-    """Within the block, a first Ctrl-C only sets ``flag["set"]`` and SIGTERM sets ``flag["term"]``
-    (both checked between steps, so a step is never cut in half); a second Ctrl-C interrupts at once.
-    Off outside the main thread; SIGINT is left alone when ``sigint`` is false or when someone else
-    handles it."""
-    flag = {"set": False, "term": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def on_int(signum, frame):
-        if flag["set"]:
-            signal.default_int_handler(signum, frame)
-        flag["set"] = True
-
-    def on_term(signum, frame):
-        flag["term"] = True
-
-    own_int = sigint and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    old_term = signal.getsignal(signal.SIGTERM)
-    if own_int:
-        signal.signal(signal.SIGINT, on_int)
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield flag
-    finally:
-        if own_int:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, old_term)
 
 
 class Trainer:
@@ -373,24 +339,18 @@ class Trainer:
             if self.world > 1:  # every rank must agree: a stop and a checkpoint are collectives
                 flags = torch.tensor([float(term), float(overdue)], device=self.device)
                 term, overdue = (v > 0 for v in distributed.all_reduce_sum(flags).tolist())
-            if term:
+            if term or interrupt["set"]:  # checkpoint the completed steps, then stop: --resume continues
                 if self.step > saved:
                     self.elapsed = time.perf_counter() - t_start
                     self.checkpoint()
-                raise Preempted(f"SIGTERM: stopped after step {self.step}"
-                                + (f" with a checkpoint; continue with: scalevec train --resume --out {self.out}"
-                                   if layout.checkpoint_dirs(self.out) else
-                                   f" before any checkpoint; continue with: scalevec train --resume --out {self.out} "
-                                   f"(starts at step 0)"))
-            if interrupt["set"]:
-                if self.step > saved:
-                    self.elapsed = time.perf_counter() - t_start
-                    self.checkpoint()
+                again = f"continue with: scalevec train --resume --out {self.out}"
+                if term:
+                    raise Preempted(f"SIGTERM: stopped after step {self.step}" + (
+                        f" with a checkpoint; {again}" if layout.checkpoint_dirs(self.out) else
+                        f" before any checkpoint; {again} (starts at step 0)"))
                 if self.write:
-                    print(f"interrupted after step {self.step}; continue with: scalevec train --resume --out {self.out}"
-                          if self.step > 0 else f"interrupted before the first step; continue with: scalevec train "
-                                                f"--resume --out {self.out} (starts at step 0)",
-                          file=sys.stderr, flush=True)
+                    print(f"interrupted after step {self.step}; {again}" if self.step > 0 else
+                          f"interrupted before the first step; {again} (starts at step 0)", file=sys.stderr, flush=True)
                 raise KeyboardInterrupt
             step = self.step
             t0, c0 = time.perf_counter(), time.process_time()
@@ -441,4 +401,4 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
 
 # TrainingDiverged, TrainingFailed and the blow-up constants are part of this module's interface (command.py, tests)
 __all__ = ["BLOWUP_RATIO", "BLOWUP_STEPS", "CKPT_MINUTES", "Trainer", "TrainingDiverged", "TrainingFailed",
-           "check_target", "deferred_sigint", "train"]
+           "check_target", "train"]
