@@ -1,7 +1,8 @@
 """``prepare_data(DataConfig) -> TokenData``: the corpus the trainer reads, tokenized once and cached (DESIGN.md §8).
 
     prepare_data(DataConfig)          -> TokenData   train / val token streams as memmaps, cached on disk
-                                                     (or a `prepare-data` folder's shards: prepared.py)
+                                                     (or a `prepare-data` folder's shards: prepared.py;
+                                                     nanoGPT's / OLMo-core's token files: token_files.py)
     check_source(DataConfig)          -> None        what prepare_data checks before it reads any text
 
 Token streams: every document is ``[BOS] + encode(doc) + [EOS]`` where the tokenizer has those tokens.
@@ -23,7 +24,8 @@ from scalevec.config import DataConfig
 from scalevec.data import documents
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import DOC_SEP, load_documents, source_note
-from scalevec.data.prepared import is_prepared, load_prepared, read_manifest
+from scalevec.data import token_files
+from scalevec.data.prepared import ShardedTokens, is_prepared, load_prepared, read_manifest
 from scalevec.data.split import split_documents
 from scalevec.data.tokenizer import Tokenizer, load_tokenizer
 from scalevec.data.tokens import TokenData, token_dtype
@@ -48,6 +50,9 @@ def prepare_data(cfg: DataConfig) -> TokenData:
 
     if is_prepared(cfg.source):  # a `scalevec prepare-data` folder: memory-mapped shards, nothing re-read
         return load_prepared(cfg.source, cfg.tokenizer)
+    tf = token_files.parse(cfg.source)
+    if tf is not None:  # nanoGPT's / OLMo-core's token files: memory-mapped as they are, nothing re-tokenized
+        return load_token_files(tf, cfg)
     cache = cache_root(cfg.cache_dir)
     docs = load_documents(cfg.source)
     train_docs, val_docs, record = split_documents(docs, cfg.val_frac, cfg.val_split, cfg.val_seed, cfg.source)
@@ -70,13 +75,40 @@ def prepare_data(cfg: DataConfig) -> TokenData:
                      from_cache=from_cache)
 
 
+def load_token_files(tf: token_files.TokenFiles, cfg: DataConfig) -> TokenData:
+    """``TokenData`` over nanoGPT's or OLMo-core's token files (``token_files``), memory-mapped as they are and read
+    with ``cfg.tokenizer`` (a tokenizer.json: the one that wrote them; recorded in ``meta``). Raises
+    ``ValueError`` for ``bpe:N`` (it would be trained on text these files do not hold) and what
+    ``token_files.open_token_files`` and ``load_tokenizer`` raise."""
+    if cfg.tokenizer.startswith("bpe:"):
+        raise ValueError(f"--data {tf.source} holds token ids, not text: give --tokenizer the tokenizer.json that "
+                         f"wrote them, not {cfg.tokenizer}")
+    tok = load_tokenizer(cfg.tokenizer)
+    train, val = token_files.open_token_files(tf, tok, cfg.val_frac)
+    train_docs = sum(token_files.documents(a, tok.eos_id) for a in train)
+    val_docs = sum(token_files.documents(a, tok.eos_id) for a in val)
+    n_train, n_val = sum(len(a) for a in train), sum(len(a) for a in val)
+    note = ("nanoGPT's own train.bin / val.bin" if tf.layout == "nanogpt" else
+            f"tail: the last documents, {n_val / (n_train + n_val):.3f} of the tokens (val_frac {cfg.val_frac})")
+    meta = {"format": tf.layout, "source": tf.source, "tokenizer": tok.spec, "vocab_size": tok.vocab_size,
+            "dtype": train[0].dtype.name, "val_frac": cfg.val_frac, "split": note, "train_docs": train_docs,
+            "val_docs": val_docs, "documents": train_docs + val_docs, "documents_from": f"{tf.layout} token files",
+            "validation": {"split_rule": note, "train_docs": train_docs, "val_docs": val_docs,
+                           "train_tokens": n_train, "val_tokens": n_val}}
+    one = (lambda arrays: arrays[0] if len(arrays) == 1 else ShardedTokens(arrays))
+    return TokenData(train=one(train), val=one(val), tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta)
+
+
 def check_source(cfg: DataConfig) -> None:
     """The checks ``prepare_data`` makes on ``cfg.source`` before it reads any text: a prepared folder's
     manifest (``prepared.read_manifest``), else the path and type (``documents.check_source``). Cheap: what a
     sweep runs on each source before its first run trains (a missing file would fail every run). Raises
     ``FileNotFoundError`` / ``ValueError`` naming the source and the fix."""
+    tf = token_files.parse(cfg.source)
     if is_prepared(cfg.source):
         read_manifest(cfg.source)
+    elif tf is not None:
+        token_files.files(tf)
     else:
         documents.check_source(cfg.source)
 

@@ -29,7 +29,8 @@ from pathlib import Path
 
 BUNDLED = ("shakespeare", "kjv")
 DOC_SEP = "\n\n\n"  # document separator inside .txt files (and the joiner when a tokenizer has no EOS)
-SOURCE_HELP = "use 'shakespeare', 'kjv', a .txt/.jsonl/.parquet file, a folder of .txt files or hf:NAME[:CONFIG]"
+SOURCE_HELP = ("use 'shakespeare', 'kjv', a .txt/.jsonl/.parquet file, a folder of .txt files, hf:NAME[:CONFIG], "
+               "or token files: nanogpt:DIR, olmo-core:PATH")
 READ_BYTES = 4 << 20  # a .txt file is read and decoded in pieces of this many bytes
 _BOM = codecs.BOM_UTF8
 

@@ -23,6 +23,10 @@ every document's size before the first is assigned: a first streamed pass counts
 document); ``strided`` and ``random`` decide while streaming. The manifest records the split
 (``split.SplitRecord``). ``bpe:N`` is trained on another streamed pass over the training documents.
 
+Token files another stack already wrote (``nanogpt:DIR``, ``olmo-core:PATH``; ``token_files.py``) are copied into
+shards as they are, documents cut after each EOS, with the tokenizer that wrote them (``--tokenizer``, saved in
+``tokenizer/``): nothing is re-tokenized; nanoGPT's split is kept, OLMo-core's tail is held out.
+
 ``train --data DIR`` opens the shards with ``np.memmap`` (``load_prepared``): nothing is hashed at
 start-up; the manifest is checked (``check_manifest``: fields, types, paths inside DIR, the dtype, file
 sizes) and each shard's max token id is taken in one vectorized pass, so an id outside the vocabulary is
@@ -54,6 +58,7 @@ import numpy as np
 
 from scalevec.config import VAL_SPLITS
 from scalevec.config_codec import is_int, is_number
+from scalevec.data import token_files
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
 from scalevec.data.split import Split, SplitRecord, plan_split, split_stream
 from scalevec.data.tokenizer import (
@@ -244,10 +249,23 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
                                   + (" or pass --overwrite" if is_prepared(out) else ""))
     if is_prepared(source):
         raise ValueError(f"{source} is already prepared data (it holds {MANIFEST}); train on it with --data {source}")
-    docs = iter_documents(source)  # validates the path / type before anything is written
+    tf = token_files.parse(source)
+    if tf is not None:
+        if val_split != "tail":
+            raise ValueError(f"--val-split {val_split}: token files keep nanoGPT's own split or cut OLMo-core's tail; "
+                             f"drop --val-split")
+        if tokenizer.startswith("bpe:"):
+            raise ValueError(f"{source} holds token ids, not text: give --tokenizer the tokenizer.json that wrote "
+                             f"them, not {tokenizer}")
+        tok = load_tokenizer(tokenizer)
+        arrays = token_files.open_token_files(tf, tok, val_frac)  # every check before anything is written
+        write = (lambda tmp: _token_files_into(tmp, tf, tok, arrays, val_frac, shard_tokens))
+    else:
+        docs = iter_documents(source)  # validates the path / type before anything is written
+        write = (lambda tmp: _documents_into(tmp, source, docs, tokenizer, workers, val_frac, shard_tokens, progress,
+                                             val_split, val_seed))
     try:
-        return _prepare_into(out, source, docs, tokenizer, workers, val_frac, shard_tokens, progress, val_split,
-                             val_seed)
+        return _prepare_into(out, write)
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
@@ -260,47 +278,15 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)  # writing failed, not reading
 
 
-def _prepare_into(out: Path, source: str, docs, tokenizer: str, workers: int, val_frac: float, shard_tokens: int,
-                  progress: bool, val_split: str, val_seed: int) -> dict:
-    """``prepare_shards``' writing part: everything into a temporary folder beside ``out``, renamed into place at
-    the end; the temporary folder is removed whatever happens."""
+def _prepare_into(out: Path, write) -> dict:
+    """``prepare_shards``' writing part: ``write(tmp)`` fills a temporary folder beside ``out`` and returns the
+    manifest, then the folder is renamed into place; the temporary folder is removed whatever happens."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     tmp.mkdir()
     t0 = time.perf_counter()
     try:
-        # tail: the sizes of every document first (one streamed pass; the stream made above is used up here)
-        split = plan_split(val_split, val_frac, val_seed, array("q", map(len, docs)) if val_split == "tail" else None)
-        if val_split == "tail":
-            docs = iter_documents(source)
-        tok = _prepare_tokenizer(tokenizer, source, split, tmp / "tokenizer", progress)
-        dtype = token_dtype(tok.vocab_size)
-        sep = np.asarray(tok.encode(DOC_SEP) if tok.eos_id is None else [], dtype=np.uint32)
-        writers = {s: _ShardWriter(tmp, s, dtype, sep, shard_tokens) for s in ("train", "val")}
-        bar = _progress_bar(source, progress)
-        record = SplitRecord(split)
-        for (flags, texts), ids, lengths in _encoded(_chunks(split_stream(docs, split, record)), tok,
-                                                     tmp / "tokenizer", workers):
-            ends = np.cumsum(lengths)
-            for k, end in enumerate(ends):
-                writers["val" if flags[k] else "train"].add(ids[end - lengths[k]:end])
-            if bar is not None:
-                bar.update(sum(len(d) for d in texts))
-                n_tokens = writers["train"].tokens + writers["val"].tokens
-                bar.set_postfix(docs=f"{record.documents:,}", tokens=f"{n_tokens:,}", refresh=False)
-        if bar is not None:
-            bar.close()
-        splits = {s: w.finish() for s, w in writers.items()}
-        record.check(source, fix="raise --val-frac")
-        manifest = {
-            "format": FORMAT, "version": VERSION, "source": source, "tokenizer": tok.spec, "tokenizer_dir": "tokenizer",
-            "tokenizer_sha256": _file_sha256(tmp / "tokenizer" / "tokenizer.json"), "vocab_size": tok.vocab_size,
-            "dtype": dtype.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id, "separator": sep.tolist(),
-            "val_frac": val_frac, "split_rule": split.describe(),
-            "split": record.as_dict(splits["train"]["tokens"], splits["val"]["tokens"]),
-            "documents": record.documents, "shard_tokens": shard_tokens,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "train": splits["train"], "val": splits["val"],
-        }
+        manifest = write(tmp)
         _write_json(tmp / MANIFEST, manifest)
         if out.exists():
             shutil.rmtree(out) if is_prepared(out) else out.rmdir()
@@ -309,6 +295,65 @@ def _prepare_into(out: Path, source: str, docs, tokenizer: str, workers: int, va
         shutil.rmtree(tmp, ignore_errors=True)
     manifest["seconds"] = time.perf_counter() - t0
     return manifest
+
+
+def _manifest(tmp: Path, source: str, tok: Tokenizer, dtype: np.dtype, sep: np.ndarray, val_frac: float,
+              split_rule: str, splits: dict, shard_tokens: int, **extra) -> dict:
+    return {"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tok.spec, "tokenizer_dir": "tokenizer",
+            "tokenizer_sha256": _file_sha256(tmp / "tokenizer" / "tokenizer.json"), "vocab_size": tok.vocab_size,
+            "dtype": dtype.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id, "separator": sep.tolist(),
+            "val_frac": val_frac, "split_rule": split_rule, **extra, "shard_tokens": shard_tokens,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "train": splits["train"], "val": splits["val"]}
+
+
+def _documents_into(tmp: Path, source: str, docs, tokenizer: str, workers: int, val_frac: float, shard_tokens: int,
+                    progress: bool, val_split: str, val_seed: int) -> dict:
+    """Tokenize the documents of ``source`` into shards in ``tmp``; returns the manifest."""
+    # tail: the sizes of every document first (one streamed pass; the stream made above is used up here)
+    split = plan_split(val_split, val_frac, val_seed, array("q", map(len, docs)) if val_split == "tail" else None)
+    if val_split == "tail":
+        docs = iter_documents(source)
+    tok = _prepare_tokenizer(tokenizer, source, split, tmp / "tokenizer", progress)
+    dtype = token_dtype(tok.vocab_size)
+    sep = np.asarray(tok.encode(DOC_SEP) if tok.eos_id is None else [], dtype=np.uint32)
+    writers = {s: _ShardWriter(tmp, s, dtype, sep, shard_tokens) for s in ("train", "val")}
+    bar = _progress_bar(source, progress)
+    record = SplitRecord(split)
+    for (flags, texts), ids, lengths in _encoded(_chunks(split_stream(docs, split, record)), tok,
+                                                 tmp / "tokenizer", workers):
+        ends = np.cumsum(lengths)
+        for k, end in enumerate(ends):
+            writers["val" if flags[k] else "train"].add(ids[end - lengths[k]:end])
+        if bar is not None:
+            bar.update(sum(len(d) for d in texts))
+            n_tokens = writers["train"].tokens + writers["val"].tokens
+            bar.set_postfix(docs=f"{record.documents:,}", tokens=f"{n_tokens:,}", refresh=False)
+    if bar is not None:
+        bar.close()
+    splits = {s: w.finish() for s, w in writers.items()}
+    record.check(source, fix="raise --val-frac")
+    return _manifest(tmp, source, tok, dtype, sep, val_frac, split.describe(), splits, shard_tokens,
+                     split=record.as_dict(splits["train"]["tokens"], splits["val"]["tokens"]),
+                     documents=record.documents)
+
+
+def _token_files_into(tmp: Path, tf: token_files.TokenFiles, tok: Tokenizer, arrays: tuple[list, list],
+                      val_frac: float, shard_tokens: int) -> dict:
+    """nanoGPT's / OLMo-core's token ids into shards in ``tmp`` as they are (documents cut after each EOS; no
+    separator added: the files carry their own); returns the manifest."""
+    tok.save(tmp / "tokenizer")
+    dtype, sep = token_dtype(tok.vocab_size), np.zeros(0, dtype=np.uint32)
+    splits = {}
+    for split, streams in zip(("train", "val"), arrays):
+        writer = _ShardWriter(tmp, split, dtype, sep, shard_tokens)
+        for ids in streams:
+            for doc in token_files.iter_documents(ids, tok.eos_id):
+                writer.add(doc)
+        splits[split] = writer.finish()
+    rule = ("nanoGPT's own train.bin / val.bin" if tf.layout == "nanogpt" else
+            f"tail: the last documents of {tf.layout} token files (val_frac {val_frac})")
+    return _manifest(tmp, tf.source, tok, dtype, sep, val_frac, rule, splits, shard_tokens,
+                     documents=splits["train"]["docs"] + splits["val"]["docs"])
 
 
 def _prepare_tokenizer(spec: str, source: str, split: Split, directory: Path, progress: bool = False) -> Tokenizer:

@@ -89,7 +89,9 @@ def add_arguments(p) -> None:
         p.add_argument(f"--{flag}", type=kind)
     p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, "
                                   "hf:NAME[:CONFIG], "
-                                   "or a folder written by `scalevec prepare-data` (memory-mapped shards)")
+                                   "a folder written by `scalevec prepare-data` (memory-mapped shards), or token files "
+                                   "as they are: nanogpt:DIR (train.bin/val.bin), olmo-core:PATH (.npy token "
+                                   "files) with --tokenizer the tokenizer.json that wrote them")
     p.add_argument("--tokenizer", help="bytes (default), bpe:N, or a path to tokenizer.json")
     p.add_argument("--device", help="auto (default), cpu, cuda")
     p.add_argument("--threads", type=int, help="CPU threads (default: every CPU this process may use); the "
