@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, and its reproduction package
 
-from reproduction import ladder  # noqa: E402
+from reproduction import controls, ladder  # noqa: E402
 from reproduction.claims import CLAIMS, scaling_size  # noqa: E402
 from scalevec.experiments.frames import MACHINE_COLUMNS, SUMMARY_COLUMNS, read_runs_csv  # noqa: E402
 from scalevec.experiments.stats import (  # noqa: E402
@@ -1009,8 +1009,9 @@ def generate(results: Path, figures: Path | None = None) -> str:
     folders = [f for f in sorted(results.iterdir()) if (f / "runs.csv").is_file()]
     for f in folders:  # every runs.csv checked first: a torn one found midway would leave half the figures new
         read_cell(f)
-    ladder_lines = v3_section(results, figures) + ladder_section(results, figures)
-    folders = [f for f in folders if not f.name.startswith("ladder-")]  # the first protocol's cells below
+    ladder_lines = v3_section(results, figures) + controls.section(results) + ladder_section(results, figures)
+    # the first protocol's cells below: not the ladder's, nor the ladder's lr-matched controls
+    folders = [f for f in folders if not f.name.startswith(("ladder-", controls.PREFIX))]
     cells = {folder.name: analyse(read_cell(folder)) for folder in folders}
     rows = comparisons(cells)
     fits = scaling(cells)
