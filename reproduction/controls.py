@@ -318,8 +318,9 @@ class EqualLr:
 
 
 def equal_lr_curves(results: Path, cell_name: str) -> list[EqualLr]:
-    """The WSD cell's comparisons: each arm at the tuned lrs (the cell's own pairs, as protocol v3 reads it), then each arm against the
-    baseline at the **same** lr, at the baseline's pick and at the arms' pick(s), on the cell's held-out seeds."""
+    """The WSD cell's comparisons: each arm at the tuned lrs (the cell's own pairs, as protocol v3 reads it), then
+    each arm against the baseline at the **same** lr, at the baseline's pick and at the arms' pick(s), on the cell's
+    held-out seeds."""
     c = read_control(results, cell_name, draws=0)
     if c is None:
         return []

@@ -22,17 +22,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from scalevec.config_codec import load_yaml
-from scalevec.experiments import protocol3 as p3
-from scalevec.experiments.sweep_grid import name_part
-from scalevec.model.flops import cpu_name
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, and its reproduction package
 
-SAME_LR = 1e-3  # relative: two lrs of a cell's grid closer than this are one grid value written to 6 digits
+from reproduction import protocol3 as p3  # noqa: E402
+from reproduction.controls import same_lr  # noqa: E402
 
-
-def same_lr(a: float, b: float) -> bool:
-    """Whether two lrs are one grid value (the ladder writes lrs to 6 significant digits; its grid steps are ×√2)."""
-    return abs(a - b) <= SAME_LR * max(abs(a), abs(b))
+from scalevec.config_codec import load_yaml  # noqa: E402
+from scalevec.experiments.sweep_grid import name_part  # noqa: E402
+from scalevec.model.flops import cpu_name  # noqa: E402
 
 
 def plan(cell: Path, kind: str, check: int) -> tuple[list[tuple[int, str, float]], list[int], str]:

@@ -30,6 +30,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, an
 
 from reproduction import controls, ladder  # noqa: E402
 from reproduction.claims import CLAIMS, scaling_size  # noqa: E402
+
 from scalevec.experiments.frames import MACHINE_COLUMNS, SUMMARY_COLUMNS, read_runs_csv  # noqa: E402
 from scalevec.experiments.stats import (  # noqa: E402
     fit_power_law,
@@ -721,7 +722,6 @@ def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
     """The (N, D) fit per corpus and strategy (every strategy on the same cells, ``fit_points``), its intervals,
     the cells left out and why, and the compute multipliers."""
     import numpy as np
-
     from reproduction import ndfit
 
     lines = ["| corpus | strategy | cells (N, D) | E | A | α | B | β |", "|---|---|---:|---:|---:|---:|---:|---:|"]

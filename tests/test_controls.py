@@ -8,10 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from reproduction import controls
 
 from scalevec.config import RunConfig, ScheduleConfig
 from scalevec.config_codec import save_yaml
-from reproduction import controls
 from scalevec.training import rundir
 
 AMD, INTEL = ("AMD EPYC", "AVX512"), ("Intel(R) Xeon(R) Processor", "AVX512")
