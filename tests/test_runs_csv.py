@@ -201,3 +201,87 @@ def test_reproduction_script_refuses_bad_paths_before_writing_anything(tmp_path,
     assert not (tmp_path / "figures").exists()
     if doc.is_file():
         assert doc.read_text() == good
+
+
+def test_a_study_step_rewrites_runs_csv_as_each_run_lands(tmp_path):
+    """``run_sweep(report=False, tables=True)``, a study's step: when run k starts, runs.csv already lists the
+    k - 1 runs that finished before it, and results.csv exists once the baseline has a result."""
+    from scalevec.experiments.sweep import run_sweep
+
+    seen = tmp_path / "seen.txt"
+    wrapper = tmp_path / "train.sh"  # logs how many runs runs.csv lists, then trains like fakerun
+    wrapper.write_text(f"#!/bin/sh\n(tail -n +2 {tmp_path}/cell/runs.csv 2>/dev/null | wc -l) >> {seen}\n"
+                       f"exec {sys.executable} {Path(fakerun.__file__)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    spec = spec_from_dict({"base": {"preset": "tiny", "train": {"batch_size": 4, "seq_len": 32, "steps": 100}},
+                           "grid": {"strategy": ["baseline", "unified"], "seed": [0, 1]}})
+    assert run_sweep(spec, tmp_path / "cell", train_cmd=(str(wrapper),), report=False, tables=True, quiet=True) == 0
+    assert [int(x) for x in seen.read_text().split()] == [0, 1, 2, 3]
+    rows = read_runs_csv(tmp_path / "cell" / "runs.csv")
+    assert len(rows) == 4 and all(r["status"] == "done" for r in rows)
+    assert (tmp_path / "cell" / "results.csv").is_file() and not (tmp_path / "cell" / "report.md").exists()
+
+
+def _committed_folders() -> list[Path]:
+    """Every committed results folder that keeps its run directories (older folders keep runs.csv only)."""
+    return [f for f in sorted((ROOT / "results").iterdir()) if (f / "runs").is_dir()]
+
+
+def test_every_committed_runs_csv_lists_every_run_of_its_folder():
+    """Each committed results/*/runs.csv names exactly the run directories of its folder, with each one's status
+    (done / diverged / unfinished, from the markers) and, when done, its summary's final loss: a stale file
+    (runs that landed after it was written) fails here; regenerate it with `scalevec report FOLDER`."""
+    from scalevec.training import rundir
+
+    folders = _committed_folders()
+    assert len(folders) >= 20  # the ladder's cells keep their runs (rundir.KEPT)
+    bad = []
+    for folder in folders:
+        on_disk = {d.name: d for d in (folder / "runs").iterdir() if rundir.is_run(d)}
+        rows = {r["run"]: r for r in read_runs_csv(folder / "runs.csv")}
+        if set(rows) != set(on_disk):
+            bad.append(f"{folder.name}: runs.csv lacks {sorted(set(on_disk) - set(rows))}, lists absent "
+                       f"{sorted(set(rows) - set(on_disk))}")
+            continue
+        for name, d in on_disk.items():
+            status = "done" if rundir.is_done(d) else "diverged" if rundir.is_diverged(d) else "unfinished"
+            if rows[name]["status"] != status:
+                bad.append(f"{folder.name}/{name}: runs.csv says {rows[name]['status']}, the folder {status}")
+            elif status == "done" and float(rows[name]["final_val_loss"]) != rundir.read_summary(d)["final_val_loss"]:
+                bad.append(f"{folder.name}/{name}: runs.csv's final loss is not its summary.json's")
+    assert not bad, "stale runs.csv (regenerate with `scalevec report FOLDER`):\n" + "\n".join(bad)
+
+
+def test_every_committed_results_csv_counts_every_finished_seed():
+    """Each committed results/*/results.csv gives each strategy as many seeds as runs.csv has finished runs of it
+    at its tuned lr (one cell per ladder folder): a results.csv older than its runs fails here."""
+    import csv
+
+    bad = []
+    for folder in _committed_folders():
+        with (folder / "results.csv").open() as f:
+            results = list(csv.DictReader(f))
+        assert len({r["cell"] for r in results}) == 1, f"{folder.name}: several cells; count seeds per cell here"
+        runs = read_runs_csv(folder / "runs.csv")
+        for r in results:
+            done = [x for x in runs if x["strategy"] == r["strategy"] and x["status"] == "done"
+                    and float(x["lr"]) == float(r["best_value"])]
+            if int(r["seeds"]) != len(done):
+                bad.append(f"{folder.name}: {r['strategy']} has {r['seeds']} seeds in results.csv, {len(done)} "
+                           f"finished at lr {r['best_value']} in runs.csv")
+    assert not bad, "stale results.csv (regenerate with `scalevec report FOLDER`):\n" + "\n".join(bad)
+
+
+def test_how_a_run_executes_never_splits_a_cell(tmp_path):
+    """Seeds trained later with another checkpoint interval or thread count (config.EXECUTION_FIELDS) stay in
+    their cell: results.csv counts them with the others instead of splitting the cell in two."""
+    from scalevec.experiments.analysis import analyze
+
+    spec = spec_from_dict({"base": {"preset": "tiny", "train": {"batch_size": 4, "seq_len": 32, "steps": 100}},
+                           "grid": {"strategy": ["baseline", "unified"], "seed": [0, 1, 2]}})
+    for i, r in enumerate(expand(spec)):
+        cfg = to_dict(r.cfg)
+        cfg["train"].update(ckpt_every=0 if i % 2 else 100, threads=1 + i % 2)
+        fakerun.write_run(tmp_path / "runs" / r.name, cfg)
+    (cell,) = analyze(load_runs(tmp_path), {}).cells
+    assert [len(res.runs) for res in cell.results] == [3, 3]

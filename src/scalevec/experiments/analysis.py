@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from scalevec.config import EXECUTION_FIELDS
 from scalevec.experiments import stats
 from scalevec.experiments.labels import Labeler, is_size_key, si, varying_keys
 from scalevec.experiments.records import RunRecord
@@ -229,7 +230,9 @@ def analyze(runs: list[RunRecord], spec: dict | None = None,
     varying = varying_keys(runs)
     tune = spec.get("tune")
     tune_key = (tune[0] if tune else None) if tune is not None else ("optim.lr" if "optim.lr" in varying else None)
-    setting_keys = [k for k in varying if k != tune_key and not k.startswith(EXCLUDED_PREFIXES)]
+    # how a run executes (threads, checkpoint interval, compile) never splits a cell: the same experiment
+    setting_keys = [k for k in varying if k != tune_key and not k.startswith(EXCLUDED_PREFIXES)
+                    and k not in EXECUTION_FIELDS]
     labeler = Labeler(runs, setting_keys, spec)
 
     groups: dict[tuple, list[RunRecord]] = defaultdict(list)

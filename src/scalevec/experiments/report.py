@@ -143,6 +143,19 @@ def not_started(root: Path, runs: list[RunRecord]) -> dict[str, list[str]]:
     return out
 
 
+def write_tables(root: str | Path) -> None:
+    """Rewrite ``root/runs.csv`` (every run directory, finished or not) and, once a cell has a result,
+    ``root/results.csv`` from the run directories, each file whole or not at all; no report.md, no figure. A study
+    or sweep calls it as each run lands (``sweep.run_sweep``), so the committed tables of a folder never lag its
+    runs (DESIGN.md §9: files are the interface). ``FileNotFoundError`` when ``root`` holds no run directory."""
+    root = Path(root)
+    runs = load_runs(root)
+    write_atomic(root / "runs.csv", to_csv(runs_frame(runs)))
+    a = analyze(runs, sweepdir.load_specs(root), not_started(root, runs))
+    if a.cells:
+        write_atomic(root / "results.csv", to_csv(results_frame(a)))
+
+
 def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     """Read every run under ``root`` and write ``report.md``, ``results.csv``, ``runs.csv`` and figures there.
 
@@ -202,4 +215,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "machine_text", "not_started", "render_markdown", "run", "write_report"]
+__all__ = ["add_arguments", "machine_text", "not_started", "render_markdown", "run", "write_report",
+           "write_tables"]

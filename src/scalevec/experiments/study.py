@@ -350,8 +350,8 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     scope = None
 
     def train(sub: SweepSpec) -> int:  # one step of a phase, trained into the study's folder
-        return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, quiet=quiet, record_spec=False,
-                         scope=scope)
+        return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, tables=True, quiet=quiet,
+                         record_spec=False, scope=scope)
 
     def phases() -> int:
         nonlocal scope

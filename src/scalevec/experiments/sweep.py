@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,8 +129,12 @@ def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
 
 def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = False,
               train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False,
-              record_spec: bool = True, scope=None) -> int:
+              record_spec: bool = True, scope=None, tables: bool | None = None) -> int:
     """Expand ``spec``, skip finished runs, train the rest ``jobs`` at a time, then write the report.
+
+    ``tables`` (default: ``report``): rewrite ``runs.csv`` and ``results.csv`` each time a run finishes or
+    diverges (``report.write_tables``), so that the folder's tables hold every finished run while the rest train
+    (a study passes it, writing its report once at the end).
 
     ``record_spec=False`` trains into ``out`` without storing ``spec`` there (``study``: its narrowed
     follow-up grids belong to the study's own spec, which is stored; ``sweepdir``); ``scope`` (a
@@ -178,6 +183,20 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     progress = None if quiet else live_progress(todo, runs_dir, scope)
     say = progress.say if progress else say
 
+    refresh = report if tables is None else tables
+    tables_lock = threading.Lock()  # runs land from several threads: one rewrite of the tables at a time
+
+    def landed() -> None:
+        if not refresh:
+            return
+        from scalevec.experiments.report import write_tables
+
+        with tables_lock:
+            try:
+                write_tables(out)
+            except (ValueError, FileNotFoundError, OSError) as e:
+                say(f"runs.csv not refreshed: {e}")
+
     def one(item: tuple[int, tuple[Run, str]]) -> None:
         i, (run, status) = item
         t0 = time.perf_counter()
@@ -192,10 +211,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
         if rc == 0 and rundir.is_done(runs_dir / run.name):
             took = f"{time.perf_counter() - t0:.0f} s" + (" since its resume" if status == "resume" else "")
             say(f"{head} {_final_loss(runs_dir / run.name)} ({took})")
+            landed()
         elif rc == DIVERGED_EXIT and rundir.is_diverged(runs_dir / run.name):
             # a result (this lr is too high), not a failure
             div = rundir.read_diverged(runs_dir / run.name) or {}
             say(f"{head} diverged ({div.get('reason', 'health guard')}); the report counts it as a failed lr")
+            landed()
         elif stopping():
             say(f"{head} stopped with the sweep (exit {rc}); rerun the same command to resume it")
         elif rundir.locked_by(runs_dir / run.name):
