@@ -17,5 +17,8 @@ else
   grep -v '^torch==' constraints.txt > "$constraints"
 fi
 .venv/bin/python -m pip install -q -e ".[dev]" -c "$constraints"
+# torchtitan and OLMo-core (with its cached-path) declare pins that conflict with transformers 5.25's (pyproject's
+# frameworks extra says which); their own imports are in that extra, so they go in without their declared deps
+.venv/bin/python -m pip install -q --no-deps torchtitan ai2-olmo-core cached-path -c "$constraints"
 .venv/bin/scalevec info --preset small --strategy unified
 echo "ready: activate with 'source .venv/bin/activate'"
