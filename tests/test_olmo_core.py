@@ -1,0 +1,36 @@
+"""scalevec in OLMo-core 3.0.0 (``integrations/olmo_core.py``): its ``Transformer`` from ``TransformerConfig.llama_like``
+grouped through OLMo-core's own ``OptimGroupOverride`` (DESIGN.md §5)."""
+
+import pytest
+import torch
+from olmo_core.nn.transformer import TransformerConfig
+from olmo_core.optim import AdamWConfig
+
+from scalevec.integrations.olmo_core import group_overrides
+
+VOCAB = 256
+
+
+@pytest.fixture
+def model():
+    """A tiny OLMo-core llama_like ``Transformer`` (2 layers, d_model 64, GQA), on the CPU, its own init."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig.llama_like(d_model=64, vocab_size=VOCAB, n_layers=2, n_heads=4, n_kv_heads=2)
+    m = cfg.build(init_device="cpu")
+    m.init_weights(device=torch.device("cpu"))
+    return m
+
+
+def test_group_overrides_put_embeddings_head_and_norms_where_the_rule_says(model):
+    """Through ``AdamWConfig.group_overrides``: ``embeddings`` and every RMSNorm gain (the final one inside
+    ``lm_head``) undecayed, ``lm_head.w_out`` and the block matrices at the config's decay; every tensor once."""
+    cfg = AdamWConfig(lr=1e-3, weight_decay=0.1)
+    cfg.group_overrides = group_overrides(model, cfg)
+    opt = cfg.build(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    wd = {names[id(p)]: g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert len(wd) == len(names) == sum(len(g["params"]) for g in opt.param_groups)
+    undecayed = {n for n, v in wd.items() if v == 0.0}
+    assert undecayed == {"embeddings.weight"} | {n for n in names.values() if n.endswith("norm.weight")}
+    assert "lm_head.norm.weight" in undecayed and wd["lm_head.w_out.weight"] == 0.1
+    assert all(v == 0.1 for n, v in wd.items() if n not in undecayed)
