@@ -55,3 +55,37 @@ def test_batched_scales_groups_and_clears(make_cfg):
         assert all(a is b for a, b in zip(inside, [v() for v in vectors]))  # cached: the same tensor
     assert all("_gamma" not in v.__dict__ for v in vectors)
     assert all(torch.equal(a, v()) and a is not v() for a, v in zip(inside, vectors))
+
+
+def test_whole_model_gamma_is_one_formula_call_per_width_per_step(make_cfg, tokens, monkeypatch):
+    """A training step computes every OR γ of the model (all blocks and the head) in one formula call per width,
+    not one per block: one call per distinct width (tiny GQA: d_model, the k/v width, d_ff) at any depth."""
+    from scalevec.model import kernels
+
+    calls = []
+    real = kernels._MagDir.apply  # OR's formula on the fast path: one call per γ computation
+    monkeypatch.setattr(kernels._MagDir, "apply", staticmethod(lambda m, a, e: calls.append(a.shape) or real(m, a, e)))
+    for n_layers in (2, 3):
+        calls.clear()
+        model = build_model(make_cfg(n_layers=n_layers), ScaleConfig.preset("unified"), seed=0)
+        ce, n, _ = model(tokens[:, :-1], tokens[:, 1:])
+        (ce / n).backward()
+        vectors = [m for m in model.modules() if isinstance(m, ScaleVector)]
+        assert len(calls) == len({v.shape[-1] for v in vectors}) == 3, calls
+        assert sum(rows for rows, _ in calls) == len(vectors)
+
+
+def test_a_checkpointed_block_recomputes_its_gamma_bitwise(make_cfg, tokens):
+    """With every block checkpointed (recomputed in the backward, outside the model's γ batch) the loss and every
+    gradient equal the plain step's to the bit."""
+    def step(checkpointed: bool):
+        model = build_model(make_cfg(), ScaleConfig.preset("unified"), seed=0)
+        if checkpointed:
+            model.set_memory_options(checkpoint_blocks=range(model.cfg.n_layers))
+        ce, n, _ = model(tokens[:, :-1], tokens[:, 1:])
+        (ce / n).backward()
+        return ce.detach(), {k: p.grad for k, p in model.named_parameters()}
+
+    (ce_a, grads_a), (ce_b, grads_b) = step(False), step(True)
+    assert torch.equal(ce_a, ce_b)
+    assert all(torch.equal(grads_a[k], grads_b[k]) for k in grads_a)

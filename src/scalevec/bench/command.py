@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count", action="store_true",
                    help="instead: count the kernels and the non-matmul bytes per token of one block of a CUDA training "
                         "step (forward + backward) per strategy, on the meta device: no GPU needed (strategies default "
-                        "baseline,unified,unified_foldable; --batch-size / --seq-len default 16 x the preset's context)")
+                        "baseline,unified,unified_foldable; --batch-size / --seq-len default 16 x the preset's "
+                        "context)")
     p.add_argument("--new-tokens", type=int, default=200, help="with --generate: greedy tokens per run (default 200)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--peak-tflops", type=float,
@@ -108,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
                            threads=args.threads or 1, seed=args.seed, log=log)
     else:
         r = bench(args.preset, args.strategies, args.batch_size, args.seq_len, args.steps or 20, args.warmup,
-                  args.compile, args.dtype or "float32", args.device, inference=not args.no_inference, memory=not args.no_memory,
-                  seed=args.seed, peak=args.peak_tflops, threads=args.threads, log=log)
+                  args.compile, args.dtype or "float32", args.device, inference=not args.no_inference,
+                  memory=not args.no_memory, seed=args.seed, peak=args.peak_tflops, threads=args.threads, log=log)
     for _, path in targets:
         write_json(path, r)
     report = format_generate_report if args.generate else format_report

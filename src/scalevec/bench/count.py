@@ -33,7 +33,6 @@ docs/performance.md checks it against an H200 measurement.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -344,4 +343,5 @@ def dumps(r: dict) -> str:
     return json.dumps(r, indent=1)
 
 
-__all__ = ["count", "count_strategy", "record_step", "step_ops", "summarize", "format_count", "CudaRouting", "COUNT_STRATEGIES"]
+__all__ = ["count", "count_strategy", "record_step", "step_ops", "summarize", "format_count", "CudaRouting",
+           "COUNT_STRATEGIES"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from scalevec.model import scales as plain
-from scalevec.model.device_path import autocast_dtype
+from scalevec.model.device_path import autocast_dtype, on_cuda_path
 
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
@@ -33,8 +33,21 @@ def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
     gradient and in fresh temporaries, so ``_RMSNorm`` carries a hand-written backward: the same
     function and gradients (measured on the 2-core CPU, one fp32 ``(2048, 682)`` norm with its scale,
     forward + backward, median of 60: 13 ms composed, 3 ms here). ``weight`` is one vector ``(d,)``.
+    On the CUDA path (``device_path.on_cuda_path``) it is torch's ``F.rms_norm``, one fused kernel forward
+    and backward instead of ~6 and ~8 (``bench --count``), statistics in float32, the weight applied before
+    the one rounding to ``x.dtype`` (here: after it), so equal to rounding, not to the bit.
     """
+    if on_cuda_path(x):
+        return F.rms_norm(x, x.shape[-1:], weight.to(x.dtype) if weight is not None else None, eps)
     return _RMSNorm.apply(x, weight, eps)
+
+
+def matmul_input(u: Tensor) -> Tensor:
+    """A norm's output ``u`` in the dtype its linear maps read it in: on the CUDA path under autocast, cast once
+    here instead of once per branch by autocast (q, k, v: three casts of one tensor); elsewhere ``u`` as it is
+    (on CPU every branch casts it as before, so the gradients sum in float32 as they always have)."""
+    dtype = autocast_dtype(u) if on_cuda_path(u) else None
+    return u.to(dtype) if dtype is not None else u
 
 
 def _inv_rms(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -215,7 +228,7 @@ class _FoldedLinear(torch.autograd.Function):
         ctx.u_dtype = u.dtype
         u = u.to(dtype)  # what F.linear under autocast would save
         ctx.save_for_backward(u, w, c, s)
-        return F.linear(u, plain.fold_weight(w, c, s).to(dtype))
+        return F.linear(u, fold_weight_to(w, c, s, dtype))
 
     @staticmethod
     def backward(ctx, gy: Tensor):
@@ -228,9 +241,9 @@ class _FoldedLinear(torch.autograd.Function):
             return tuple(next(grads) if n else None for n in ctx.needs_input_grad)
         grad_u = grad_w = grad_c = grad_s = None
         if need_u:
-            grad_u = (gy @ plain.fold_weight(w, c, s).to(gy.dtype)).to(ctx.u_dtype)
+            grad_u = (gy @ fold_weight_to(w, c, s, gy.dtype)).to(ctx.u_dtype)
         if need_w or need_c or need_s:
-            g = (gy.reshape(-1, gy.shape[-1]).t() @ u.reshape(-1, u.shape[-1])).to(w.dtype)  # (d_out, d_in)
+            g = gy.reshape(-1, gy.shape[-1]).t() @ u.reshape(-1, u.shape[-1])  # (d_out, d_in), the matmul's dtype
             grad_w, grad_c, grad_s = fold_grads(g, w, c, s, (need_w, need_c, need_s))
         return grad_u, grad_w, grad_c, grad_s
 
@@ -243,20 +256,43 @@ def fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None,
         ∂L/∂W = G ⊙ s cᵀ,   ∂L/∂c = (G ⊙ W)ᵀ s,   ∂L/∂s = (G ⊙ W) c
 
     The one home of this chain rule (``_FoldedLinear`` and ``fused.py`` use it). ``G`` must be a fresh tensor
-    the caller gives away: ∂L/∂W is made in its storage."""
+    the caller gives away: ∂L/∂W is made in its storage. ``G`` may also come in a matmul's lower dtype (bf16
+    under autocast): the first product with W, c or s then promotes it to W's dtype exactly, in the same pass,
+    so the results are those of casting ``G`` first, to the bit, with one pass over W fewer."""
     need_w, need_c, need_s = need
     grad_w = grad_c = grad_s = None
     if (need_c and c is not None) or (need_s and s is not None):
-        p = g * w
+        p = g * w  # in W's dtype
         if need_c and c is not None:
             grad_c = (p.sum(0) if s is None else s.to(p.dtype) @ p).to(c.dtype)
         if need_s and s is not None:
             grad_s = (p.sum(1) if c is None else p @ c.to(p.dtype)).to(s.dtype)
         del p
     if need_w:
-        grad_w = g.mul_(c.to(g.dtype)) if c is not None else g
-        grad_w = grad_w.mul_(s.to(g.dtype).unsqueeze(-1)) if s is not None else grad_w
+        sides = [v for v in (c.to(w.dtype) if c is not None else None,
+                             s.to(w.dtype).unsqueeze(-1) if s is not None else None) if v is not None]
+        if g.dtype == w.dtype:
+            grad_w = g
+        else:  # promoted in the first product, or cast where there is none
+            grad_w = g * sides.pop(0) if sides else g.to(w.dtype)
+        for v in sides:
+            grad_w = grad_w.mul_(v)
     return grad_w, grad_c, grad_s
+
+
+def fold_weight_to(w: Tensor, c: Tensor | None, s: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """``scales.fold_weight(w, c, s).to(dtype)`` with the cast done in the fold's last product (its result written
+    in ``dtype``): the same bits, every product computed in W's dtype and rounded once, and one pass over the
+    weight fewer (a kernel on CUDA). Used without autograd (the backward passes here)."""
+    if c is None and s is None:
+        return w.to(dtype)
+    if c is not None and s is not None:
+        w, last = w * c.to(w.dtype).unsqueeze(-2), s.to(w.dtype).unsqueeze(-1)
+    else:
+        last = c.to(w.dtype).unsqueeze(-2) if c is not None else s.to(w.dtype).unsqueeze(-1)
+    if dtype == w.dtype:
+        return last * w
+    return torch.mul(last, w, out=torch.empty(w.shape, dtype=dtype, device=w.device))
 
 
 def or_gamma(magnitude: Tensor, direction: Tensor) -> Tensor:
@@ -283,6 +319,7 @@ def dnp_swiglu(yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None, eps
 
 
 # The fast path: a drop-in for ``scales.PLAIN`` (same signatures), chosen when a model is built.
-FAST = plain.Ops("fast", rms_norm, or_gamma, er_gamma, folded_linear, dnp_swiglu)
+FAST = plain.Ops("fast", rms_norm, or_gamma, er_gamma, folded_linear, dnp_swiglu, matmul_input)
 
-__all__ = ["rms_norm", "or_gamma", "er_gamma", "folded_linear", "dnp_swiglu", "fold_grads", "FAST"]
+__all__ = ["rms_norm", "matmul_input", "or_gamma", "er_gamma", "folded_linear", "dnp_swiglu", "fold_grads",
+           "fold_weight_to", "FAST"]

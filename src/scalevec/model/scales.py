@@ -104,6 +104,7 @@ class Ops:
     er_gamma: Callable[[Tensor, Tensor], Tensor]
     linear: Callable[..., Tensor]  # (u, W, c, s) -> s ⊙ (W (c ⊙ u))
     dnp_swiglu: Callable[..., Tensor]
+    matmul_input: Callable[[Tensor], Tensor] = lambda u: u  # a norm's output as its linear maps read it
 
 
 PLAIN = Ops("plain", rms_norm, or_gamma, er_gamma, scaled_linear, dnp_swiglu)
@@ -329,7 +330,8 @@ class ScaleVector(nn.Module):
         self.shape, self.ops = tuple(shape), ops
 
     def forward(self) -> Tensor:
-        cached = self.__dict__.get("_gamma")  # set by ``batched_scales`` for the duration of one forward
+        # set by ``batched_scales`` for the duration of one forward; traced code (torch.compile) computes its own
+        cached = None if torch.compiler.is_compiling() else self.__dict__.get("_gamma")
         return cached if cached is not None else self.gamma()
 
     def gamma(self) -> Tensor:
@@ -426,14 +428,18 @@ SCALE_KINDS: dict[str, type[ScaleVector]] = {"direct": DirectScale, "magdir": OR
 def batched_scales(module: nn.Module):
     """Within the block, every OR/ER vector of ``module`` returns a γ computed once, together with the others
     of its class and width: one formula call (one autograd node on the fast path) on their magnitudes and
-    directions concatenated row-wise, instead of one per vector (``unified`` has ~10 per block; at ``small``
-    each costs more in dispatch and autograd bookkeeping than in arithmetic, docs/performance.md).
+    directions concatenated row-wise, instead of one per vector (``unified`` has ~10 per block; each costs
+    more in dispatch, kernel launches and autograd bookkeeping than in arithmetic, docs/performance.md).
+    ``Transformer.forward`` batches the whole model's vectors this way, once per step; a block batches its own
+    where the model does not (checkpointed blocks, a chunked loss: their recomputation in the backward must
+    repeat the forward's ops); inside a batch already open, nothing is redone.
 
     The same numbers to the bit, values and gradients: every op of the formula is elementwise or a reduction
     over the last dim, which torch computes row by row the same way whatever the number of rows
-    (tests/test_scales_batched.py checks it on the models). Vectors alone in their group, direct γ and
-    traced code (``torch.compile`` fuses these small ops itself) are left as they are. The cache is dropped
-    on exit, so calls outside the block (telemetry, fold) compute γ afresh.
+    (tests/test_scales_batched.py checks it on the models). Vectors alone in their group, direct γ, traced
+    code (``torch.compile`` fuses these small ops itself) and parameters sharded by FSDP2 (a DTensor outside
+    its block's forward) are left as they are. The cache is dropped on exit, so calls outside the block
+    (telemetry, fold) compute γ afresh.
     """
     groups = module.__dict__.get("_magdir_groups")
     if groups is None:  # the module tree does not change: group its vectors once
@@ -442,7 +448,8 @@ def batched_scales(module: nn.Module):
             if isinstance(m, MagDirScale):
                 by_kind.setdefault((type(m), m.shape[-1]), []).append(m)
         groups = module.__dict__["_magdir_groups"] = [g for g in by_kind.values() if len(g) > 1]
-    if not groups or torch.compiler.is_compiling():
+    if (not groups or torch.compiler.is_compiling() or "_gamma" in groups[0][0].__dict__
+            or _sharded(groups[0][0].direction)):
         yield
         return
     try:
@@ -459,6 +466,15 @@ def batched_scales(module: nn.Module):
         for vectors in groups:
             for v in vectors:
                 v.__dict__.pop("_gamma", None)
+
+
+def _sharded(p: Tensor) -> bool:
+    """True for a parameter sharded by FSDP2 (a DTensor): outside its block's forward it holds one shard."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor)
 
 
 def gamma_of(vector: ScaleVector | None) -> Tensor | None:
@@ -563,7 +579,7 @@ class NormLinear(nn.Module):
                                        for name, d_out in outputs.items()})
 
     def norm(self, x: Tensor) -> Tensor:
-        return self.ops.rms_norm(x, self.eps, gamma_of(self.scale))
+        return self.ops.matmul_input(self.ops.rms_norm(x, self.eps, gamma_of(self.scale)))
 
     def project(self, u: Tensor) -> list[Tensor]:
         """``s ⊙ (W diag(γ_b) u)`` of every branch, before DNP's normalization (s left out where DNP has it)."""

@@ -13,6 +13,7 @@ MoE MLPs live in ``moe.py``.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -328,15 +329,20 @@ class Transformer(nn.Module):
         x = self.embed(tokens)  # (B, T, d)
         cos, sin = rope_cos_sin(T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device, self.cfg.rope_scaling)
         aux = x.new_zeros((), dtype=torch.float32)
-        for i, layer in enumerate(self.layers):
-            if i in self.checkpoint_blocks and torch.is_grad_enabled():  # recomputed in the backward
-                x, a = checkpoint(layer, x, cos, sin, use_reentrant=False)
-            else:
-                x, a = layer(x, cos, sin)
-            aux = aux + a
-        if targets is not None and self.loss_chunk_tokens:
-            return chunked_cross_entropy(self.head, x, targets, self.loss_chunk_tokens), (targets != -100).sum(), aux
-        logits = self.head(self.head.norm(x))[0]  # (B, T, V): the final Input-Norm, then the LM head
+        # OR/ER γ of the whole model once per step (scales.py), the same numbers; not where blocks or the loss are
+        # recomputed in the backward, which must repeat the forward's ops: there each block batches its own
+        whole = not self.checkpoint_blocks and not self.loss_chunk_tokens
+        with batched_scales(self) if whole else nullcontext():
+            for i, layer in enumerate(self.layers):
+                if i in self.checkpoint_blocks and torch.is_grad_enabled():  # recomputed in the backward
+                    x, a = checkpoint(layer, x, cos, sin, use_reentrant=False)
+                else:
+                    x, a = layer(x, cos, sin)
+                aux = aux + a
+            if targets is not None and self.loss_chunk_tokens:
+                ce = chunked_cross_entropy(self.head, x, targets, self.loss_chunk_tokens)
+                return ce, (targets != -100).sum(), aux
+            logits = self.head(self.head.norm(x))[0]  # (B, T, V): the final Input-Norm, then the LM head
         if targets is None:
             return logits
         ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
@@ -356,9 +362,10 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(start + T, self.cfg.head_dim, self.cfg.rope_theta, tokens.device,
                                 self.cfg.rope_scaling)
         cos, sin = cos[start:], sin[start:]  # the new tokens' positions
-        for layer, kv in zip(self.layers, cache.layers):
-            x, _ = layer(x, cos, sin, kv)
-        return self.head(self.head.norm(x))[0]
+        with batched_scales(self):
+            for layer, kv in zip(self.layers, cache.layers):
+                x, _ = layer(x, cos, sin, kv)
+            return self.head(self.head.norm(x))[0]
 
 
 def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None,
