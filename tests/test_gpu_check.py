@@ -127,7 +127,8 @@ def test_cpu_rehearsal_runs_every_stage_ok(tmp_path):
                        text=True, timeout=900)
     summary = json.loads((out / "summary.json").read_text())
     status = {s["name"]: (s["status"], s["note"]) for s in summary["stages"]}
-    assert [s["name"] for s in summary["stages"]] == [p.name for p in gpu_check.plans("cpu", tmp_path, "py")]
+    assert [s["name"] for s in summary["stages"]] == [p.name for p in gpu_check.plans("cpu", tmp_path, "py")
+                                                      if not p.opt_in]
     assert all(v[0] == "ok" for v in status.values()), status
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     files = list(out.iterdir())
@@ -135,7 +136,8 @@ def test_cpu_rehearsal_runs_every_stage_ok(tmp_path):
     figures = json.loads((out / "stages.json").read_text())
     assert figures["env"]["scalevec_from"] == str(ROOT / "src" / "scalevec")
     assert figures["fsdp2_compile_resume"]["resume_bitwise"] is True  # CPU fp32: resume is bitwise
-    assert figures["ladder_rung"]["runs_done"] == 3
+    assert figures["fsdp2_compile_resume"]["quiet_steps_timed"] > 0  # its speed from the steps that log nothing
+    assert {"baseline_step_ms", "unified_step_ratio"} <= figures["bench_compiled"].keys()
     assert "| fsdp2_compile_resume | ok |" in (out / "summary.md").read_text()
 
 
@@ -215,3 +217,97 @@ def test_bad_python_and_unwritable_out_are_one_line(tmp_path, monkeypatch, capsy
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "b")], capture_output=True,
                        text=True, env={**os.environ, "PYTHON": "/bin/false", "DEVICE": "cpu"})
     assert r.returncode == 2 and "cannot import torch" in r.stderr and not (tmp_path / "b").exists()
+
+
+def test_the_benches_come_first_and_the_ladder_only_when_named():
+    """After env, the first stages are the eager and the compiled bench of baseline and unified at llama-0.12b (what
+    matters first); the ladder rung, which does not fit the default budget, runs only when --only names it."""
+    plans = gpu_check.plans("cuda", Path("/w"), "py")
+    assert [p.name for p in plans[:3]] == ["env", "bench", "bench_compiled"]
+    for p in plans[1:3]:
+        argv = " ".join(p.argv)
+        assert "--preset llama-0.12b" in argv and "--dtype bfloat16" in argv and "baseline,unified" in argv
+    assert "--compile" in plans[2].argv and "--compile" not in plans[1].argv
+    assert [p.name for p in plans if p.opt_in] == ["ladder_rung"]
+    assert gpu_check.BUDGET_S["cuda"] * 2 + 180 <= 15 * 60  # two runs and a machine's start in 15 GPU minutes
+
+
+def test_gpu_tests_collect_only_the_files_with_gpu_tests():
+    """``pytest -m gpu`` is given the test files that hold a gpu-marked test, and no other (it imported the whole
+    suite to deselect 1,574 tests on the H200)."""
+    argv = next(p for p in gpu_check.plans("cuda", Path("/w"), "py") if p.name == "gpu_tests").argv
+    files = {Path(a).name for a in argv if a.endswith(".py")}
+    marked = {p.name for p in (ROOT / "tests").glob("test_*.py") if "@pytest.mark.gpu" in p.read_text()}
+    assert files == marked and len(marked) >= 5
+
+
+def test_an_implausible_ratio_or_mfu_fails_its_stage(tmp_path):
+    """A bench whose unified step is 23x faster than the baseline's, or whose MFU is 81 % (the rehearsal's figures of
+    issue 48), is a failed stage naming the figure; plausible figures pass."""
+    def bench_stage(ratio: float, mfu: float):
+        rows = [{"name": "baseline", "median_s": 0.1, "tokens_per_s": 1e4, "mfu": 0.2, "ratio": 1.0},
+                {"name": "unified", "median_s": 0.1 * ratio, "tokens_per_s": 1e4 / ratio, "mfu": mfu, "ratio": ratio}]
+        bench = {"peak_tflops": 1.0, "peak_source": "x", "reference": "baseline", "train": rows}
+        (tmp_path / "bench.json").write_text(json.dumps(bench))
+        return gpu_check.stage_result(gpu_check.Plan("bench", ["x"], 10), 0, 1.0, "", tmp_path, "cpu")
+
+    assert bench_stage(1.1, 0.2).status == "ok"
+    fast = bench_stage(0.043, 0.2)
+    assert fast.status == "failed" and fast.note == "implausible: unified_step_ratio 0.043"
+    high = bench_stage(1.1, 0.81)
+    assert high.status == "failed" and high.note == "implausible: unified_mfu 0.81"
+
+
+def test_quiet_step_times_leave_the_log_steps_out(tmp_path):
+    """The resume stage's speed comes from the steps that log nothing: of 8 steps logged every 2nd (and the last),
+    after the first, steps 1, 3 and 5."""
+    from scalevec.bench.gpu_stages import quiet_step_times
+
+    cfg = resolve_config("tiny", "baseline", {"train.steps": 8, "train.batch_size": 2, "train.seq_len": 16,
+                                              "train.log_every": 2, "train.eval_every": 8, "train.threads": 1,
+                                              "data.val_tokens": 128, "schedule.warmup": 1})
+    times = quiet_step_times(cfg, tmp_path / "run", warmup=1)
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
+def _script(out: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_script_exits_non_zero_when_no_summary_was_written(tmp_path):
+    """A PYTHON that passes for a torch interpreter but runs nothing (exit 0) leaves no summary: the script says so
+    and exits 1, never 0; /bin/true is refused as an interpreter without torch."""
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\ncase \"$*\" in *'import torch'*) echo 'torch imported';; esac\nexit 0\n")
+    stub.chmod(0o755)
+    r = _script(tmp_path / "out", {"PYTHON": str(stub), "DEVICE": "cpu"})
+    _, err = r.communicate(timeout=60)
+    assert r.returncode == 1 and "no summary was written" in err
+    r = _script(tmp_path / "out2", {"PYTHON": "/bin/true", "DEVICE": "cpu"})
+    _, err = r.communicate(timeout=60)
+    assert r.returncode == 2 and "cannot import torch" in err
+
+
+def test_script_passes_sigterm_to_the_check(tmp_path):
+    """SIGTERM to the script reaches the check once: it kills its running stage, writes its summary and exits 75,
+    which the script returns."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "pid"
+    stub = tmp_path / "python"  # the check runs; its stages hang
+    stub.write_text(f"#!/bin/sh\ncase \"$*\" in *gpu_stages*) echo $$ > {pid_file}; exec sleep 60;; esac\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    stub.chmod(0o755)
+    out = tmp_path / "out"
+    proc = _script(out, {"PYTHON": str(stub), "DEVICE": "cpu", "ONLY": "env", "TMPDIR": str(tmp_path)})
+    for _ in range(300):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75
+    time.sleep(0.5)
+    assert not alive(int(pid_file.read_text()))
+    assert json.loads((out / "summary.json").read_text())["header"]["interrupted"] == "SIGTERM"

@@ -20,7 +20,8 @@ The sizes depend on the device: on CUDA the stages measure at the sizes the issu
   uninterrupted runs are not bitwise equal (atomic adds in backward kernels), so the losses logged *before* the
   checkpoint, where both runs are uninterrupted, measure that run-to-run drift, and a resume is judged against it
   (``resume_ok``: the first logged step after the checkpoint within ``RESUME_TOL`` of the drift at the checkpoint,
-  every later one within 0.05 nats; on CPU both must be 0).
+  every later one within 0.05 nats; on CPU both must be 0). Its step time, tokens/s and MFU are the median of the
+  steps that log nothing (``quiet_step_times``); the logged steps' median is kept as ``step_ms_log_steps``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from scalevec.training.monitors import Monitor
 
 # fp32 parity CUDA vs CPU: same matrices, TF32 off. At init the only difference is the order of fp32 sums
 # (cuBLAS vs CPU kernels): relative rounding ~1e-6 per dot product of a few hundred terms, logits O(1-10),
@@ -215,6 +218,31 @@ def resume_verdict(a: dict[int, float], b: dict[int, float], k: int, exact: bool
             "resume_max_abs_loss_diff": max(diffs, default=None), "resume_ok": ok}
 
 
+class QuietSteps(Monitor):
+    """A training monitor that keeps the wall seconds of every step after the first ``warmup`` that logged nothing
+    (no per-vector telemetry, no metrics row): what a step of a long run costs. The trainer's own ``step_time_s`` is
+    the median of the logged steps, the slower ones."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+        self.times: list[float] = []
+
+    def after_step(self, ev) -> None:
+        if not ev.logged and ev.step >= self.warmup:
+            self.times.append(ev.step_time)
+
+
+def quiet_step_times(cfg, out: Path, warmup: int) -> list[float]:
+    """Train ``cfg`` into ``out`` (``trainer.train`` with its default monitors and ``QuietSteps``) and return the
+    wall seconds of the steps after the first ``warmup`` that logged nothing."""
+    from scalevec.training import monitors
+    from scalevec.training.trainer import train
+
+    quiet = QuietSteps(warmup)
+    train(cfg, out, quiet=True, monitors=[*monitors.default(), quiet])
+    return quiet.times
+
+
 def resume(device: str, work: Path) -> dict:
     """Run A of ``2k`` steps, run B stopped at ``k`` and resumed (see the module docstring); rank 0 returns the
     figures. Launched under ``torchrun --nproc_per_node 1``: the process group is made here, once, with
@@ -236,11 +264,11 @@ def resume(device: str, work: Path) -> dict:
             "train.steps": 2 * k, "train.batch_size": batch, "train.micro_batch_size": batch, "train.seq_len": seq,
             "train.device": device, "train.dtype": "bfloat16" if cuda else "float32", "train.dist": "fsdp2",
             "train.compile": "true" if cuda else "false", "train.ckpt_every": k, "train.eval_every": 2 * k,
-            # log every 5th step on CUDA: the median step time is that of a step without telemetry
-            "train.log_every": 5 if cuda else 1, "schedule.warmup": k // 2, "data.tokenizer": "bytes",
+            # log every 5th step (CPU: 2nd): the step time is taken from the steps in between, without telemetry
+            "train.log_every": 5 if cuda else 2, "schedule.warmup": k // 2, "data.tokenizer": "bytes",
             "data.val_tokens": 8 * seq})
         t0 = time.perf_counter()
-        train(cfg, work / "resume-a", quiet=True)
+        quiet = quiet_step_times(cfg, work / "resume-a", warmup=5 if cuda else 1)
         t_a = time.perf_counter() - t0
         train(cfg, work / "resume-b", quiet=True, stop_at=k)
         train(cfg, work / "resume-b", quiet=True, resume=True)
@@ -249,7 +277,14 @@ def resume(device: str, work: Path) -> dict:
         loss = {r: {m["step"]: m["loss"] for m in read_metrics(work / r, "train")} for r in ("resume-a", "resume-b")}
         verdict = resume_verdict(loss["resume-a"], loss["resume-b"], k, exact=not cuda)
         fig = run_figures(work / "resume-a")
-        return {"preset": preset, "strategy": "unified", "batch": [batch, seq], "steps": 2 * k, "checkpoint_at": k,
+        fig["step_ms_log_steps"] = fig["step_ms"]
+        if quiet:  # speed from the steps that log nothing
+            step_s = statistics.median(quiet)
+            tok_s = fig["tokens_per_step"] / step_s
+            fig.update(step_ms=step_s * 1e3, tokens_per_s=tok_s, tflops=fig["flops_per_token"] * tok_s / 1e12,
+                       mfu=fig["flops_per_token"] * tok_s / (fig["peak_tflops"] * 1e12))
+        return {"quiet_steps_timed": len(quiet), "preset": preset, "strategy": "unified", "batch": [batch, seq],
+                "steps": 2 * k, "checkpoint_at": k,
                 "dtype": cfg.train.dtype, "compile": cfg.train.compile, "dist": "fsdp2", "wall_s_run_a": t_a,
                 **verdict, **fig, "ok": verdict["resume_ok"] and fig["loss_last"] < fig["loss_first"]}
     finally:
