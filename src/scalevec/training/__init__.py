@@ -3,7 +3,9 @@
 - ``trainer``: ``scalevec train``'s ``Trainer``: construction, the step, evaluation, the loop, checkpointing
 - ``run_owner``: the run directory during training: lock, checks, create or restart, rank 0's writes
 - ``health``: the health guard (its rules and saved state, ``DIVERGED``)
-- ``monitors``: callbacks after each step and evaluation (metrics rows, console, probes, trackers, summary)
+- ``monitors``: callbacks passed to the trainer, their state kept in checkpoints (metrics rows, step lines, probes,
+  trackers; the summary)
+- ``console``: the one sink of a run's progress lines
 - ``optim``: parameter groups by role and the optimizers (AdamW, Muon)
 - ``schedule``: learning-rate schedules as pure functions of the step
 - ``distributed``: devices, DDP / FSDP2 wrapping and the sharded Muon
