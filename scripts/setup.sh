@@ -8,13 +8,13 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # constraints.txt pins the releases the golden losses and committed results were made with (torch, numpy,
-# transformers, tokenizers, ...); with SCALEVEC_TORCH=skip the machine's own torch is kept (its line dropped)
+# transformers, tokenizers, ...); with SCALEVEC_TORCH=skip the machine's own torch is kept (its line and triton's dropped)
 constraints=constraints.txt
 if [ "${SCALEVEC_TORCH:-}" != "skip" ]; then
   .venv/bin/python -m pip install -q "torch==2.13.0" -c "$constraints" ${SCALEVEC_TORCH_INDEX:+--index-url "$SCALEVEC_TORCH_INDEX"}
 else
   constraints=.venv/constraints-without-torch.txt
-  grep -v '^torch==' constraints.txt > "$constraints"
+  grep -v -e '^torch==' -e '^triton==' constraints.txt > "$constraints"  # a CUDA torch pins its own triton
 fi
 .venv/bin/python -m pip install -q -e ".[dev]" -c "$constraints"
 # torchtitan and OLMo-core (with its cached-path) declare pins that conflict with transformers 5.25's (pyproject's

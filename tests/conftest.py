@@ -7,6 +7,7 @@ vocabulary, so every test builds and runs it in milliseconds.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -15,6 +16,11 @@ from scalevec import ModelConfig
 from scalevec.model.params import SCALE_ROLES
 
 torch.set_num_threads(1)
+
+# Without a GPU, Triton's kernels (tests/test_triton_dnp.py) run under its interpreter (numpy on CPU tensors). It
+# must be on before anything imports triton: triton binds its own helpers (tl.sum, ...) to compiler or interpreter then.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 TINY = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab_size=64, max_seq_len=16)

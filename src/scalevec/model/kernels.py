@@ -6,7 +6,8 @@ is built with one or the other (``ScalePlan.fast``: ``ScaleConfig.apply='weight'
 formulas, values, gradients and second derivatives, by tests/test_kernels.py and tests/test_scale_plan.py:
 
 - ``rms_norm(x, eps, weight)``: RMSNorm (DESIGN.md §1) with an optional scale in the same pass;
-- ``dnp_swiglu``: SwiGLU over DNP's normalized gate/up outputs (DESIGN.md §3 ``dual_norm``);
+- ``dnp_swiglu``: SwiGLU over DNP's normalized gate/up outputs (DESIGN.md §3 ``dual_norm``); on CUDA with
+  Triton, one fused kernel each way (``triton_dnp``);
 - ``or_gamma`` / ``er_gamma``: OR / ER's ``γ = m · α / rms(α)`` (DESIGN.md §3 ``param``);
 - ``folded_linear``: ``u (diag(s) W diag(c))ᵀ`` with the fold (``scales.fold_weight``) done on the fly.
 - ``fold_grads``: the fold's chain rule, shared with the opt-in fused path (``fused.py``).
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from scalevec.model import scales as plain
+from scalevec.model import triton_dnp
 from scalevec.model.device_path import autocast_dtype, on_cuda_path
 
 
@@ -314,7 +316,13 @@ def folded_linear(u: Tensor, w: Tensor, c: Tensor | None = None, s: Tensor | Non
 
 
 def dnp_swiglu(yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None, eps: float) -> Tensor:
-    """``scales.dnp_swiglu``: ``silu(z_g) ⊙ z_u`` with ``z = s ⊙ n(y)`` where ``s`` is given, else ``z = y``."""
+    """``scales.dnp_swiglu``: ``silu(z_g) ⊙ z_u`` with ``z = s ⊙ n(y)`` where ``s`` is given, else ``z = y``.
+
+    The one place the device picks the implementation: CUDA tensors with Triton installed take the fused op
+    (``triton_dnp``: one kernel forward, one backward, equal to rounding); everything else (CPU, float64) this
+    module's ``_DNPSwiGLU``, so CPU training is bitwise what it was."""
+    if triton_dnp.supported(yg, yu):
+        return triton_dnp.dnp_swiglu(yg, yu, sg, su, eps)
     return _DNPSwiGLU.apply(yg, yu, sg, su, eps)
 
 
