@@ -18,7 +18,8 @@ and writes out (what the baseline's ``silu(gate) ⊙ up`` reads and writes), and
 writes ∂L/∂y_g, ∂L/∂y_u: per token 6 and 10 bytes × d_ff in bf16 (docs/performance.md has the unfused count).
 Forward saves only its inputs (y_g, y_u, s); backward recomputes r in registers from the rows it reads anyway.
 The vector gradients are reduced in two stages: each backward program sums its rows into one float32 row of a
-``(programs, d_ff)`` buffer, then one ``sum(0)`` (deterministic, no atomics).
+``(programs, d_ff)`` buffer per scale, then one ``sum`` over programs for both (deterministic, no atomics): backward
+launches that Triton kernel and one small reduction.
 
 Precision: inputs bf16, fp16 or fp32; every intermediate float32, the outputs rounded once to the input dtype
 (∂L/∂s to s's dtype). The plain formula rounds z to the input dtype before silu, so in bf16 the two agree to
@@ -26,14 +27,14 @@ bf16 rounding, not to the bit (tests/test_triton_dnp.py). float64 and rows wider
 served (``supported``): the fast path computes them.
 
 Where it runs: ``kernels.dnp_swiglu`` calls ``supported(y_g, y_u)`` (the CUDA code path, Triton installed) and
-routes here, so the CUDA trainer's DNP MLP (``scales.DNPSwiGLUProj`` on ``kernels.FAST``) takes it and CPU training is
-untouched. Under ``create_graph`` (double backward: training/probes.py) the backward differentiates the composed
-plain formula instead, so second derivatives stay exact, as in ``kernels``. ``torch.compile`` and dispatch
-counters see one op each way, through the fake implementations below. The kernels (``triton_dnp_kernels``) are
-imported at first launch, so this module and the package import without Triton; the CPU tests run them under
-Triton's interpreter (``TRITON_INTERPRET=1``). The row layout follows Liger-Kernel's RMSNorm (a row in registers,
-r per row, partial vector gradients per program); Liger's SwiGLU does not normalize, so its ops would run the two
-norms and the SwiGLU as three kernels each way and keep z_g, z_u in memory.
+routes here, so the CUDA trainer's DNP MLP (``scales.DNPSwiGLUProj`` on ``kernels.FAST``) takes it and CPU training
+is untouched. Under ``create_graph`` (double backward: training/probes.py) the backward differentiates the composed
+plain formula instead, so second derivatives stay exact, as in ``kernels``. ``torch.compile`` and dispatch counters
+see one op each way, through the fake implementations below. The kernels (``triton_dnp_kernels``) are imported at
+first launch, so this module and the package import without Triton; the CPU tests run them under Triton's
+interpreter (``TRITON_INTERPRET=1``). The row layout follows Liger-Kernel's RMSNorm (a row in registers, r per row,
+partial vector gradients per program); Liger's SwiGLU does not normalize, so its ops would run the two norms and the
+SwiGLU as three kernels each way and keep z_g, z_u in memory.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 def supported(yg: Tensor, yu: Tensor) -> bool:
     """True if the fused op computes ``dnp_swiglu(yg, yu, ...)``: tensors on the CUDA code path
     (``device_path.on_cuda_path``: CUDA, or meta while ``bench --count`` walks that path) of one dtype among bf16,
-    fp16, fp32, ``d_ff <= MAX_D_FF``, and Triton installed. Anything else is the fast path's (``kernels.dnp_swiglu``)."""
+    fp16, fp32, ``d_ff <= MAX_D_FF``, and Triton installed. Anything else takes the fast path (``kernels``)."""
     return (_HAS_TRITON and on_cuda_path(yg) and yg.dtype == yu.dtype and yg.dtype in _DTYPES
             and yg.shape[-1] <= MAX_D_FF)
 
@@ -122,8 +123,8 @@ def _(yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None, eps: float) 
 
 @torch.library.custom_op("scalevec::dnp_swiglu_backward", mutates_args=())
 def _dnp_swiglu_backward_op(grad: Tensor, yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None,
-                            eps: float) -> list[Tensor]:
-    """``[∂L/∂y_g, ∂L/∂y_u]`` followed by ``∂L/∂s_g`` if ``s_g`` is given and ``∂L/∂s_u`` if ``s_u`` is."""
+                            eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(∂L/∂y_g, ∂L/∂y_u, ∂L/∂s)``: ∂L/∂s float32 ``(k, d_ff)``, a row for each of ``s_g``, ``s_u`` that is given."""
     from scalevec.model import triton_dnp_kernels as k
 
     g2, yg2, yu2 = _rows(grad), _rows(yg), _rows(yu)
@@ -131,20 +132,25 @@ def _dnp_swiglu_backward_op(grad: Tensor, yg: Tensor, yu: Tensor, sg: Tensor | N
     dyg, dyu = (torch.empty((n, d_ff), dtype=y.dtype, device=y.device) for y in (yg, yu))
     block_n, block_f, warps = _geometry(d_ff)
     programs = _backward_programs(yg.device, -(-n // block_n))
-    partial = [torch.empty((programs, d_ff), dtype=torch.float32, device=yg.device) if s is not None else None
-               for s in (sg, su)]
-    k.dnp_swiglu_bwd[(programs,)](g2, yg2, yu2, sg, su, dyg, dyu, *partial, n, d_ff, g2.stride(0), yg2.stride(0),
-                                  yu2.stride(0), dyg.stride(0), dyu.stride(0), eps, NORM_G=sg is not None,
-                                  NORM_U=su is not None, BLOCK_N=block_n, BLOCK_F=block_f, num_warps=warps)
-    grads = [dyg.view(yg.shape), dyu.view(yu.shape)]
-    return grads + [p.sum(0).to(s.dtype) for p, s in zip(partial, (sg, su)) if s is not None]
+    scales = [s for s in (sg, su) if s is not None]
+    # each program's sums of ∂L/∂s over its rows, a (programs, d_ff) slice per given scale: one sum(1) reduces both
+    partial = torch.empty((len(scales), programs, d_ff), dtype=torch.float32, device=yg.device)
+    slices = iter(partial)
+    dsg_part, dsu_part = (next(slices) if s is not None else None for s in (sg, su))
+    k.dnp_swiglu_bwd[(programs,)](g2, yg2, yu2, sg, su, dyg, dyu, dsg_part, dsu_part, n, d_ff, g2.stride(0),
+                                  yg2.stride(0), yu2.stride(0), dyg.stride(0), dyu.stride(0), eps,
+                                  NORM_G=sg is not None, NORM_U=su is not None, BLOCK_N=block_n, BLOCK_F=block_f,
+                                  num_warps=warps)
+    return dyg.view(yg.shape), dyu.view(yu.shape), partial.sum(1)
 
 
 @_dnp_swiglu_backward_op.register_fake
-def _(grad: Tensor, yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None, eps: float) -> list[Tensor]:
-    grads = [torch.empty_like(yg, memory_format=torch.contiguous_format),
-             torch.empty_like(yu, memory_format=torch.contiguous_format)]
-    return grads + [torch.empty_like(s) for s in (sg, su) if s is not None]
+def _(grad: Tensor, yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None,
+      eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    n_scales = (sg is not None) + (su is not None)
+    return (torch.empty_like(yg, memory_format=torch.contiguous_format),
+            torch.empty_like(yu, memory_format=torch.contiguous_format),
+            yg.new_empty((n_scales, yg.shape[-1]), dtype=torch.float32))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -160,9 +166,9 @@ def _backward(ctx, grad: Tensor):
         inputs = [t for t, n in zip((yg, yu, sg, su), need) if n]
         grads = iter(torch.autograd.grad(plain.dnp_swiglu(yg, yu, sg, su, ctx.eps), inputs, grad, create_graph=True))
         return (*(next(grads) if n else None for n in need), None)
-    grads = iter(torch.ops.scalevec.dnp_swiglu_backward(grad, yg, yu, sg, su, ctx.eps))
-    dyg, dyu = next(grads), next(grads)
-    dsg, dsu = (next(grads) if s is not None else None for s in (sg, su))
+    dyg, dyu, ds = torch.ops.scalevec.dnp_swiglu_backward(grad, yg, yu, sg, su, ctx.eps)
+    rows = iter(ds)
+    dsg, dsu = (next(rows).to(s.dtype) if s is not None else None for s in (sg, su))
     return tuple(gr if n else None for gr, n in zip((dyg, dyu, dsg, dsu), need)) + (None,)
 
 
