@@ -151,10 +151,10 @@ def test_count_refuses_to_replace_a_file_unless_told(flag, tmp_path, capsys):
     assert json.loads(out.read_text())["kernels_per_block"].keys() == {"baseline"}
 
 
-def test_count_of_the_issue_preset_runs_and_orders_the_strategies():
-    """At llama-0.12b bf16 (the issue's question) the count runs on meta tensors and unified costs more kernels per
-    block than the baseline, and with DNP's SwiGLU fused (model/triton_dnp.py: one op each way, counted through its
-    fake implementation) no more than 1.10x its bytes (the issue's target; the figures are in docs/performance.md)."""
+def test_count_of_the_issue_preset_runs_and_meets_the_targets():
+    """At llama-0.12b bf16 (the issue's question) the count runs on meta tensors, and unified's CUDA path (DNP's
+    SwiGLU fused, model/triton_dnp.py, counted through its fake implementation) is within the issue's targets:
+    <= 1.30x the baseline's kernels per block and <= 1.10x its bytes per token (figures: docs/performance.md)."""
     r = count("llama-0.12b", "baseline,unified", dtype="bfloat16")
     k, b = r["kernels_per_block"], r["bytes_per_token"]
-    assert k["unified"] > k["baseline"] and b["unified"] <= 1.10 * b["baseline"]
+    assert k["unified"] <= 1.30 * k["baseline"] and b["unified"] <= 1.10 * b["baseline"]
