@@ -184,6 +184,52 @@ def test_dnp_mlp_launches_one_op_each_way(monkeypatch):
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
+# Compiles both kernels for an H100/H200 (sm_90) with Triton's own compiler and ptxas, which ship in its wheel and
+# need no GPU. A fresh process: this one runs Triton's interpreter, which accepts code the compiler may not.
+COMPILE_PROBE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from scalevec.model import triton_dnp_kernels as k
+from scalevec.model.triton_dnp import _geometry
+
+block_n, block_f, warps = _geometry(1706)
+ptr = lambda dtype, on=True: f"*{dtype}" if on else "constexpr"
+for dtype in ("bf16", "fp32"):
+    for norm_g, norm_u in ((True, True), (True, False), (False, True)):
+        flags = {"NORM_G": norm_g, "NORM_U": norm_u, "BLOCK_N": block_n, "BLOCK_F": block_f}
+        absent = {name: None for name, on in (("sg_ptr", norm_g), ("su_ptr", norm_u)) if not on}
+        ints = ["n_rows", "d_ff"]
+        fwd = {"yg_ptr": ptr(dtype), "yu_ptr": ptr(dtype), "sg_ptr": ptr("fp32", norm_g), "su_ptr": ptr("fp32", norm_u),
+               "out_ptr": ptr(dtype), **dict.fromkeys(ints + ["stride_g", "stride_u", "stride_out"], "i32"),
+               "eps": "fp32", **dict.fromkeys(flags, "constexpr")}
+        bwd = {"g_ptr": ptr(dtype), "yg_ptr": ptr(dtype), "yu_ptr": ptr(dtype), "sg_ptr": ptr("fp32", norm_g),
+               "su_ptr": ptr("fp32", norm_u), "dyg_ptr": ptr(dtype), "dyu_ptr": ptr(dtype),
+               "dsg_ptr": ptr("fp32", norm_g), "dsu_ptr": ptr("fp32", norm_u),
+               **dict.fromkeys(ints + ["stride_gout", "stride_g", "stride_u", "stride_dg", "stride_du"], "i32"),
+               "eps": "fp32", **dict.fromkeys(flags, "constexpr")}
+        absent_grads = {"d" + name: None for name in absent}
+        for fn, sig, consts in ((k.dnp_swiglu_fwd, fwd, {**flags, **absent}),
+                                (k.dnp_swiglu_bwd, bwd, {**flags, **absent, **absent_grads})):
+            compiled = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": warps})
+            assert compiled.asm["cubin"], (fn, dtype, norm_g, norm_u)
+print("compiled")
+"""
+
+
+@pytest.mark.slow  # ~12 s: 12 kernels through Triton's compiler and ptxas
+def test_kernels_compile_for_sm90_without_a_gpu():
+    """Both kernels, bf16 and fp32, DNP on both or one branch, compile to sm_90 machine code (what the GPU runs)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    probe = subprocess.run([sys.executable, "-c", COMPILE_PROBE], capture_output=True, text=True, timeout=600, env=env)
+    assert probe.returncode == 0 and probe.stdout.strip() == "compiled", probe.stderr[-3000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
