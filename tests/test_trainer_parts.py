@@ -23,6 +23,7 @@ from scalevec.resolve import resolve_config
 from scalevec.training import monitors
 from scalevec.training import trainer as train_mod
 from scalevec.training.checkpoint import layout
+from scalevec.training.console import Console
 from scalevec.training.health import HealthGuard
 from scalevec.training.monitors import Monitor, StepEvent
 from scalevec.training.telemetry import ScaleTelemetry
@@ -199,3 +200,18 @@ def test_piped_train_prints_elapsed_eta_speed_mfu_and_memory(tmp_path):
         assert int(m[4].replace(",", "")) == round(row["tok_per_s"]) and float(m[5]) == round(100 * row["mfu"], 2)
         assert float(m[7]) > 0 and m[6] == "rss"  # the process's peak resident set on CPU
     assert lines[-1][9] == "0s" and lines[-1][8].endswith("s")
+
+
+def test_step_line_reads_speed_mfu_memory_and_the_sessions_eta(monkeypatch):
+    """A step line of a session resumed at step 2 of 10: 8 s for its 4 steps so far give 2 s a step and an ETA of
+    8 s for the 4 left; tokens/s and MFU from the step's time and the peak; CUDA's memory from the allocator."""
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2 ** 30)
+    clock = iter([100.0, 108.0])
+    monkeypatch.setattr(monitors.time, "perf_counter", lambda: next(clock))
+    ctx = SimpleNamespace(device=torch.device("cuda"), flops_per_token=1.0, peak_flops=1e4, first=2, end=10,
+                          console=Console(quiet=False))
+    progress = monitors.Progress()
+    progress.start(ctx)
+    ev = StepEvent(5, 6, 2.5, 0.0, 0.5, 1e-3, 1000, 0.5, 0.5, elapsed=40.0, logged=True, evaluates=False)
+    assert progress.line(ev) == ("step      5/10 loss 2.5000 lr 1.00e-03 grad 0.500 2,000 tok/s mfu 20.00% "
+                                 "mem 3.00 GiB elapsed 40s eta 8s")
