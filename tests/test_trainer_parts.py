@@ -110,10 +110,14 @@ def test_a_checkpoint_without_monitor_state_resumes(tmp_path):
 
 
 def test_two_monitors_with_one_name_are_refused(tmp_path):
-    """Two monitors under one name would overwrite each other's checkpoint state: refused before anything."""
+    """Two monitors under one name would overwrite each other's checkpoint state: refused before anything is
+    written; a set ``name`` tells two of one class apart."""
     with pytest.raises(ValueError, match="two monitors are named 'RunningLoss'"):
         Trainer(tiny_run(tmp_path), tmp_path / "run", monitors=[RunningLoss(), RunningLoss()])
     assert not (tmp_path / "run").exists()
+    second = RunningLoss()
+    second.name = "RunningLoss2"
+    assert [m.name for m in (RunningLoss(), second)] == ["RunningLoss", "RunningLoss2"]
 
 
 def test_health_guard_state_round_trips():

@@ -97,11 +97,17 @@ class Monitor:
     gives it the run."""
 
     ctx: RunContext
+    _name: str | None = None
 
     @property
     def name(self) -> str:
-        """The key of this monitor's state in a checkpoint; unique among a run's monitors (the class name)."""
-        return type(self).__name__
+        """The key of this monitor's state in a checkpoint, unique among a run's monitors: the class name unless
+        set (two monitors of one class need distinct names)."""
+        return self._name or type(self).__name__
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
 
     def start(self, ctx: RunContext) -> None:
         """Called on every rank before the first step of each session, after ``load_state_dict`` on resume."""
