@@ -140,7 +140,7 @@ def test_sweep_prints_progress_and_the_log_holds_the_trainers_output(tmp_path, c
     assert progress and "ETA" in progress[-1]
     assert "[1/1] baseline: val_loss" in out
     log = (tmp_path / "out" / "runs" / "baseline.log").read_text()
-    assert "--quiet" not in log and "step      0 loss" in log and "done: val_loss" in log
+    assert "--quiet" not in log and "step      0/20 loss" in log and "done: val_loss" in log
 
 
 def test_study_scope_adds_the_whole_studys_bound(tmp_path):
