@@ -1,4 +1,5 @@
-"""Our parameter names <-> Hugging Face names, per checkpoint family: the one name map (DESIGN.md §10).
+"""Our parameter names <-> Hugging Face names, per checkpoint family: the one name map (DESIGN.md §10), built from
+the family records (``families.py``: where each family's modules sit).
 
 ``hf/export.py`` writes checkpoints with it (the plain families and the custom architecture ``scalevec``),
 ``hf_import.py`` reads them with it backwards, and ``scalevec bench`` builds its Hugging Face Llama through
@@ -8,59 +9,42 @@ tensors, no files, no transformers.
 
 from __future__ import annotations
 
+from scalevec.hf_format.families import FAMILIES, module_map
+
 HF_CONFIG = "config.json"  # a Hugging Face model directory's config (transformers' name), beside its safetensors
 REMOTE_FORMAT = "scalevec"  # the custom architecture (config.json auto_map + trust_remote_code)
-# Hugging Face model_type -> the architecture class an export declares in config.json (the plain families)
-FORMATS = {
-    "llama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
+# Hugging Face model_type -> the architecture class an export declares in config.json: the plain families that
+# scalevec's own model computes (their records in families.py say ``scalevec_format``)
+FORMATS = {f.name: f.classes[0].rsplit(".", 1)[1] for f in FAMILIES.values() if f.scalevec_format}
+
+
+def _dense_names() -> dict[str, str]:
+    """Our parameter names -> Hugging Face names of a dense layer, from the Qwen3 record's module map (Llama's with
+    QK-norm: the dense names are shared by all formats)."""
+    sites = ("layers.{i}.attn.proj", "layers.{i}.mlp", "head", "layers.{i}.mlp.router", "layers.{i}.mlp.experts")
+    return {(f"{ours}.scale.weight" if ours.endswith("_norm") else f"{ours}.weight"): f"{theirs}.weight"
+            for ours, theirs in module_map(FAMILIES["qwen3"]).items() if ours not in sites}
+
 
 # Our parameter names -> Hugging Face names; "{i}" is the layer index, "{j}" an expert index (the
 # tensor is an expert bank (E, d_out, d_in) split into E tensors). Dense names are shared by all formats.
-DENSE_NAMES = {
-    "embed.weight": "model.embed_tokens.weight",
-    "layers.{i}.attn.proj.branches.q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "layers.{i}.attn.proj.branches.k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "layers.{i}.attn.proj.branches.v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "layers.{i}.attn.o.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "layers.{i}.attn.q_norm.scale.weight": "model.layers.{i}.self_attn.q_norm.weight",
-    "layers.{i}.attn.k_norm.scale.weight": "model.layers.{i}.self_attn.k_norm.weight",
-    "layers.{i}.mlp.proj.branches.gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "layers.{i}.mlp.proj.branches.up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "layers.{i}.mlp.down.weight": "model.layers.{i}.mlp.down_proj.weight",
-    "head.branches.lm_head.weight": "lm_head.weight",
-}
+DENSE_NAMES = _dense_names()
 # MoE blocks (moe.py): the router (E, d_model) and expert banks (E, d_out, d_in), split per expert, in
 # each family's canonical checkpoint layout (what its published checkpoints hold; transformers >= 5 fuses
-# the experts on load). Dense blocks of an MoE model (moe.first_dense) keep DENSE_NAMES (Qwen3-MoE's
-# mlp_only_layers).
-MOE_NAMES = {
-    "mixtral": {
-        "layers.{i}.mlp.router.weight": "model.layers.{i}.block_sparse_moe.gate.weight",
-        "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight",
-        "layers.{i}.mlp.experts.up.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight",
-        "layers.{i}.mlp.experts.down.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight",
-    },
-    "qwen3_moe": {
-        "layers.{i}.mlp.router.weight": "model.layers.{i}.mlp.gate.weight",
-        "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.mlp.experts.{j}.gate_proj.weight",
-        "layers.{i}.mlp.experts.up.weight": "model.layers.{i}.mlp.experts.{j}.up_proj.weight",
-        "layers.{i}.mlp.experts.down.weight": "model.layers.{i}.mlp.experts.{j}.down_proj.weight",
-    },
-}
+# the experts on load; the records' ``checkpoint_experts``). Dense blocks of an MoE model (moe.first_dense) keep
+# DENSE_NAMES (Qwen3-MoE's mlp_only_layers).
+MOE_NAMES = {f.name: dict(f.checkpoint_experts) for f in FAMILIES.values() if f.checkpoint_experts}
+_LLAMA = module_map(FAMILIES["llama"])
 # The folded input norms: no parameter on our side, a weight of ones on theirs.
-ONES_NAMES = ("model.layers.{i}.input_layernorm.weight", "model.layers.{i}.post_attention_layernorm.weight")
+ONES_NAMES = (f"{_LLAMA['layers.{i}.attn.proj']}.weight", f"{_LLAMA['layers.{i}.mlp']}.weight")
 # Our normalization sites <- Hugging Face norm weights, for reading checkpoints (``hf_import``): "layers.{i}.mlp"
 # is the MLP's Input-Norm, dense (MLP.proj) or MoE (the MoE module's own norm); QK-norm sites are Output-Norms.
 NORM_SITES = {
-    "layers.{i}.attn": "model.layers.{i}.input_layernorm.weight",
-    "layers.{i}.mlp": "model.layers.{i}.post_attention_layernorm.weight",
-    "layers.{i}.attn.q_norm": "model.layers.{i}.self_attn.q_norm.weight",
-    "layers.{i}.attn.k_norm": "model.layers.{i}.self_attn.k_norm.weight",
-    "head": "model.norm.weight",
+    "layers.{i}.attn": ONES_NAMES[0],
+    "layers.{i}.mlp": ONES_NAMES[1],
+    "layers.{i}.attn.q_norm": DENSE_NAMES["layers.{i}.attn.q_norm.scale.weight"],
+    "layers.{i}.attn.k_norm": DENSE_NAMES["layers.{i}.attn.k_norm.scale.weight"],
+    "head": f"{_LLAMA['head']}.weight",
 }
 
 

@@ -1,17 +1,18 @@
-"""A strategy's scale vectors put into a transformers model in place, and taken out again (issue 36; DESIGN.md §3, §10).
+"""A strategy's scale vectors put into someone else's model in place, and taken out again (DESIGN.md §3, §10, §12).
 
-``apply_strategy(model, strategy, **switches)`` takes a ``LlamaForCausalLM``, ``Qwen3ForCausalLM``,
-``MixtralForCausalLM`` or ``Qwen3MoeForCausalLM`` (or scalevec's own ``Transformer``) and replaces, in place,
-the modules that read a normalized input by scalevec's own placement modules, built from the strategy's
-``scales.scale_plan`` exactly as scalevec's model builds them. The object keeps its class, ``forward``,
-``generate()``, loss and gradient checkpointing (the decoder layers are untouched: only their norm and
-projection submodules change)::
+``apply_strategy(model, strategy, **switches)`` takes a model of a family of ``hf_format/families.py`` (transformers
+Llama, Qwen3, Mixtral, Qwen3-MoE, Mistral, Qwen2, Gemma 3, OLMo 2, OLMo 3; torchtitan's Llama 3; OLMo-core's
+``Transformer``) or scalevec's own ``Transformer``, and replaces, in place, the modules at the record's sites by
+scalevec's placement modules, built from the strategy's ``scales.scale_plan`` exactly as scalevec's model builds
+them. The object keeps its class, ``forward``, ``generate()``, loss and gradient checkpointing (the decoder layers
+are untouched: only their norm and projection submodules change). For the Llama record (the others differ in
+paths, not in kind)::
 
     HF module (layer i)          becomes                                          scalevec name
     input_layernorm              SiteNorm: γ ⊙ n(x), γ = plan.attn's own γ         layers.i.attn.proj(.scale)
     self_attn.{q,k,v}_proj       scales.Projection: s ⊙ (W diag(γ_b) u)           layers.i.attn.proj.branches.*
     self_attn.o_proj             scales.Projection (plan.o)                       layers.i.attn.o
-    self_attn.{q,k}_norm         scales.OutputNorm (Qwen3's QK-norm γ)            layers.i.attn.{q,k}_norm
+    self_attn.{q,k}_norm         scales.OutputNorm (QK-norm γ; any Output-Norm)   layers.i.attn.{q,k}_norm
     post_attention_layernorm     SiteNorm (plan.mlp, or plan.moe)                 layers.i.mlp.proj (MoE: layers.i.mlp)
     mlp.{gate,up}_proj           Projection / ProjNormedBranch (DNP: s ⊙ n(...))  layers.i.mlp.proj.branches.*
     mlp.down_proj                scales.Projection (plan.down)                    layers.i.mlp.down
@@ -19,25 +20,32 @@ projection submodules change)::
     mlp.experts (MoE)            scalevec's ``moe.Experts`` (banks with γ_b, s)   layers.i.mlp.experts
     model.norm                   SiteNorm (plan.head)                             head
 
-The embedding and ``lm_head`` keep their HF modules. Every parameter gets its
+The Output-Norms (QK-norm; the post-norms of OLMo 2/3 and Gemma 3) take the plan's Output-Norm γ (as ``peri``'s);
+Qwen2's q/k/v biases ride in ``BiasedProjection``; torchtitan's fused ``wqkv`` is split into three maps
+(``SplitQKV``) while the strategy is on. The embedding and LM head keep their modules. Every parameter gets its
 §5 role (``params.new_param``'s record), so ``params.param_roles`` and ``count_params`` read the model and
-``param_groups`` groups it. The HF norm weights become the strategy's γ by ``hf_import``'s rule (the one
-``convert`` and ``train --init-from`` use): shared γ -> the norm's γ, HG -> every branch's γ_b, output
-scales s = 1, magnitude-direction by ``ScaleVector.assign``, strategy ``none`` folds γ into the weights.
-A foldable strategy therefore computes the source's function (to fp32 rounding, tests/test_integrations.py);
-DNP (``dnp``, ``unified``) changes it, and so does ``none`` on a Qwen3 (QK-norm γ has no slot): both are
-said in a ``UserWarning`` and in ``model.scalevec_info``.
+``param_groups`` groups it. The norm weights become the strategy's γ by ``hf_import``'s rule (the one ``convert``
+and ``train --init-from`` use), on the *effective* gain (Gemma's ``1 + w``): shared γ -> the norm's γ, HG -> every
+branch's γ_b, output scales s = 1, magnitude-direction by ``ScaleVector.assign``, strategy ``none`` folds γ into
+the weights. What the model computes is read from its modules (``read_shape``: ε, tying, head dim), an HF config
+that disagrees is refused (``check_config``), and whether the function is kept is measured on a fixed input
+(``probe``): a foldable strategy keeps it (to fp32 rounding, tests/test_integrations.py, tests/test_families.py);
+DNP (``dnp``, ``unified``) changes it, and so does ``none`` where an Output-Norm γ ≠ 1 has no slot: both are said
+in a ``UserWarning`` and in ``model.scalevec_info``.
 
-``to_scalevec(model)`` is the scalevec ``Transformer`` holding the same parameters (the name map above), which
-is how ``fold`` and ``save`` reuse ``model/fold.py`` and ``hf/export.py``: ``fold(model)`` turns a foldable
-model back into a plain HF model in place (``save_pretrained`` then writes an ordinary checkpoint), ``save``
-writes what ``scalevec export`` writes (a plain family, or the custom-code ``ScalevecForCausalLM`` for DNP).
+``to_scalevec(model)`` is the scalevec ``Transformer`` holding the same parameters (the record's module map), for
+the families scalevec's model computes; ``save`` reuses ``hf/export.py`` through it. ``fold(model)`` turns a
+foldable model back into the source model in place (the very modules it had, given the folded weights), whose own
+``save_pretrained`` then writes an ordinary checkpoint; before that, ``save_pretrained`` is refused (a plain
+checkpoint cannot hold the scale vectors). ``save`` writes what ``scalevec export`` writes (a plain family, or the
+custom-code ``ScalevecForCausalLM`` for DNP).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +54,8 @@ import torch
 from torch import Tensor, nn
 
 from scalevec.config import PRESET_NAMES, ModelConfig, ScaleConfig
+from scalevec.hf_format.families import FAMILIES, Family, family_of, module_map, supported_classes
 from scalevec.hf_format.hf_import import load_plain, model_config_from_hf, plain_from_model
-from scalevec.hf_format.names import FORMATS
 from scalevec.integrations.wd_guard import guard_weight_decay
 from scalevec.model.fold import fold_scales
 from scalevec.model.kernels import FAST
@@ -60,7 +68,9 @@ from scalevec.model.scales import (
     OutputNormPlan,
     Projection,
     ScaleVector,
+    fold_weight,
     gamma_of,
+    multiply,
     scale_plan,
 )
 from scalevec.model.transformer import Transformer, build_model
@@ -97,10 +107,12 @@ class StrategyInfo:
     """What ``apply_strategy`` did, kept on the model as ``model.scalevec_info``.
 
     ``scale``: the strategy (a ``ScaleConfig``), ``strategy`` its name (``unified``, ``unified(lr_mult=0.5)``,
-    ``custom`` for a ``ScaleConfig``); ``cfg``: the model shape as scalevec reads it; ``family``: the
-    HF model_type (``llama``, ``qwen3``, ``mixtral``, ``qwen3_moe``); ``function_preserved``: False when the
-    strategy changed the function (DNP; QK-norm γ ≠ 1 under ``none``); ``notes``: the lines saying what
-    changed; ``originals``: module path -> the HF class it replaced (``fold`` puts that class back).
+    ``custom`` for a ``ScaleConfig``); ``cfg``: the model shape as scalevec reads it from the modules; ``family``:
+    the record's name (``families.FAMILIES``: the HF model_type, ``torchtitan_llama3``, ``olmo_core``);
+    ``function_preserved``: whether the logits on the probe input stayed within ``probe_tolerance`` (measured),
+    ``logit_gap`` the largest change measured; ``notes``: the lines saying what changed; ``originals``: module path
+    -> the module it replaced (``fold`` puts it back with the folded weights); ``reads``: projection path -> the
+    path of the Input-Norm it reads.
     """
 
     scale: ScaleConfig
@@ -108,9 +120,10 @@ class StrategyInfo:
     family: str
     function_preserved: bool
     strategy: str = "custom"
+    logit_gap: float = 0.0
     notes: list[str] = field(default_factory=list)
-    originals: dict[str, type] = field(default_factory=dict)
-
+    originals: dict[str, nn.Module] = field(default_factory=dict)
+    reads: dict[str, str] = field(default_factory=dict)
 
 
 def scale_config(strategy: str | ScaleConfig = "baseline", **switches) -> ScaleConfig:
@@ -136,23 +149,135 @@ def scale_config(strategy: str | ScaleConfig = "baseline", **switches) -> ScaleC
     return scfg
 
 
-# ------------------------------------------------------------------------------------------ apply
+# ------------------------------------------------------------------------------------------ the family and its shape
 
 
-def hf_shape(model: nn.Module) -> tuple[str, ModelConfig]:
-    """``(family, ModelConfig)`` of a transformers causal LM of a family scalevec computes. Raises ``ValueError``
-    naming the model and the supported families (or the feature scalevec does not compute: biases, sliding
-    window, another activation or RoPE type, ...)."""
-    config = getattr(model, "config", None)
-    fmt = getattr(config, "model_type", None)
-    if fmt not in FORMATS or not hasattr(model, "model") or not hasattr(model.model, "layers"):
-        raise ValueError(f"apply_strategy takes a {', '.join(FORMATS.values())} or a scalevec Transformer, not "
+def model_family(model: nn.Module) -> Family:
+    """The ``families.Family`` record of ``model`` (its class or a parent class is the record's). Raises
+    ``ValueError`` naming the model and the classes apply_strategy takes."""
+    names = [f"{c.__module__}.{c.__qualname__}" for c in type(model).__mro__]
+    fam = family_of(names)
+    if fam is None:
+        raise ValueError(f"apply_strategy takes a {', '.join(supported_classes())} or a scalevec Transformer, not "
                          f"{type(model).__name__}")
+    return fam
+
+
+def _layers(model: nn.Module, fam: Family) -> list[tuple[str, nn.Module]]:
+    """``(path, layer)`` of every decoder layer, in order (a ModuleList's or a ModuleDict's children)."""
+    return [(f"{fam.layers}.{name}", layer) for name, layer in model.get_submodule(fam.layers).named_children()]
+
+
+def _find(root: nn.Module, path: str | None) -> nn.Module | None:
+    """The submodule at ``path`` under ``root``, or None where the path is None or holds nothing (an optional
+    QK-norm the model was built without, a dense layer's router)."""
+    if path is None:
+        return None
     try:
-        _, cfg = model_config_from_hf(config.to_dict())
-    except ValueError as e:
-        raise ValueError(f"{type(model).__name__}: {e}") from None
-    return fmt, cfg
+        return root.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _put(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, module)
+
+
+def norm_eps(norm: nn.Module) -> float:
+    """The ε an RMSNorm module adds under its square root (``variance_epsilon`` in transformers' Llama family,
+    ``eps`` in torch's ``nn.RMSNorm``, Gemma's and OLMo-core's; ``nn.RMSNorm``'s None is its dtype's machine ε)."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    return float(torch.finfo(norm.weight.dtype).eps if eps is None else eps)
+
+
+def _gain(fam: Family, norm: nn.Module) -> Tensor:
+    """The effective γ (float32) of an HF norm module: its weight w, or ``1 + w`` (Gemma)."""
+    w = norm.weight.detach().to(torch.float32).clone()
+    return w + 1 if fam.gain == "1+w" else w
+
+
+def _stored(fam: Family, gamma: Tensor) -> Tensor:
+    """The weight a norm module of ``fam`` stores for effective γ ``gamma``: γ, or ``γ - 1`` (Gemma)."""
+    return gamma - 1 if fam.gain == "1+w" else gamma
+
+
+def _heads(model: nn.Module, fam: Family, layer: nn.Module) -> tuple[int, int]:
+    """``(n_heads, n_kv_heads)`` as the model computes them: an HF config's, or the framework attention module's."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "num_attention_heads"):
+        n = config.num_attention_heads
+        return n, getattr(config, "num_key_value_heads", None) or n
+    attn = layer.get_submodule(fam.o.rpartition(".")[0])
+    return attn.n_heads, attn.n_kv_heads or attn.n_heads
+
+
+def read_shape(model: nn.Module, fam: Family) -> ModelConfig:
+    """The ``ModelConfig`` of ``model`` as its modules compute it: sizes from the weight shapes, ε from the norm
+    modules, tying from whether the tensors are shared, head_dim from the q projection, QK-norm and MoE from the
+    modules present. A family scalevec's model computes is read through ``hf_import.model_config_from_hf`` (its
+    refusals: sliding window, another rope type, ...) after ``check_config`` found the config true to the modules.
+    Raises ``ValueError`` naming what scalevec cannot read."""
+    config = getattr(model, "config", None)
+    if fam.scalevec_format:
+        try:
+            _, cfg = model_config_from_hf(config.to_dict())
+        except ValueError as e:
+            raise ValueError(f"{type(model).__name__}: {e}") from None
+        return cfg
+    layers = _layers(model, fam)
+    _, layer = layers[0]
+    gate = layer.get_submodule(fam.gate_up[0])
+    heads, kv = _heads(model, fam, layer)
+    embed = model.get_submodule(fam.embed).weight
+    q = _find(layer, fam.qkv[0])
+    if q is not None:
+        head_dim = q.weight.shape[0] // heads
+    else:  # torchtitan's fused wqkv: (heads + 2·kv_heads)·head_dim rows
+        head_dim = layer.get_submodule(fam.fused_qkv).wqkv.weight.shape[0] // (heads + 2 * kv)
+    cfg = ModelConfig(
+        d_model=embed.shape[1], n_layers=len(layers), n_heads=heads, n_kv_heads=kv,
+        head_dim=None if head_dim * heads == embed.shape[1] else head_dim, d_ff=gate.weight.shape[0],
+        vocab_size=embed.shape[0], max_seq_len=getattr(config, "max_position_embeddings", None) or 2048,
+        norm_eps=norm_eps(model.get_submodule(fam.final_norm)),
+        tie_embeddings=model.get_submodule(fam.lm_head).weight is embed,
+        qk_norm=any(_find(layer, p) is not None for p in fam.output_norms()), layout="pre")
+    cfg.validate()
+    return cfg
+
+
+def check_config(model: nn.Module, fam: Family) -> None:
+    """Refuse an HF ``model.config`` that disagrees with the modules it describes (they are the function): the
+    tying of the LM head to the embedding, every norm's ε, the head dim of q/k. Raises ``ValueError`` naming the
+    field, both values and the fix (set the config field to what the modules compute)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_attention_heads"):
+        return  # a framework model: no second copy of the shape to disagree
+
+    def refuse(field: str, said, computed, what: str):
+        raise ValueError(f"model.config.{field}={said!r} but the modules compute {computed!r} ({what}); set "
+                         f"model.config.{field} = {computed!r} (or rebuild the model from the config) and retry")
+
+    embed, head = model.get_submodule(fam.embed).weight, model.get_submodule(fam.lm_head).weight
+    tied = head is embed
+    said = getattr(config, "tie_word_embeddings", None)
+    if said is not None and bool(said) != tied:
+        refuse("tie_word_embeddings", bool(said), tied, "whether lm_head.weight is the embedding's tensor")
+    eps = getattr(config, "rms_norm_eps", None)
+    if eps is not None:
+        for path, m in model.named_modules():
+            if path.endswith(("norm", "layernorm")) and hasattr(m, "weight") and norm_eps(m) != float(eps):
+                refuse("rms_norm_eps", eps, norm_eps(m), f"the ε of {path}")
+    _, layer = _layers(model, fam)[0]
+    heads, kv = _heads(model, fam, layer)
+    said_hd = getattr(config, "head_dim", None) or config.hidden_size // heads
+    for path, n in ((fam.qkv[0], heads), (fam.qkv[1], kv)):
+        rows = layer.get_submodule(path).weight.shape[0]
+        if rows != n * said_hd:
+            refuse("head_dim", said_hd, rows // n, f"{path} has {rows} rows for {n} heads")
+
+
+# ------------------------------------------------------------------------------------------ the modules put in
 
 
 def _materialize(m: nn.Module | None, device: torch.device, dtype: torch.dtype) -> None:
@@ -167,25 +292,57 @@ def _set_gamma(sv: ScaleVector | None, gamma: Tensor) -> None:
         sv.assign(gamma)  # direct: γ; OR/ER: the magnitude from rms(γ), the direction γ/rms(γ) (hf_import's rule)
 
 
-def _branch(linear: nn.Linear, plan, eps: float, ops) -> Branch:
-    """The ``scales.Projection`` (or DNP's ``ProjNormedBranch``) of ``plan`` (a ``BranchPlan``) around ``linear``'s own
-    weight Parameter, so that its name (``q_proj.weight``) does not change; its scale vectors at γ = s = 1
-    (``assign`` sets γ after)."""
-    w = linear.weight  # no bias (_check)
-    cls = ProjNormedBranch if plan.normalized else Projection
+class BiasedProjection(Projection):
+    """A ``scales.Projection`` whose linear map has a bias (Qwen2's q/k/v): ``y = s ⊙ (W diag(γ_b) u + b)``; the fold
+    is ``W' = diag(s) W diag(γ_b)``, ``b' = s ⊙ b``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.linear(x)
+        s = gamma_of(self.out_scale)
+        return y + (self.bias if s is None else self.bias * s).to(y.dtype)
+
+
+class SplitQKV(nn.Module):
+    """torchtitan's fused ``wqkv`` as three linear maps ``wq, wk, wv`` (its own checkpoint layout, split by its
+    ``FusedQKVLinear`` state-dict hook), so that each carries its branch's scale vectors. ``forward(x: (B, L, d))
+    -> (xq, xk, xv)``, each ``(B, L, heads, head_dim)``, as torchtitan's ``QKVLinear`` returns them."""
+
+    def __init__(self, fused: nn.Module):
+        super().__init__()
+        self.head_dim = fused.head_dim
+        state = fused.state_dict()  # {"wq.weight", "wk.weight", "wv.weight"}: torchtitan's split
+        for name in ("wq", "wk", "wv"):
+            w = state[f"{name}.weight"]
+            with torch.device("meta"):
+                lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+            lin.weight = nn.Parameter(w.detach().clone(), requires_grad=fused.wqkv.weight.requires_grad)
+            setattr(self, name, lin)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        return tuple(m(x).view(b, t, -1, self.head_dim) for m in (self.wq, self.wk, self.wv))
+
+
+def _branch(linear: nn.Module, plan, eps: float, ops, bias: bool = False) -> Branch:
+    """The ``scales.Projection`` (DNP's ``ProjNormedBranch``, ``BiasedProjection`` with ``bias``) of ``plan`` (a
+    ``BranchPlan``) around ``linear``'s own weight Parameter, so that its name (``q_proj.weight``) does not change;
+    its scale vectors at γ = s = 1 (``assign`` sets γ after)."""
+    w = linear.weight
+    cls = ProjNormedBranch if plan.normalized else BiasedProjection if bias else Projection
     with torch.device("meta"):
         b = cls(w.shape[1], w.shape[0], plan, eps, ops)
-    b.weight = w  # the HF Parameter itself: same object, same name; its role stays ``matrix``
+    b.weight = w  # the source's Parameter itself: same object, same name; its role stays ``matrix``
+    if bias:
+        b.bias = linear.bias
     for sv in (b.in_scale, b.out_scale):
         _materialize(sv, w.device, w.dtype)
         _set_gamma(sv, torch.ones(()))
     return b
 
 
-def _site_norm(hf_norm: nn.Module, spec, d: int, eps: float, ops, cls: type = SiteNorm) -> OutputNorm:
-    """The ``cls`` (``SiteNorm`` or, for QK-norm, ``scales.OutputNorm``) of scale spec ``spec`` (or None) in place of
-    ``hf_norm``, its γ allocated like ``hf_norm.weight`` (set by ``assign`` after)."""
-    ref = hf_norm.weight
+def _site_norm(ref: Tensor, spec, d: int, eps: float, ops, cls: type = SiteNorm) -> OutputNorm:
+    """The ``cls`` (``SiteNorm`` or, for an Output-Norm, ``scales.OutputNorm``) of scale spec ``spec`` (or None), its
+    γ allocated like ``ref`` (the replaced norm's weight; set by ``assign`` after)."""
     with torch.device("meta"):
         m = cls(d, OutputNormPlan(spec), eps, ops)
     _materialize(m.scale, ref.device, ref.dtype)
@@ -193,13 +350,9 @@ def _site_norm(hf_norm: nn.Module, spec, d: int, eps: float, ops, cls: type = Si
 
 
 def _roles(module: nn.Module, **roles: str) -> None:
-    """Record §5 roles for parameters an HF module keeps (``params.new_param``'s record), so that
+    """Record §5 roles for parameters a source module keeps (``params.new_param``'s record), so that
     ``params.param_roles`` reads the whole model."""
     module.__dict__.setdefault("_roles", {}).update(roles)
-
-
-def _norm_weight(hf_norm: nn.Module) -> Tensor:
-    return hf_norm.weight.detach().to(torch.float32).clone()
 
 
 def strategy_name(strategy: str | ScaleConfig, switches: dict) -> str:
@@ -208,123 +361,195 @@ def strategy_name(strategy: str | ScaleConfig, switches: dict) -> str:
     return name + (f"({', '.join(f'{k}={v!r}' for k, v in switches.items())})" if switches else "")
 
 
-def _apply_hf(model: nn.Module, scfg: ScaleConfig, name: str) -> StrategyInfo:
-    fmt, cfg = hf_shape(model)
-    plan = scale_plan(scfg, cfg)
-    ops = FAST if plan.fast else PLAIN
-    eps = cfg.norm_eps
-    info = StrategyInfo(scfg, cfg, fmt, function_preserved=scfg.foldable, strategy=name)
-    if not scfg.foldable:
-        info.notes.append("DNP normalizes the outputs of W_gate/W_up, which the source does not")
-    base = model.model
-    _check(model, cfg, plan)  # every refusal before the first module is replaced: no half-converted model
-    lost = []
-
-    def replace(parent: nn.Module, name: str, new: nn.Module, path: str) -> None:
-        info.originals[path] = type(getattr(parent, name))
-        setattr(parent, name, new)
-
-    with torch.no_grad():
-        _roles(base.embed_tokens, weight="embedding")
-        for i, layer in enumerate(base.layers):
-            p = f"model.layers.{i}"
-            attn = layer.self_attn
-            # attention: its Input-Norm, q/k/v, QK-norm
-            gamma = _norm_weight(layer.input_layernorm)
-            norm = _site_norm(layer.input_layernorm, plan.attn.gamma, cfg.d_model, eps, ops)
-            branches = {s: _branch(getattr(attn, f"{s}_proj"), plan.attn.branches[s], eps, ops) for s in "qkv"}
-            _set_gamma(norm.scale, gamma)
-            for b in branches.values():
-                _set_gamma(b.in_scale, gamma)
-                if norm.scale is None and b.in_scale is None:  # strategy none: γ folds into the weights
-                    b.weight.mul_(gamma.to(b.weight.dtype))
-            replace(layer, "input_layernorm", norm, f"{p}.input_layernorm")
-            for s, b in branches.items():
-                replace(attn, f"{s}_proj", b, f"{p}.self_attn.{s}_proj")
-            replace(attn, "o_proj", _branch(attn.o_proj, plan.o, eps, ops), f"{p}.self_attn.o_proj")
-            if cfg.qk_norm:
-                for s in ("q_norm", "k_norm"):
-                    hf = getattr(attn, s)
-                    g = _norm_weight(hf)
-                    qk = _site_norm(hf, plan.qk_norm.gamma, cfg.head_dim, eps, ops, OutputNorm)
-                    if qk.scale is not None:
-                        _set_gamma(qk.scale, g)
-                    elif not torch.equal(g, torch.ones_like(g)):
-                        lost.append(f"{p}.self_attn.{s}")
-                    replace(attn, s, qk, f"{p}.self_attn.{s}")
-            # the MLP: dense or MoE
-            gamma = _norm_weight(layer.post_attention_layernorm)
-            mlp = layer.mlp
-            if hasattr(mlp, "experts"):
-                norm = _site_norm(layer.post_attention_layernorm, plan.moe.gamma, cfg.d_model, eps, ops)
-                _set_gamma(norm.scale, gamma)
-                info.originals[f"{p}.mlp.experts"] = _put_moe(mlp, cfg, plan, ops, gamma, norm.scale is not None)
-            else:
-                norm = _site_norm(layer.post_attention_layernorm, plan.mlp.gamma, cfg.d_model, eps, ops)
-                _set_gamma(norm.scale, gamma)
-                branches = {s: _branch(getattr(mlp, f"{s}_proj"), plan.mlp.branches[s], eps, ops)
-                            for s in ("gate", "up")}
-                for b in branches.values():
-                    _set_gamma(b.in_scale, gamma)
-                    if norm.scale is None and b.in_scale is None:
-                        b.weight.mul_(gamma.to(b.weight.dtype))
-                for s, b in branches.items():
-                    replace(mlp, f"{s}_proj", b, f"{p}.mlp.{s}_proj")
-                replace(mlp, "down_proj", _branch(mlp.down_proj, plan.down, eps, ops), f"{p}.mlp.down_proj")
-            replace(layer, "post_attention_layernorm", norm, f"{p}.post_attention_layernorm")
-        # the final Input-Norm and the LM head
-        gamma = _norm_weight(base.norm)
-        norm = _site_norm(base.norm, plan.head.gamma, cfg.d_model, eps, ops)
-        head = model.lm_head
-        if norm.scale is not None:
-            _set_gamma(norm.scale, gamma)
-        elif not torch.equal(gamma, torch.ones_like(gamma)):  # strategy none, untied (_check): into the head
-            head.weight.mul_(gamma.to(head.weight.dtype))
-        replace(base, "norm", norm, "model.norm")
-        if head.weight is not base.embed_tokens.weight:
-            _roles(head, weight="lm_head")
-    if lost:
-        info.function_preserved = False
-        info.notes.append(f"strategy {info.strategy} has no slot for the QK-norm γ of {', '.join(lost[:2])}"
-                          + (f" (and {len(lost) - 2} more)" if len(lost) > 2 else ""))
-    return info
+# ------------------------------------------------------------------------------------------ apply
 
 
-def _check(model: nn.Module, cfg: ModelConfig, plan) -> None:
-    """Raise ``ValueError`` for what ``_apply_hf`` cannot put in, before it changes anything: a projection with a
-    bias, MoE experts in another layout, scale vectors on the LM head's own branch, the final norm's γ ≠ 1 with
-    no vector to hold it (``none``) and a tied LM head to fold it into."""
-    base = model.model
-    for layer in base.layers:
-        linears = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj]
-        mlp = layer.mlp
-        if hasattr(mlp, "experts"):
-            ex = mlp.experts
-            if getattr(ex, "gate_up_proj", None) is None or ex.gate_up_proj.dim() != 3 or \
-                    getattr(ex, "is_transposed", False) or not getattr(ex, "is_concatenated", True):
-                raise ValueError(f"{type(ex).__name__}: expert weights in a layout scalevec does not read (it reads "
-                                 f"gate_up_proj (E, 2·d_expert, d) concatenated, as transformers 5 holds Mixtral and "
-                                 f"Qwen3-MoE)")
+def _plan(scfg: ScaleConfig, cfg: ModelConfig, fam: Family):
+    """The strategy's ``ScalePlan`` for the family. The Output-Norms (QK-norm, OLMo 2/3's and Gemma 3's post-norms)
+    all take the plan's Output-Norm spec (``plan.qk_norm``: one rule for every Output-Norm, as ``peri``'s)."""
+    return scale_plan(scfg, dataclasses.replace(cfg, qk_norm=cfg.qk_norm or bool(fam.output_norms())))
+
+
+def _check(model: nn.Module, fam: Family, cfg: ModelConfig, plan, scfg: ScaleConfig, name: str) -> None:
+    """Raise ``ValueError`` for what ``_apply_family`` cannot put in, before it changes anything: parameters on the
+    meta device (no γ to read), a projection with a bias the family does not have, MoE experts in another layout,
+    HG where the family has no Input-Norm to split (post-norm order), scale vectors on the LM head's own branch,
+    the final norm's γ ≠ 1 with no vector to hold it (``none``) and a tied LM head to fold it into."""
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(f"{type(model).__name__}'s parameters are on the meta device: apply_strategy reads the norm "
+                         f"weights; call it once the weights are initialized or loaded")
+    hg = any(b.gamma is not None for norm in (plan.attn, plan.mlp) for b in norm.branches.values())
+    if hg and fam.order == "reordered":
+        raise ValueError(f"{fam.name} cannot carry strategy {name}: HG splits an Input-Norm's γ per branch, and "
+                         f"{fam.name} has none before attention and MLP (its norms follow them: post-norm order); use "
+                         f"baseline, iwd, dp, dnp, or or er on it")
+    for _, layer in _layers(model, fam):
+        mlp_parent = fam.gate_up[0].rpartition(".")[0]
+        experts = _find(layer, fam.experts)
+        linears = {p: _find(layer, p) for p in (*fam.qkv, fam.o)} if not fam.fused_qkv else {fam.o: _find(layer, fam.o)}
+        if experts is not None:
+            if getattr(experts, "gate_up_proj", None) is None or experts.gate_up_proj.dim() != 3 or \
+                    getattr(experts, "is_transposed", False) or not getattr(experts, "is_concatenated", True):
+                raise ValueError(f"{type(experts).__name__}: expert weights in a layout scalevec does not read (it "
+                                 f"reads gate_up_proj (E, 2·d_expert, d) concatenated, as transformers 5 holds Mixtral "
+                                 f"and Qwen3-MoE)")
         else:
-            linears += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        if any(getattr(m, "bias", None) is not None for m in linears):
-            raise ValueError("a projection with a bias is not supported (scalevec's model has none)")
+            linears.update({p: _find(layer, p) for p in (*fam.gate_up, fam.down)})
+            if _find(layer, mlp_parent) is None:
+                raise ValueError(f"{fam.name}: a layer without {mlp_parent}; scalevec reads gated MLPs only")
+        for path, m in linears.items():
+            allowed = fam.qkv_bias and path in fam.qkv
+            if getattr(m, "bias", None) is not None and not allowed:
+                raise ValueError(f"{fam.name}: {path} has a bias, which the family's record does not have (scalevec "
+                                 f"computes biases only where the record says: q/k/v of Qwen2)")
     head = plan.head.branches["lm_head"]
     if head.gamma is not None or head.s is not None:
         raise ValueError("a strategy with scale vectors on the LM head's own branch is not supported here")
-    gamma = base.norm.weight
+    final = model.get_submodule(fam.final_norm)
+    gamma = _gain(fam, final)
     if plan.head.gamma is None and not torch.equal(gamma, torch.ones_like(gamma)) and \
-            model.lm_head.weight is base.embed_tokens.weight:
+            model.get_submodule(fam.lm_head).weight is model.get_submodule(fam.embed).weight:
         raise ValueError("strategy none with tied embeddings cannot hold the final norm's γ; choose a strategy with "
                          "scale vectors (or untie the LM head)")
 
 
-def _put_moe(mlp: nn.Module, cfg: ModelConfig, plan, ops, gamma: Tensor, norm_has_scale: bool) -> type:
+def _logits(model: nn.Module, fam: Family, x: Tensor) -> Tensor:
+    """The logits of ``model`` on token ids ``x: (B, T)``, called as the family's forward is called."""
+    if fam.name == "torchtitan_llama3":
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        return model(x, positions, model.get_attention_masks(positions))
+    out = model(x) if fam.name == "olmo_core" else model(input_ids=x)
+    return out if isinstance(out, Tensor) else out.logits
+
+
+PROBE_TOKENS = 8  # the fixed input on which apply_strategy measures whether the function is kept
+
+
+def probe(model: nn.Module, fam: Family) -> Tensor:
+    """The logits (float32, CPU) of ``model`` on a short fixed input: tokens ``0, 7, 14, ...`` (mod the vocabulary),
+    one sequence of ``PROBE_TOKENS``, in eval mode and without gradients (the training mode is restored)."""
+    ref = next(model.parameters())
+    vocab = model.get_submodule(fam.embed).weight.shape[0]
+    x = (torch.arange(PROBE_TOKENS, device=ref.device) * 7 % vocab).unsqueeze(0)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _logits(model, fam, x).detach().to(device="cpu", dtype=torch.float32)
+    finally:
+        model.train(training)
+
+
+def probe_tolerance(dtype: torch.dtype, ref: Tensor) -> float:
+    """The largest logit change on the probe that still counts as the same function: 1e-4 of the logit scale
+    (max(1, max|logit|)) in float32/64, where a foldable strategy's re-association moves the tiny models' logits
+    by < 4e-7 and a real change (DNP, a lost γ) by > 1e-2; 5e-2 of it in a 16-bit dtype (bfloat16's 2^-8 relative
+    rounding accumulates through the layers)."""
+    rel = 5e-2 if torch.finfo(dtype).bits <= 16 else 1e-4
+    return rel * max(1.0, ref.abs().max().item())
+
+
+def _apply_family(model: nn.Module, fam: Family, scfg: ScaleConfig, name: str) -> StrategyInfo:
+    cfg = read_shape(model, fam)
+    plan = _plan(scfg, cfg, fam)
+    ops = FAST if plan.fast else PLAIN
+    out_spec = plan.qk_norm.gamma if plan.qk_norm is not None else None
+    _check(model, fam, cfg, plan, scfg, name)  # every refusal before the first module is replaced
+    info = StrategyInfo(scfg, cfg, fam.name, function_preserved=True, strategy=name)
+    lost: list[str] = []
+
+    def replace(root: nn.Module, prefix: str, path: str, new: nn.Module) -> None:
+        full = f"{prefix}.{path}" if prefix else path
+        info.originals[full] = root.get_submodule(path)
+        _put(root, path, new)
+
+    def input_norm(root, prefix, path, spec) -> tuple[Tensor | None, OutputNorm | None]:
+        """An Input-Norm replaced by a SiteNorm of ``spec``: ``(its γ, the SiteNorm)``; (None, None) without one."""
+        hf = _find(root, path)
+        if hf is None:
+            return None, None
+        gamma = _gain(fam, hf)
+        norm = _site_norm(hf.weight, spec, hf.weight.shape[0], norm_eps(hf), ops)
+        _set_gamma(norm.scale, gamma)
+        replace(root, prefix, path, norm)
+        return gamma, norm
+
+    def branches(root, prefix, norm_path, gamma, norm, paths: dict[str, str], nplan, bias=False) -> None:
+        """The projections ``paths`` ({branch: path}) reading the Input-Norm at ``norm_path`` (γ ``gamma``)."""
+        for s, path in paths.items():
+            b = _branch(root.get_submodule(path), nplan.branches[s], cfg.norm_eps, ops, bias)
+            if gamma is not None:
+                _set_gamma(b.in_scale, gamma)
+                if norm.scale is None and b.in_scale is None:  # strategy none: γ folds into the weights
+                    b.weight.mul_(gamma.to(b.weight.dtype))
+            replace(root, prefix, path, b)
+            if norm_path is not None:
+                info.reads[f"{prefix}.{path}"] = f"{prefix}.{norm_path}"
+
+    def output_norm(root, prefix, path) -> None:
+        hf = _find(root, path)
+        if hf is None:
+            return
+        gamma = _gain(fam, hf)
+        new = _site_norm(hf.weight, out_spec, hf.weight.shape[0], norm_eps(hf), ops, OutputNorm)
+        if new.scale is not None:
+            _set_gamma(new.scale, gamma)
+        elif not torch.equal(gamma, torch.ones_like(gamma)):
+            lost.append(f"{prefix}.{path}")
+        replace(root, prefix, path, new)
+
+    with torch.no_grad():
+        embed = model.get_submodule(fam.embed)
+        _roles(embed, weight="embedding")
+        for prefix, layer in _layers(model, fam):
+            if fam.fused_qkv is not None and _find(layer, fam.fused_qkv) is not None:
+                fused = layer.get_submodule(fam.fused_qkv)
+                replace(layer, prefix, fam.fused_qkv, SplitQKV(fused))
+                fused.to("meta")  # its weight now lives in the split maps; fold fills it again
+            gamma, norm = input_norm(layer, prefix, fam.attn_norm, plan.attn.gamma)
+            branches(layer, prefix, fam.attn_norm, gamma, norm, dict(zip("qkv", fam.qkv)), plan.attn, fam.qkv_bias)
+            replace(layer, prefix, fam.o, _branch(layer.get_submodule(fam.o), plan.o, cfg.norm_eps, ops))
+            for path in (*(fam.qk_norm or ()), fam.attn_out_norm):
+                output_norm(layer, prefix, path)
+            experts = _find(layer, fam.experts)
+            nplan = plan.moe if experts is not None else plan.mlp
+            gamma, norm = input_norm(layer, prefix, fam.mlp_norm, nplan.gamma)
+            if experts is not None:
+                mlp = layer.get_submodule(fam.experts.rpartition(".")[0])
+                info.originals[f"{prefix}.{fam.experts}"] = experts
+                info.reads[f"{prefix}.{fam.experts}"] = f"{prefix}.{fam.mlp_norm}"  # router and banks read it
+                _put_moe(mlp, cfg, plan, ops, gamma, norm.scale is not None)
+                experts.to("meta")  # its banks now live in scalevec's Experts; fold fills them again
+            else:
+                branches(layer, prefix, fam.mlp_norm, gamma, norm, dict(zip(("gate", "up"), fam.gate_up)), plan.mlp)
+                replace(layer, prefix, fam.down, _branch(layer.get_submodule(fam.down), plan.down, cfg.norm_eps, ops))
+            output_norm(layer, prefix, fam.mlp_out_norm)
+        # the final Input-Norm and the LM head
+        final = model.get_submodule(fam.final_norm)
+        gamma = _gain(fam, final)
+        norm = _site_norm(final.weight, plan.head.gamma, final.weight.shape[0], norm_eps(final), ops)
+        head = model.get_submodule(fam.lm_head)
+        if norm.scale is not None:
+            _set_gamma(norm.scale, gamma)
+        elif not torch.equal(gamma, torch.ones_like(gamma)):  # strategy none, untied (_check): into the head
+            head.weight.mul_(gamma.to(head.weight.dtype))
+        replace(model, "", fam.final_norm, norm)
+        if head.weight is not embed.weight:
+            _roles(head, weight="lm_head")
+    if not scfg.foldable:
+        info.notes.append(f"DNP normalizes the outputs of the MLP's gate/up projections, which the source "
+                          f"{fam.name} does not")
+    if lost:
+        info.notes.append(f"strategy {info.strategy} has no slot for the Output-Norm γ of {', '.join(lost[:2])}"
+                          + (f" (and {len(lost) - 2} more)" if len(lost) > 2 else ""))
+    return info
+
+
+def _put_moe(mlp: nn.Module, cfg: ModelConfig, plan, ops, gamma: Tensor, norm_has_scale: bool) -> None:
     """The MoE block's router and experts (in place): HG's γ_router on the router's input (``_router_pre_hook``), the
     experts replaced by scalevec's ``moe.Experts`` (the HF fused ``gate_up_proj (E, 2F, d)`` split into the gate and
     up banks). ``gamma``: the site's γ, given to every branch γ_b (HG) or, when the strategy has no vector for
-    it (``none``: ``norm_has_scale`` False and no γ_b), folded into the router and the banks. Returns the HF
-    experts class it replaced."""
+    it (``none``: ``norm_has_scale`` False and no γ_b), folded into the router and the banks."""
     router, hf = mlp.gate, mlp.experts
     w = router.weight
     _roles(router, weight="router")
@@ -354,40 +579,66 @@ def _put_moe(mlp: nn.Module, cfg: ModelConfig, plan, ops, gamma: Tensor, norm_ha
             if branch_scale is None:  # strategy none: γ folds into the weights that read the site
                 weight.mul_(gamma.to(weight.dtype))
     mlp.experts = ex
-    return type(hf)
+
+
+def _refused_save_pretrained(self: nn.Module, *args, **kwargs):
+    """The ``save_pretrained`` of a model carrying an unfolded strategy (bound to the instance by ``apply_strategy``,
+    taken off by ``fold``): a plain checkpoint of it would load with its norms re-initialized and its scale vectors
+    dropped (transformers reports 5 missing and 42 unexpected keys on a 2-layer Llama and loads anyway), so it is
+    refused with the command that writes a true one. Raises ``ValueError``."""
+    info = self.scalevec_info
+    how = ("scalevec.fold(model) first (in place; then save_pretrained writes the plain family), or "
+           "scalevec.save(model, DIR)") if info.scale.foldable else \
+        "scalevec.save(model, DIR) (the custom-code export; DNP cannot fold)"
+    raise ValueError(f"{type(self).__name__}.save_pretrained: this model carries strategy {info.strategy} unfolded, "
+                     f"which a plain checkpoint cannot hold (its norms would load freshly initialized); run {how}")
 
 
 def apply_strategy(model: nn.Module, strategy: str | ScaleConfig = "unified", **switches) -> nn.Module:
     """Put strategy ``strategy``'s scale vectors into ``model`` in place (module docstring; DESIGN.md §3) and return it.
 
-    ``model``: a transformers ``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``MixtralForCausalLM`` or
-    ``Qwen3MoeForCausalLM`` (any device and dtype; the scale vectors take the dtype of the norm weights they
-    replace), or a scalevec ``Transformer`` (converted through ``hf_import``'s plain form, as ``convert`` does).
-    ``strategy``: a name of DESIGN.md §3's table (``none``, ``baseline``, ``iwd``, ``hg``, ``dp``, ``dnp``, ``or``,
-    ``er``, ``unified``, ``unified_foldable``) or a ``ScaleConfig``; ``switches``: any ``ScaleConfig`` field
-    (``lr_mult=0.5``, ``per_expert=True``, ``apply='activation'``).
+    ``model``: a model of a family of ``hf_format/families.py`` (transformers ``LlamaForCausalLM``, ``Qwen3...``,
+    ``Mixtral...``, ``Qwen3Moe...``, ``Mistral...``, ``Qwen2...``, ``Gemma3ForCausalLM``, ``Olmo2...``,
+    ``Olmo3ForCausalLM``; torchtitan's ``Llama3Model``; OLMo-core's ``Transformer``), on any device and dtype with
+    its weights materialized (the scale vectors take the dtype of the norm weights they replace), or a scalevec
+    ``Transformer`` (converted through ``hf_import``'s plain form, as ``convert`` does). ``strategy``: a name of
+    DESIGN.md §3's table (``none``, ``baseline``, ``iwd``, ``hg``, ``dp``, ``dnp``, ``or``, ``er``, ``unified``,
+    ``unified_foldable``) or a ``ScaleConfig``; ``switches``: any ``ScaleConfig`` field (``lr_mult=0.5``).
 
-    A foldable strategy computes the source's function (fp32 rounding); one that is not (DNP: ``dnp``,
-    ``unified``) changes it, as ``scalevec convert`` says: a ``UserWarning`` names what changes, and
-    ``model.scalevec_info`` (``StrategyInfo``) keeps it. Apply to a plain model once; ``fold(model)`` first to
-    change a foldable strategy. Raises ``ValueError`` for an unsupported model or feature, an unknown strategy
-    or switch, or a model that already carries an unfoldable strategy.
+    What the model computes is read from its modules (ε, tying, head dim) and an HF ``model.config`` that disagrees
+    is refused. Whether the function is kept is measured: the logits on a short fixed input (``probe``) before and
+    after, within ``probe_tolerance``; a change is said in a ``UserWarning`` and kept in ``model.scalevec_info``
+    (``StrategyInfo``). A foldable strategy keeps it (fp32 rounding); DNP (``dnp``, ``unified``) changes it.
+    ``save_pretrained`` of the model is refused until ``fold`` (the message names the command). Apply to a plain model
+    once; ``fold(model)`` first to change a foldable strategy. Raises ``ValueError`` for an unsupported model,
+    feature or strategy of the family (one line naming what to use instead), an unknown strategy or switch, a config
+    that disagrees with the modules, or a model that already carries an unfoldable strategy.
     """
     scfg = scale_config(strategy, **switches)
     if isinstance(model, Transformer):
         return _apply_scalevec(model, scfg)
+    fam = model_family(model)
     prior = getattr(model, "scalevec_info", None)
     if prior is not None:
         if not prior.scale.foldable:
             raise ValueError(f"this model already carries strategy {prior.strategy}, which cannot fold; apply a "
                              f"strategy to the plain model instead")
         fold(model)
-    info = _apply_hf(model, scfg, strategy_name(strategy, switches))
+    check_config(model, fam)
+    before = probe(model, fam) if not any(p.is_meta for p in model.parameters()) else None
+    info = _apply_family(model, fam, scfg, strategy_name(strategy, switches))
+    after = probe(model, fam)
+    gap = (after - before).abs().max().item()
+    info.logit_gap = gap
+    info.function_preserved = gap <= probe_tolerance(next(model.parameters()).dtype, before)
+    if not info.function_preserved and not info.notes:
+        info.notes.append(f"the logits moved by {gap:.3g}")
     model.scalevec_info = info
     guard_weight_decay(model)  # no optimizer may step it with weight decay that breaks the strategy (wd_guard.py)
+    model.save_pretrained = types.MethodType(_refused_save_pretrained, model)
     if not info.function_preserved:
-        warnings.warn(f"apply_strategy: strategy {info.strategy} -> THE FUNCTION CHANGES: {'; '.join(info.notes)}",
-                      UserWarning, stacklevel=2)
+        warnings.warn(f"apply_strategy: strategy {info.strategy} -> THE FUNCTION CHANGES (logits moved by {gap:.3g} "
+                      f"on the probe): {'; '.join(info.notes)}", UserWarning, stacklevel=2)
     return model
 
 
@@ -410,39 +661,29 @@ def _apply_scalevec(model: Transformer, scfg: ScaleConfig) -> Transformer:
 # ------------------------------------------------------------------------------------------ back out
 
 
-_PREFIXES = [  # (HF module path regex, scalevec module path); {i} the layer; first match wins
-    (r"model\.embed_tokens", "embed"),
-    (r"model\.layers\.(\d+)\.input_layernorm", "layers.{i}.attn.proj"),
-    (r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj", "layers.{i}.attn.proj.branches.{b}"),
-    (r"model\.layers\.(\d+)\.self_attn\.o_proj", "layers.{i}.attn.o"),
-    (r"model\.layers\.(\d+)\.self_attn\.([qk])_norm", "layers.{i}.attn.{b}_norm"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm", None),  # dense: mlp.proj; MoE: mlp
-    (r"model\.layers\.(\d+)\.mlp\.(gate|up)_proj", "layers.{i}.mlp.proj.branches.{b}"),
-    (r"model\.layers\.(\d+)\.mlp\.down_proj", "layers.{i}.mlp.down"),
-    (r"model\.layers\.(\d+)\.mlp\.gate", "layers.{i}.mlp.router"),
-    (r"model\.layers\.(\d+)\.mlp\.experts", "layers.{i}.mlp.experts"),
-    (r"model\.norm", "head"),
-    (r"lm_head", "head.branches.lm_head"),
-]
-_RULES = [(re.compile(rx + r"\.(.+)$"), ours) for rx, ours in _PREFIXES]
+def _rules(fam: Family) -> list[tuple[re.Pattern, str | None]]:
+    """(regex on a module path of ``fam``'s model, scalevec's module path template) from the record's one map
+    (``families.module_map``); None marks the MLP's Input-Norm (dense: ``mlp.proj``; MoE: ``mlp``)."""
+    rules = []
+    for ours, theirs in module_map(fam).items():
+        rx = re.escape(theirs).replace(r"\{i\}", r"(?P<i>\d+)") + r"\.(?P<rest>.+)$"
+        rules.append((re.compile(rx), None if ours == "layers.{i}.mlp" else ours))
+    return rules
 
 
-def scalevec_name(name: str, cfg: ModelConfig) -> str:
+def scalevec_name(name: str, cfg: ModelConfig, family: str = "llama") -> str:
     """The scalevec ``Transformer`` parameter name of parameter ``name`` of a model ``apply_strategy`` touched
-    (``model.layers.0.self_attn.q_proj.in_scale.weight`` -> ``layers.0.attn.proj.branches.q.in_scale.weight``).
-    Raises ``KeyError`` for a name outside the map."""
-    for rx, ours in _RULES:
+    (``model.layers.0.self_attn.q_proj.in_scale.weight`` -> ``layers.0.attn.proj.branches.q.in_scale.weight``) of
+    family ``family`` (its record's module map). Raises ``KeyError`` for a name outside the map."""
+    for rx, ours in _rules(FAMILIES[family]):
         m = rx.match(name)
         if m is None:
             continue
-        groups = m.groups()
-        rest = groups[-1]
-        i = groups[0] if len(groups) > 1 else None
+        i = m.group("i") if "i" in m.groupdict() else None
         if ours is None:  # the MLP's Input-Norm: the dense MLP's proj, or the MoE block itself
             moe = cfg.moe is not None and int(i) >= cfg.moe.first_dense
             ours = "layers.{i}.mlp" if moe else "layers.{i}.mlp.proj"
-        b = groups[1] if len(groups) > 2 else None
-        return f"{ours.format(i=i, b=b)}.{rest}"
+        return f"{ours.format(i=i)}.{m.group('rest')}"
     raise KeyError(f"{name} has no place in scalevec's model")
 
 
@@ -458,13 +699,18 @@ def to_scalevec(model: nn.Module) -> Transformer:
     """The scalevec ``Transformer`` (strategy and shape of ``model.scalevec_info``) holding a copy of the parameters
     of a model ``apply_strategy`` touched (``scalevec_name``), on the model's device, in float32. It computes the
     same function (fp32 rounding: the HF attention and MoE dispatch differ from ours in summation order).
-    Raises ``ValueError`` for a model without a strategy."""
+    Raises ``ValueError`` for a model without a strategy, or of a family scalevec's model does not compute (its
+    record's ``scalevec_format``: Gemma 3's post-norms and GeGLU, OLMo 2/3's post-norm order, Qwen2's biases, ...)."""
     info = _info(model)
+    fam = FAMILIES[info.family]
+    if not fam.scalevec_format:
+        raise ValueError(f"scalevec's Transformer does not compute {fam.name} (see its record in "
+                         f"hf_format/families.py); fold(model) gives the plain {type(model).__name__} instead")
     ref = next(model.parameters())
     sv = build_model(info.cfg, info.scale, seed=0, device=ref.device)
     state = {}
     for name, t in model.state_dict().items():
-        state[scalevec_name(name, info.cfg)] = t.detach().to(torch.float32)
+        state[scalevec_name(name, info.cfg, fam.name)] = t.detach().to(torch.float32)
     if info.cfg.tie_embeddings:
         state.setdefault("head.branches.lm_head.weight", state["embed.weight"])
     sv.load_state_dict(state, strict=True)
@@ -473,12 +719,14 @@ def to_scalevec(model: nn.Module) -> Transformer:
 
 def fold(model: nn.Module) -> nn.Module:
     """Fold every scale vector of a model ``apply_strategy`` touched back into its weights, in place (DESIGN.md §4):
-    the result is the plain HF model again (its class, modules and parameter names; ``save_pretrained`` writes an
-    ordinary checkpoint), computing the same function (fp32 rounding). ``diag(s) W diag(γ γ_b)`` goes into each
-    projection (``model/fold.py``'s ``fold_scales``), the final norm's γ into ``model.norm.weight`` (so a tied LM
-    head stays tied), QK-norm's γ into ``q_norm``/``k_norm``; the other norm weights are 1. A scalevec
-    ``Transformer`` is returned folded (``fold_scales``). Raises ``ValueError`` for a strategy that cannot fold
-    (DNP: ``dnp``, ``unified``; save those with ``save``, the custom-code export) or a model without a strategy."""
+    the result is the source model again (its classes, modules and parameter names: the very modules it had, given
+    the folded weights; ``save_pretrained`` writes an ordinary checkpoint), computing the same function (fp32
+    rounding). ``diag(s) W diag(γ γ_b)`` goes into each projection (``scales.Branch.folded_weight``; a bias becomes
+    ``s ⊙ b``), the final norm's γ into the final norm (so a tied LM head stays tied), each Output-Norm's γ (QK-norm,
+    post-norms) into its norm, as the family's gain convention stores it (w, or γ - 1 for Gemma's ``1 + w``); the
+    other Input-Norms hold γ = 1. A scalevec ``Transformer`` is returned folded (``fold_scales``). Raises
+    ``ValueError`` for a strategy that cannot fold (DNP: ``dnp``, ``unified``; save those with ``save``, the
+    custom-code export) or a model without a strategy."""
     if isinstance(model, Transformer):
         return fold_scales(model)
     info = _info(model)
@@ -486,89 +734,97 @@ def fold(model: nn.Module) -> nn.Module:
         raise ValueError(f"cannot fold strategy {info.strategy}: DNP normalizes the outputs of W_gate/W_up, which no "
                          f"linear map can absorb; save it with scalevec.save(model, DIR) (the custom-code export, "
                          f"loaded with trust_remote_code=True) or train unified_foldable")
-    sv = to_scalevec(model)
-    head_gamma = gamma_of(sv.head.scale)
-    head_weight = sv.head.branches["lm_head"].weight.detach()
-    folded = fold_scales(sv)
-    state = dict(folded.state_dict())
-    base, cfg = model.model, info.cfg
+    fam = FAMILIES[info.family]
     ref = next(model.parameters())
     dtype, device = ref.dtype, ref.device
 
-    def param(t: Tensor) -> nn.Parameter:
-        return nn.Parameter(t.detach().to(device=device, dtype=dtype).clone())
+    def param(t: Tensor, like: Tensor) -> nn.Parameter:
+        return nn.Parameter(t.detach().to(device=device, dtype=dtype).clone(), requires_grad=like.requires_grad)
 
-    def norm_module(path: str, d: int, weight: Tensor | None) -> nn.Module:
-        cls = info.originals[path]
-        with torch.device("meta"):
-            m = cls(d, eps=cfg.norm_eps)
-        m.weight = param(weight if weight is not None else torch.ones(d))
-        return m
-
-    def linear(weight: Tensor) -> nn.Linear:
-        with torch.device("meta"):
-            m = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        m.weight = param(weight)
-        return m
+    def shared(path: str) -> Tensor | None:
+        """The γ of the SiteNorm that the projection at ``path`` reads (None: it reads none, or the norm has none)."""
+        norm = info.reads.get(path)
+        return gamma_of(model.get_submodule(norm).scale) if norm is not None else None
 
     with torch.no_grad():
-        for i, layer in enumerate(base.layers):
-            p, q = f"model.layers.{i}", f"layers.{i}"
-            attn = layer.self_attn
-            layer.input_layernorm = norm_module(f"{p}.input_layernorm", cfg.d_model, None)
-            for s in "qkv":
-                setattr(attn, f"{s}_proj", linear(state[f"{q}.attn.proj.branches.{s}.weight"]))
-            attn.o_proj = linear(state[f"{q}.attn.o.weight"])
-            if cfg.qk_norm:
-                for s in ("q_norm", "k_norm"):
-                    setattr(attn, s, norm_module(f"{p}.self_attn.{s}", cfg.head_dim,
-                                                 state.get(f"{q}.attn.{s}.scale.weight")))
-            layer.post_attention_layernorm = norm_module(f"{p}.post_attention_layernorm", cfg.d_model, None)
-            mlp = layer.mlp
-            if hasattr(mlp, "experts"):
-                router = mlp.gate
-                _remove_router_scale(router)
-                router.weight = param(state[f"{q}.mlp.router.weight"])
-                with torch.device("meta"):
-                    hf = info.originals[f"{p}.mlp.experts"](model.config)
-                hf.gate_up_proj = param(torch.cat([state[f"{q}.mlp.experts.gate.weight"],
-                                                   state[f"{q}.mlp.experts.up.weight"]], dim=1))
-                hf.down_proj = param(state[f"{q}.mlp.experts.down.weight"])
-                mlp.experts = hf
-            else:
-                mlp.gate_proj = linear(state[f"{q}.mlp.proj.branches.gate.weight"])
-                mlp.up_proj = linear(state[f"{q}.mlp.proj.branches.up.weight"])
-                mlp.down_proj = linear(state[f"{q}.mlp.down.weight"])
-        base.norm = norm_module("model.norm", cfg.d_model, head_gamma)
-        if model.lm_head.weight is not base.embed_tokens.weight:
-            model.lm_head.weight.copy_(head_weight)
+        for path, orig in reversed(info.originals.items()):  # projections before the norms they read
+            new = model.get_submodule(path)
+            if isinstance(new, SplitQKV):  # torchtitan: fuse the folded wq/wk/wv back with its own load hook
+                orig.to_empty(device=device)
+                orig.load_state_dict({k: v.to(dtype) for k, v in new.state_dict().items()})
+            elif isinstance(new, Branch):
+                g, s = new.fold_vectors()
+                c = multiply(g, shared(path))
+                w = fold_weight(new.weight.to(torch.float32), None if c is None else c.to(torch.float32),
+                                None if s is None else s.to(torch.float32))
+                orig.weight = param(w, new.weight)
+                if isinstance(new, BiasedProjection):
+                    orig.bias = param(new.bias if s is None else new.bias * s, new.bias)
+            elif isinstance(new, Experts):
+                router = model.get_submodule(path.rpartition(".")[0]).gate
+                gamma = shared(path)
+                router_gamma = _remove_router_scale(router)
+                router.weight = param(fold_weight(router.weight, multiply(router_gamma, gamma)), router.weight)
+                orig.to_empty(device=device)
+                orig.gate_up_proj = param(torch.cat([new.gate.folded_weight(gamma), new.up.folded_weight(gamma)],
+                                                    dim=1), new.gate.weight)
+                orig.down_proj = param(new.down.folded_weight(), new.down.weight)
+            elif isinstance(new, OutputNorm):
+                if path == fam.final_norm or type(new) is OutputNorm:  # the head's γ and Output-Norms: kept
+                    gamma = gamma_of(new.scale)
+                else:  # an Input-Norm inside a layer: its γ went into the projections
+                    gamma = None
+                d = orig.weight.shape[0]
+                gamma = torch.ones(d) if gamma is None else gamma.to(torch.float32)
+                orig.weight = param(_stored(fam, gamma), orig.weight)
+            _put(model, path, orig)
     for m in model.modules():
         m.__dict__.pop("_roles", None)
     del model.scalevec_info
+    model.__dict__.pop("save_pretrained", None)
     return model
 
 
-def _remove_router_scale(router: nn.Module) -> None:
-    """Take HG's γ_router (and its input hook) off an HF router."""
+def _remove_router_scale(router: nn.Module) -> Tensor | None:
+    """Take HG's γ_router (and its input hook) off an HF router; returns that γ (None where it had none)."""
     for key, hook in list(router._forward_pre_hooks.items()):
         if hook is _router_pre_hook:
             del router._forward_pre_hooks[key]
-    if "in_scale" in router._modules:
-        del router._modules["in_scale"]
+    sv = router._modules.pop("in_scale", None)
+    return gamma_of(sv)
 
 
 def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "float32") -> Path:
     """Write a model ``apply_strategy`` touched (or a scalevec ``Transformer``) as ``scalevec export`` does, without
-    changing it: a foldable strategy as a plain checkpoint of its family (``LlamaForCausalLM``, ...), one that
-    cannot fold (DNP) as the custom-code ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out,
-    trust_remote_code=True)``; README "Reliability and safety"). ``tokenizer``: a directory holding
-    ``tokenizer.json`` or a transformers tokenizer (saved with the export), or None. ``dtype``: ``float32`` or
-    ``bfloat16``. Returns ``out_dir``. Raises ``FileExistsError`` for a non-empty ``out_dir`` and as
-    ``hf.export.export_model``."""
+    changing it. A family scalevec's model computes (``Family.scalevec_format``): a foldable strategy as a plain
+    checkpoint of its family (``LlamaForCausalLM``, ...), one that cannot fold (DNP) as the custom-code
+    ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)``). Another HF
+    family: a folded copy written by its own ``save_pretrained`` (DNP refused: no custom code computes that family).
+    ``tokenizer``: a directory holding ``tokenizer.json`` or a transformers tokenizer (saved with the export), or None.
+    ``dtype``: ``float32`` or ``bfloat16``. Returns ``out_dir``. Raises ``FileExistsError`` for a non-empty
+    ``out_dir``, ``ValueError`` for a strategy the family cannot export, and as ``hf.export.export_model``."""
+    import copy
     import tempfile
 
     from scalevec.hf.export import export_model
 
+    out = Path(out_dir)
+    if not isinstance(model, Transformer) and not FAMILIES[_info(model).family].scalevec_format:
+        info = _info(model)
+        fam = FAMILIES[info.family]
+        if not info.scale.foldable or fam.export_with != "save_pretrained":
+            raise ValueError(f"scalevec.save writes {fam.name} only folded through its own save_pretrained: strategy "
+                             f"{info.strategy} cannot fold (DNP), and no custom code computes {fam.name}; train "
+                             f"unified_foldable to export it" if not info.scale.foldable else
+                             f"scalevec.save does not write {fam.name} models; fold(model) and write it with the "
+                             f"framework's own checkpoint or HF converter")
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
+        plain = fold(copy.deepcopy(model))
+        plain.save_pretrained(out, safe_serialization=True)
+        if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+            tokenizer.save_pretrained(out)
+        return out
     sv = model if isinstance(model, Transformer) else to_scalevec(model)
     with tempfile.TemporaryDirectory(prefix="scalevec-save-") as tmp:
         tok_dir = None
@@ -580,5 +836,6 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
         return export_model(sv.eval(), out_dir, tok_dir, dtype=dtype)
 
 
-__all__ = ["ProjNormedBranch", "SiteNorm", "StrategyInfo", "scale_config", "strategy_name", "hf_shape",
+__all__ = ["ProjNormedBranch", "SiteNorm", "BiasedProjection", "SplitQKV", "StrategyInfo", "scale_config",
+           "strategy_name", "model_family", "read_shape", "check_config", "norm_eps", "probe", "probe_tolerance",
            "apply_strategy", "scalevec_name", "to_scalevec", "fold", "save"]
