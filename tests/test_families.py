@@ -20,7 +20,7 @@ import torch
 import transformers  # a dev dependency: missing it fails these tests, never skips
 
 from scalevec.config import PRESET_NAMES, ScaleConfig
-from scalevec.integrations import apply_strategy, fold, save
+from scalevec.integrations import apply_strategy, fold, param_groups, save
 from scalevec.integrations.hf_model import model_family, probe, probe_tolerance
 
 LOGIT_TOL = 2e-5
@@ -93,7 +93,7 @@ def test_family_keeps_the_function_of_every_foldable_strategy(family, strategy):
 def _train_a_little(model, steps: int = 3):
     """A few AdamW steps so that every γ and s moves away from its init (a fold of ones would hide a misplacement)."""
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(param_groups(model, lr=1e-2, weight_decay=0.1))  # the strategy's decay (wd_guard)
     for step in range(steps):
         x = batch(seed=10 + step)
         model(input_ids=x, labels=x).loss.backward()
@@ -210,4 +210,5 @@ def test_function_preserved_is_measured_on_the_probe():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         apply_strategy(tiny("olmo2"), "none")  # its post-norm γ ≠ 1 has no slot: measured as changed
-    assert any("THE FUNCTION CHANGES (logits moved by" in str(w.message) for w in caught)
+    said = [str(w.message) for w in caught]
+    assert any("THE FUNCTION CHANGES: " in m and "the logits on the probe moved by" in m for m in said)

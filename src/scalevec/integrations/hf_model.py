@@ -109,16 +109,16 @@ class StrategyInfo:
     ``scale``: the strategy (a ``ScaleConfig``), ``strategy`` its name (``unified``, ``unified(lr_mult=0.5)``,
     ``custom`` for a ``ScaleConfig``); ``cfg``: the model shape as scalevec reads it from the modules; ``family``:
     the record's name (``families.FAMILIES``: the HF model_type, ``torchtitan_llama3``, ``olmo_core``);
-    ``function_preserved``: whether the logits on the probe input stayed within ``probe_tolerance`` (measured),
-    ``logit_gap`` the largest change measured; ``notes``: the lines saying what changed; ``originals``: module path
-    -> the module it replaced (``fold`` puts it back with the folded weights); ``reads``: projection path -> the
-    path of the Input-Norm it reads.
+    ``function_preserved``: whether the logits on the probe input stayed within ``probe_tolerance`` (measured; None
+    for a model on the meta device, which has no function yet), ``logit_gap`` the largest change measured;
+    ``notes``: the lines saying what changed; ``originals``: module path -> the module it replaced (``fold`` puts it
+    back with the folded weights); ``reads``: projection path -> the path of the Input-Norm it reads.
     """
 
     scale: ScaleConfig
     cfg: ModelConfig
     family: str
-    function_preserved: bool
+    function_preserved: bool | None
     strategy: str = "custom"
     logit_gap: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -195,6 +195,11 @@ def _gain(fam: Family, norm: nn.Module) -> Tensor:
     """The effective γ (float32) of an HF norm module: its weight w, or ``1 + w`` (Gemma)."""
     w = norm.weight.detach().to(torch.float32).clone()
     return w + 1 if fam.gain == "1+w" else w
+
+
+def _is_one(gamma: Tensor) -> bool:
+    """True where γ is all ones, or unknown yet (the meta device: the framework's init sets every norm gain to 1)."""
+    return gamma.is_meta or torch.equal(gamma, torch.ones_like(gamma))
 
 
 def _stored(fam: Family, gamma: Tensor) -> Tensor:
@@ -288,7 +293,8 @@ def _materialize(m: nn.Module | None, device: torch.device, dtype: torch.dtype) 
 
 
 def _set_gamma(sv: ScaleVector | None, gamma: Tensor) -> None:
-    if sv is not None:
+    """Set ``sv`` to effective γ ``gamma``; on the meta device nothing (its recorded init, γ = 1, sets it later)."""
+    if sv is not None and not gamma.is_meta and not any(p.is_meta for p in sv.parameters()):
         sv.assign(gamma)  # direct: γ; OR/ER: the magnitude from rms(γ), the direction γ/rms(γ) (hf_import's rule)
 
 
@@ -317,6 +323,27 @@ class SplitQKV(nn.Module):
                 lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
             lin.weight = nn.Parameter(w.detach().clone(), requires_grad=fused.wqkv.weight.requires_grad)
             setattr(self, name, lin)
+        self.heads_per_kv, self.r_dim = fused.heads_per_kv, fused.r_dim  # what torchtitan's split hook reads
+        self._split = type(fused)._split_qkv_on_save
+        init = (getattr(fused.wqkv, "_param_init", None) or {}).get("weight")
+        if init is not None:  # on the meta device the framework initializes later (torchtitan's converter)
+            self.wq.__dict__.setdefault("_inits", {})["weight"] = self._fused_init(init)
+            for lin in (self.wk, self.wv):  # filled by wq's init, which draws the fused matrix once
+                lin.__dict__.setdefault("_inits", {})["weight"] = lambda weight: None
+
+    def _fused_init(self, init):
+        """An init of ``wq.weight`` that draws the fused ``wqkv`` matrix with torchtitan's ``init`` (one draw, as the
+        unconverted model's) and splits it into wq, wk, wv with torchtitan's own hook."""
+        def init_qkv(_weight: Tensor) -> None:
+            ws = [self.wq.weight, self.wk.weight, self.wv.weight]
+            fused = torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], device=ws[0].device, dtype=ws[0].dtype)
+            init(fused)
+            state = {"wqkv.weight": fused}
+            self._split(self, state, "", None)
+            with torch.no_grad():
+                for w, name in zip(ws, ("wq", "wk", "wv")):
+                    w.copy_(state[f"{name}.weight"])
+        return init_qkv
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
@@ -332,6 +359,8 @@ def _branch(linear: nn.Module, plan, eps: float, ops, bias: bool = False) -> Bra
     with torch.device("meta"):
         b = cls(w.shape[1], w.shape[0], plan, eps, ops)
     b.weight = w  # the source's Parameter itself: same object, same name; its role stays ``matrix``
+    if "weight" in linear.__dict__.get("_inits", {}):  # SplitQKV's maps: torchtitan's fused init, not scalevec's
+        b.__dict__["_inits"]["weight"] = linear.__dict__["_inits"]["weight"]
     if bias:
         b.bias = linear.bias
     for sv in (b.in_scale, b.out_scale):
@@ -371,13 +400,10 @@ def _plan(scfg: ScaleConfig, cfg: ModelConfig, fam: Family):
 
 
 def _check(model: nn.Module, fam: Family, cfg: ModelConfig, plan, scfg: ScaleConfig, name: str) -> None:
-    """Raise ``ValueError`` for what ``_apply_family`` cannot put in, before it changes anything: parameters on the
-    meta device (no γ to read), a projection with a bias the family does not have, MoE experts in another layout,
+    """Raise ``ValueError`` for what ``_apply_family`` cannot put in, before it changes anything: a projection with a
+    bias the family does not have, MoE experts in another layout,
     HG where the family has no Input-Norm to split (post-norm order), scale vectors on the LM head's own branch,
     the final norm's γ ≠ 1 with no vector to hold it (``none``) and a tied LM head to fold it into."""
-    if any(p.is_meta for p in model.parameters()):
-        raise ValueError(f"{type(model).__name__}'s parameters are on the meta device: apply_strategy reads the norm "
-                         f"weights; call it once the weights are initialized or loaded")
     hg = any(b.gamma is not None for norm in (plan.attn, plan.mlp) for b in norm.branches.values())
     if hg and fam.order == "reordered":
         raise ValueError(f"{fam.name} cannot carry strategy {name}: HG splits an Input-Norm's γ per branch, and "
@@ -407,7 +433,7 @@ def _check(model: nn.Module, fam: Family, cfg: ModelConfig, plan, scfg: ScaleCon
         raise ValueError("a strategy with scale vectors on the LM head's own branch is not supported here")
     final = model.get_submodule(fam.final_norm)
     gamma = _gain(fam, final)
-    if plan.head.gamma is None and not torch.equal(gamma, torch.ones_like(gamma)) and \
+    if plan.head.gamma is None and not _is_one(gamma) and \
             model.get_submodule(fam.lm_head).weight is model.get_submodule(fam.embed).weight:
         raise ValueError("strategy none with tied embeddings cannot hold the final norm's γ; choose a strategy with "
                          "scale vectors (or untie the LM head)")
@@ -494,7 +520,7 @@ def _apply_family(model: nn.Module, fam: Family, scfg: ScaleConfig, name: str) -
         new = _site_norm(hf.weight, out_spec, hf.weight.shape[0], norm_eps(hf), ops, OutputNorm)
         if new.scale is not None:
             _set_gamma(new.scale, gamma)
-        elif not torch.equal(gamma, torch.ones_like(gamma)):
+        elif not _is_one(gamma):
             lost.append(f"{prefix}.{path}")
         replace(root, prefix, path, new)
 
@@ -531,7 +557,7 @@ def _apply_family(model: nn.Module, fam: Family, scfg: ScaleConfig, name: str) -
         head = model.get_submodule(fam.lm_head)
         if norm.scale is not None:
             _set_gamma(norm.scale, gamma)
-        elif not torch.equal(gamma, torch.ones_like(gamma)):  # strategy none, untied (_check): into the head
+        elif not _is_one(gamma):  # strategy none, untied (_check): into the head
             head.weight.mul_(gamma.to(head.weight.dtype))
         replace(model, "", fam.final_norm, norm)
         if head.weight is not embed.weight:
@@ -625,20 +651,24 @@ def apply_strategy(model: nn.Module, strategy: str | ScaleConfig = "unified", **
                              f"strategy to the plain model instead")
         fold(model)
     check_config(model, fam)
-    before = probe(model, fam) if not any(p.is_meta for p in model.parameters()) else None
+    meta = any(p.is_meta for p in model.parameters())
+    before = None if meta else probe(model, fam)
     info = _apply_family(model, fam, scfg, strategy_name(strategy, switches))
-    after = probe(model, fam)
-    gap = (after - before).abs().max().item()
-    info.logit_gap = gap
-    info.function_preserved = gap <= probe_tolerance(next(model.parameters()).dtype, before)
-    if not info.function_preserved and not info.notes:
-        info.notes.append(f"the logits moved by {gap:.3g}")
+    if meta:  # nothing to measure: the framework initializes every γ and s to 1 later (torchtitan's converter)
+        info.function_preserved, gap = None, float("nan")
+        info.notes.append("not measured: the weights were on the meta device")
+    else:
+        gap = (probe(model, fam) - before).abs().max().item()
+        info.logit_gap = gap
+        info.function_preserved = gap <= probe_tolerance(next(model.parameters()).dtype, before)
+        if not info.function_preserved:
+            info.notes.append(f"the logits on the probe moved by {gap:.3g}")
     model.scalevec_info = info
     guard_weight_decay(model)  # no optimizer may step it with weight decay that breaks the strategy (wd_guard.py)
     model.save_pretrained = types.MethodType(_refused_save_pretrained, model)
-    if not info.function_preserved:
-        warnings.warn(f"apply_strategy: strategy {info.strategy} -> THE FUNCTION CHANGES (logits moved by {gap:.3g} "
-                      f"on the probe): {'; '.join(info.notes)}", UserWarning, stacklevel=2)
+    if info.function_preserved is False or (meta and not scfg.foldable):
+        warnings.warn(f"apply_strategy: strategy {info.strategy} -> THE FUNCTION CHANGES: {'; '.join(info.notes)}",
+                      UserWarning, stacklevel=2)
     return model
 
 
