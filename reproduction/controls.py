@@ -304,10 +304,11 @@ def stable_phase(results: Path, cell_name: str, pairs: list[Pair]) -> PairedDelt
 
 @dataclass(frozen=True)
 class EqualLr:
-    """One comparison of the WSD cell: ``arm`` at ``arm_lr`` against the baseline at ``base_lr`` (``label``), its
-    pairs, Δ(t), the stable-phase mean and the final Δ."""
+    """One comparison of the WSD cell: ``arm`` at ``arm_lr`` against the baseline at ``base_lr`` (``label``; ``tuned``:
+    each at its own pick, protocol v3's comparison), its pairs, Δ(t), the stable-phase mean and the final Δ."""
 
     label: str
+    tuned: bool
     arm: str
     base_lr: float
     arm_lr: float
@@ -334,12 +335,12 @@ def equal_lr_curves(results: Path, cell_name: str) -> list[EqualLr]:
         if s not in picks:
             continue
         seeds = held_out_seeds(runs, picks, s)
-        comps = [(f"{s} at its lr {picks[s].lr:.3g}, baseline at its lr {picks['baseline'].lr:.3g} (tuned)",
+        comps = [(f"{s} at its lr {picks[s].lr:.3g}, baseline at its lr {picks['baseline'].lr:.3g} (tuned)", True,
                   picks["baseline"].lr, picks[s].lr, cell_runs)]
-        comps += [(f"{s} and baseline both at {lr:.3g}", lr, lr, runs) for lr in lrs]
-        for label, lb, la, pool in comps:
+        comps += [(f"{s} and baseline both at {lr:.3g}", False, lr, lr, runs) for lr in lrs]
+        for label, tuned, lb, la, pool in comps:
             pairs = pairs_at(pool, lb, s, la, seeds)
-            out.append(EqualLr(label, s, lb, la, tuple(pairs), curve(results, cell_name, pairs),
+            out.append(EqualLr(label, tuned, s, lb, la, tuple(pairs), curve(results, cell_name, pairs),
                                stable_phase(results, cell_name, pairs), delta_of(pairs)))
     return out
 
@@ -476,6 +477,35 @@ def section(results: Path, draws: int = DRAWS) -> list[str]:
     return lines
 
 
+def wsd_verdict(comps: list[EqualLr]) -> str:
+    """One sentence per arm on the stable-phase claim at equal lr (our rule): a gain *remains* at an lr where the
+    stable-phase mean's 95 % interval lies below 0; *not distinguishable from 0* where every equal-lr interval
+    (≥ 2 pairs) spans 0; *not measured* below 2 pairs."""
+    parts = []
+    for arm in ARMS:
+        rows = [e for e in comps if e.arm == arm]
+        tuned = next((e for e in rows if e.tuned), None)
+        equal = [e for e in rows if not e.tuned]
+        measured = [e for e in equal if e.stable is not None and e.stable.n >= 2]
+        if tuned is None or not equal:
+            continue
+        head = f"`{arm}`: stable-phase mean Δ {_ci(tuned.stable)} at the tuned lrs"
+        if not measured:
+            parts.append(head + "; at equal lr not measured yet (fewer than 2 pairs).")
+            continue
+        at = "; ".join(f"{_ci(e.stable)} with both at {e.base_lr:.3g} ({e.stable.n} pairs)" for e in measured)
+        below = [e for e in measured if e.stable.hi < 0]
+        above = [e for e in measured if e.stable.lo > 0]
+        verdict = ("a gain remains at equal lr (" + ", ".join(f"{e.base_lr:.3g}" for e in below) + ")" if below else
+                   "a deficit at equal lr (" + ", ".join(f"{e.base_lr:.3g}" for e in above) + ")" if above else
+                   "at equal lr the stable-phase gain is not distinguishable from 0")
+        missing = [e for e in equal if e not in measured]
+        more = (" (not measured yet at " + ", ".join(f"{e.base_lr:.3g}" for e in missing) + ")") if missing else ""
+        parts.append(f"{head}, {at}: {verdict}{more}.")
+    rule = "**Verdict** (rule: a gain remains where the equal-lr stable-phase interval lies below 0): "
+    return rule + " ".join(parts)
+
+
 def wsd_lines(results: Path, cell_name: str) -> list[str]:
     """The WSD cell's stable-phase claim judged at equal lr: a summary table and Δ(t) of every comparison."""
     comps = equal_lr_curves(results, cell_name)
@@ -497,7 +527,7 @@ def wsd_lines(results: Path, cell_name: str) -> list[str]:
                 v, t, d = min(inside)
                 low = f"{_ci(d)} ({t:,})"
         lines.append(f"| {e.label} | {len(e.pairs)} ({_kinds(e.pairs)}) | {_ci(e.stable)} | {low} | {_ci(e.final)} |")
-    lines.append("")
+    lines += ["", wsd_verdict(comps), ""]
     shown = [e for e in comps if e.curve]
     if shown:
         steps = sorted(set().union(*({t for t, _ in e.curve} for e in shown)))

@@ -161,3 +161,20 @@ def test_wsd_stable_phase_at_equal_lr_compares_runs_at_one_lr(tmp_path):
     assert equal.stable.delta == pytest.approx(0.0, abs=1e-12) and equal.stable.n == 3
     assert equal.final.delta == pytest.approx(1.0, abs=1e-12)
     assert rows[("unified", 0.02, 0.02, None)].pairs == ()  # no unified run at the baseline's lr
+
+
+def test_wsd_verdict_says_a_gain_remains_only_where_the_equal_lr_interval_is_below_zero():
+    """The verdict names a remaining gain at 0.0089 when that equal-lr interval lies below 0, and says "not
+    distinguishable from 0" when it spans 0, whatever the tuned comparison shows."""
+    from scalevec.experiments.stats import paired_delta
+
+    def row(tuned, lr, stable):
+        return controls.EqualLr("x", tuned, "unified", 0.0178 if tuned else lr, 0.0089 if tuned else lr, (), [],
+                                stable, None)
+
+    gain = paired_delta([2.0, 2.0, 2.0], [1.97, 1.98, 1.96])  # Δ −0.03, interval below 0
+    flat = paired_delta([2.0, 2.0, 2.0], [2.01, 1.99, 2.00])  # Δ 0, interval spans 0
+    v = controls.wsd_verdict([row(True, 0, gain), row(False, 0.0089, gain)])
+    assert "a gain remains at equal lr (0.0089)" in v
+    v = controls.wsd_verdict([row(True, 0, gain), row(False, 0.0089, flat)])
+    assert "not distinguishable from 0" in v and "a gain remains at equal lr" not in v
