@@ -8,9 +8,7 @@ committed (``results.csv``) and answers three questions; it trains nothing and d
   log N fitted over three or more rungs, else of slope -1/2 through them), and the ×√2 grid around it that the next
   rung's study starts from (``study.lr_grids``; the study grows it at an edge);
 - ``trend``: Δ(N) (strategy − baseline, nats) against log10 N, weighted by each rung's interval
-  (``stats.fit_line``), with the slope per decade of N and its 95 % interval;
-- ``extrapolate``: that line at the 0.12B model's non-embedding N (``TARGET``), with its (wide) interval,
-  an extrapolation over two to four decades that the data cannot check.
+  (``stats.fit_line``), with the slope per decade of N and its 95 % interval, between the rungs measured.
 
 Issue 35's horizon axis (the rungs at 100 and 400 tokens per parameter): ``horizon_name``, ``horizon_exponent``
 (how a tuned lr moves with the horizon, measured on the first protocol's 20- and 100-token cells),
@@ -33,7 +31,6 @@ CPU_RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")  # scripts
 GPU_RUNGS = ("cpu-1m", "gpu-3m", "gpu-6m", "gpu-14m", "gpu-30m")  # scripts/gpu_ladder.sh
 RUNGS = CPU_RUNGS + GPU_RUNGS  # by N
 CORPORA = ("shakespeare", "kjv")  # the 20-token ladder's (issue 23): the two bundled corpora
-TARGET = "llama-0.12b"  # the paper's smallest model
 GRID_FACTOR = math.sqrt(2)
 WARMUP_FRAC = LADDER_WARMUP_FRAC  # every rung warms up over 5 % of its steps, as `scalevec compare` pins it
 
@@ -168,21 +165,19 @@ def share_lrs(grids: dict[str, list[float]]) -> dict[str, list[float]]:
 @dataclass(frozen=True)
 class Trend:
     """Δ(N) = intercept + slope · log10 N for one strategy on one corpus, from the rungs ``points``
-    ``[(N, Δ, se)]``; ``at_target`` = (Δ, lo, hi) at the 0.12B model's N (an extrapolation)."""
+    ``[(N, Δ, se)]``; it holds between the rungs' smallest and largest N only (nothing beyond is computed)."""
 
     strategy: str
     corpus: str
     points: list[tuple[int, float, float]]
     fit: stats.LineFit
-    target_n: int
-    at_target: tuple[float, float, float]
 
     @property
     def slope_interval(self) -> tuple[float, float]:
         return self.fit.slope_interval
 
 
-def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> Trend | None:
+def trend(rows: list[RungResult], strategy: str, corpus: str) -> Trend | None:
     """The weighted line of ``strategy``'s Δ across the rungs of ``corpus`` (None with fewer than 2 rungs that
     have an interval)."""
     pts = [(r.n, r.delta, r.se) for r in rows if r.strategy == strategy and r.corpus == corpus
@@ -190,11 +185,11 @@ def trend(rows: list[RungResult], strategy: str, corpus: str, target_n: int) -> 
     if len({p[0] for p in pts}) < 2:
         return None
     fit = stats.fit_line([math.log10(p[0]) for p in pts], [p[1] for p in pts], [p[2] for p in pts])
-    return Trend(strategy, corpus, pts, fit, target_n, fit.predict(math.log10(target_n)))
+    return Trend(strategy, corpus, pts, fit)
 
 
 __all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "HORIZONS", "HORIZON_CORPORA", "RUNGS", "RungResult", "SOURCES",
-           "TARGET", "TRAIN_TOKENS", "Trend", "folder", "horizon_centre", "horizon_exponent", "horizon_name",
+           "TRAIN_TOKENS", "Trend", "folder", "horizon_centre", "horizon_exponent", "horizon_name",
            "lr_grid", "non_embedding_params", "passes", "predict_lr", "read_ladder", "read_rung", "run_tokens",
            "share_lrs", "total_params", "trend"]
 

@@ -344,7 +344,7 @@ def tuned_differences(runs: list[dict], got: dict, strategy: str) -> list[float]
 
 
 def ladder_section(results: Path, figures: Path | None) -> list[str]:
-    """Issue 23's ladder: the per-rung table, the trend of Δ with N and its 0.12B extrapolation, the C8 re-fit
+    """Issue 23's ladder: the per-rung table, the trend of Δ with N between its rungs, the C8 re-fit
     on the ladder, hours per rung, and the figure."""
     rows = ladder.read_ladder(results)
     lines = ["### The ladder in the 0.12B model's init regime (issue 23), as published: protocol v2", "",
@@ -411,28 +411,22 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
             ud = f"{u.delta:+.4f}" if u is not None and u.delta is not None else "—"
             lines.append(f"| {v.rung} | {v.corpus} | {v.strategy} | {v.lr:.3g}{'*' if v.at_edge else ''} | "
                          f"{v.seeds} | {v.delta:+.4f} [{v.lo:+.4f}, {v.hi:+.4f}] | {ud} |")
-    target_n = ladder.non_embedding_params(ladder.TARGET)
-    trends = [t for s in ("none", "unified") for c in ladder.CORPORA
-              if (t := ladder.trend(rows, s, c, target_n)) is not None]
-    lines += ["", f"**Trend of Δ with N** (a weighted line in log10 N, the rungs' standard errors as weights, scaled "
-              f"by the reduced χ² when the rungs scatter more; 95 % t intervals, or normal ones through exactly two "
-              f"rungs, which the line passes through). Δ at the 0.12B model's "
-              f"{target_n:,} non-embedding parameters is an **extrapolation** far past the last rung.", ""]
+    trends = [t for s in ("none", "unified") for c in ladder.CORPORA if (t := ladder.trend(rows, s, c)) is not None]
+    lines += ["", "**Trend of Δ with N** (a weighted line in log10 N, the rungs' standard errors as weights, scaled "
+              "by the reduced χ² when the rungs scatter more; 95 % t intervals, or normal ones through exactly two "
+              "rungs, which the line passes through), between the rungs measured.", ""]
     if not trends:
         lines += ["Fewer than two rungs with an interval on every corpus: no trend yet.", ""]
     else:
-        lines += ["| strategy | corpus | rungs | slope (nats per decade of N) | Δ at 0.12B (extrapolated) |",
-                  "|---|---|---:|---:|---:|"]
+        lines += ["| strategy | corpus | rungs | slope (nats per decade of N) |", "|---|---|---:|---:|"]
         for t in trends:
             lo, hi = t.slope_interval
-            d, dlo, dhi = t.at_target
-            interval = "no interval (2 rungs)" if math.isnan(dlo) else f"[{dlo:+.3f}, {dhi:+.3f}]"
             slope = f"{t.fit.slope:+.4f}" + ("" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]")
-            lines.append(f"| {t.strategy} | {t.corpus} | {len(t.points)} | {slope} | {d:+.3f} {interval} |")
+            lines.append(f"| {t.strategy} | {t.corpus} | {len(t.points)} | {slope} |")
         lines.append("")
     lines += c8_ladder_lines(results, rows)
     if figures is not None and trends:
-        name = ladder_figure(rows, trends, figures, target_n)
+        name = ladder_figure(rows, trends, figures)
         lines += [f"![{name}](figures/{name})", ""]
     return lines
 
@@ -483,9 +477,9 @@ def c8_ladder_lines(results: Path, rows: list) -> list[str]:
     return lines + [""]
 
 
-def ladder_figure(rows: list, trends: list, figures: Path, target_n: int) -> str:
-    """Δ per rung with its interval against N, both corpora, each trend's band out to the 0.12B model, and the
-    paper's reported points."""
+def ladder_figure(rows: list, trends: list, figures: Path) -> str:
+    """Δ per rung with its interval against N, both corpora, each trend's band between its rungs, and the paper's
+    reported points (the paper's models, far to the right: its numbers, not a prediction of ours)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -506,7 +500,7 @@ def ladder_figure(rows: list, trends: list, figures: Path, target_n: int) -> str
                             color=colour, capsize=3, label=f"{corpus} (95 % CI)")
             t = next((t for t in trends if t.strategy == strategy and t.corpus == corpus), None)
             if t is not None:
-                grid = np.geomspace(min(p[0] for p in t.points) / 1.3, target_n * 1.3, 60)
+                grid = np.geomspace(min(p[0] for p in t.points), max(p[0] for p in t.points), 60)
                 band = [t.fit.predict(math.log10(n)) for n in grid]
                 ax.plot(grid, [b[0] for b in band], color=colour, lw=1)
                 if not math.isnan(band[0][1]):
@@ -530,8 +524,6 @@ def ladder_figure(rows: list, trends: list, figures: Path, target_n: int) -> str
 # ---- protocol v3 and the horizon axis (issue 35) ---------------------------------------------------------------
 
 V3_STRATEGIES = ("none", "unified")
-FIT_DRAWS = 200  # seed-bootstrap draws of the (N, D) fit
-MULTIPLIER_AT = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k", "llama-0.12b", "llama-1b")
 
 
 def _ci(d) -> str:
@@ -605,14 +597,15 @@ def picks_table(cells: list) -> list[str]:
     return lines
 
 
-def v3_trend(cells: list, target_n: int) -> list[str]:
-    """The held-out Δ's weighted line in log10 N over the 20-token rungs of each corpus."""
+def v3_trend(cells: list) -> list[str]:
+    """The held-out Δ's weighted line in log10 N over the rungs of each corpus and budget, each rung with its
+    passes; the rungs' N range is the line's, no value beyond it is computed."""
     from scipy import stats as scipy_stats
 
     from scalevec.experiments.stats import fit_line
 
-    lines = ["| strategy | corpus | tokens / param | rungs | per-rung held-out Δ | slope per decade of N [95 % CI] | "
-             "Δ at 0.12B (extrapolated) |", "|---|---|---:|---:|---|---:|---:|"]
+    lines = ["| strategy | corpus | tokens / param | rungs (N) | per-rung held-out Δ (passes) | slope per decade of N "
+             "[95 % CI] |", "|---|---|---:|---|---|---:|"]
     for s in V3_STRATEGIES:
         for corpus in ladder.HORIZON_CORPORA:
             for tpp in sorted({c.tpp for c in cells}):
@@ -623,16 +616,15 @@ def v3_trend(cells: list, target_n: int) -> list[str]:
                         continue
                     d = a.held_out
                     if d.n >= 2 and d.hi > d.lo:
-                        pts.append((c.n, d.delta, (d.hi - d.lo) / 2 / float(scipy_stats.t.ppf(0.975, d.n - 1))))
-                if len({p[0] for p in pts}) < 2:
+                        pts.append((c, d.delta, (d.hi - d.lo) / 2 / float(scipy_stats.t.ppf(0.975, d.n - 1))))
+                if len({p[0].n for p in pts}) < 2:
                     continue
-                f = fit_line([math.log10(p[0]) for p in pts], [p[1] for p in pts], [p[2] for p in pts])
+                f = fit_line([math.log10(p[0].n) for p in pts], [p[1] for p in pts], [p[2] for p in pts])
                 lo, hi = f.slope_interval
-                y, ylo, yhi = f.predict(math.log10(target_n))
-                band = "no interval (2 rungs)" if math.isnan(ylo) else f"[{ylo:+.3f}, {yhi:+.3f}]"
-                per = ", ".join(f"{p[1]:+.4f}" for p in pts)
-                lines.append(f"| {s} | {corpus} | {tpp:g} | {len(pts)} | {per} | {f.slope:+.4f} [{lo:+.4f}, {hi:+.4f}] "
-                             f"| {y:+.3f} {band} |")
+                slope = f"{f.slope:+.4f}" + (" (2 rungs: no interval)" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]")
+                per = ", ".join(f"{p[1]:+.4f} ({_passes(p[0]):.2f})" for p in pts)
+                rungs = f"{len(pts)} ({si(pts[0][0].n)}–{si(pts[-1][0].n)})"
+                lines.append(f"| {s} | {corpus} | {tpp:g} | {rungs} | {per} | {slope} |")
     return lines
 
 
@@ -671,102 +663,64 @@ def horizon_changes(cells: list) -> list[str]:
     return lines if n else ["No horizon cell has held-out seeds for both strategies yet."]
 
 
-FIT_MIN_HELD = 2  # finished held-out seeds every strategy needs at its tuned lr for a cell to enter the fit
+ONE_PASS = 1.0  # passes over a corpus's training tokens up to which no token is seen twice
 
 
-def fit_points(cells: list, results: Path, corpus: str) -> tuple[dict[str, list], list[str]]:
-    """The (N, D) fit's points of one corpus per strategy, and the cells left out with why. A cell's points are
-    its held-out seeds (none among a strategy's tuning seeds, which carry the winner's curse) on which baseline,
-    none and unified each finished at their tuned lr on one known CPU kind (``protocol3.same_kind``): the
-    bootstrap draws a seed for all strategies at once, so a seed stands for one paired comparison, as in protocol
-    v3's Δ. A cell without a variant enters with ``FIT_MIN_HELD`` such seeds; every strategy is fitted on the same
-    cells and seeds: a cell that one strategy lacks (still training) would make the compute multipliers compare
-    fits of different data."""
-    from reproduction import ndfit, protocol3
+def delta_cells(cells: list, strategy: str) -> list:
+    """The regression's points for ``strategy``: every cell without a variant whose held-out Δ has an interval
+    (≥ 2 held-out pairs on one CPU kind), its standard error from that t interval, with the cell's passes."""
+    from scipy import stats as scipy_stats
 
-    strategies = ("baseline", *V3_STRATEGIES)
-    out: dict[str, list] = {s: [] for s in strategies}
-    left_out = []
-    for c in cells:  # in the order given: the bootstrap draws its seeds cell by cell in this order
-        if c.corpus != corpus or c.variant:
-            continue
-        runs = protocol3.read_runs(results / c.name)
-        held: dict[str, dict[int, protocol3.Run]] = {}
-        for s in strategies:
-            p = c.picks.get(s)
-            held[s] = {} if p is None else {r.seed: r for r in runs if r.strategy == s and r.lr == p.lr and r.done
-                                            and r.seed not in p.seeds}
-        shared = sorted(set.intersection(*(set(v) for v in held.values())))
-        seeds = [k for k in shared if all(protocol3.same_kind(held["baseline"][k].kind, held[s][k].kind)
-                                          for s in strategies)]
-        across = len(shared) - len(seeds)
-        if len(seeds) < FIT_MIN_HELD:
-            counts = ", ".join(f"{s} {len(v)}" if s in c.picks else f"{s} no lr pick yet" for s, v in held.items())
-            left_out.append(f"`{c.name}` left out: fewer than {FIT_MIN_HELD} held-out seeds finished by every "
-                            f"strategy at its tuned lr on one CPU kind (held-out seeds: {counts}"
-                            f"{f'; {across} seed(s) across kinds' if across else ''})")
-            continue
-        if across:
-            left_out.append(f"`{c.name}`: {across} held-out seed(s) whose strategies ran on different or unknown "
-                            f"CPU kinds left out of the fit ({len(seeds)} kept)")
-        for s in strategies:
-            out[s].append(ndfit.Point(c.n, c.tokens, tuple(seeds), tuple(held[s][k].loss for k in seeds)))
-    return out, left_out
-
-
-def _num(v: float) -> str:
-    return f"{v:.3g}"
-
-
-def nd_section(cells: list, results: Path) -> tuple[list[str], dict]:
-    """The (N, D) fit per corpus and strategy (every strategy on the same cells, ``fit_points``), its intervals,
-    the cells left out and why, and the compute multipliers."""
-    import numpy as np
     from reproduction import ndfit
 
-    lines = ["| corpus | strategy | cells (N, D) | E | A | α | B | β |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    mult = ["| corpus | strategy | " + " | ".join(MULTIPLIER_AT) + " |", "|---|---|" + "---:|" * len(MULTIPLIER_AT)]
-    sizes = {p: (ladder.non_embedding_params(p), ladder.total_params(p)) for p in MULTIPLIER_AT}
-    fitted, left = {}, []
-    for corpus in ladder.HORIZON_CORPORA:
-        pts, left_out = fit_points(cells, results, corpus)
-        left += left_out
-        if len(pts["baseline"]) < 3:  # every strategy has the same cells (fit_points)
-            lines.append(f"| {corpus} | — | fewer than 3 cells | | | | | |")
+    out = []
+    for c in sorted(cells, key=_order):
+        a = c.arms.get(strategy)
+        d = a.held_out if a else None
+        if c.variant or d is None or d.n < 2 or not d.hi > d.lo or _passes(c) is None:
             continue
-        fits, boots = ndfit.bootstrap(pts, draws=FIT_DRAWS)
-        fit_nd = {(p.n, p.d) for p in pts["baseline"]}
-        budgets = sorted({c.tpp for c in cells if c.corpus == corpus and not c.variant and (c.n, c.tokens) in fit_nd})
-        n_ok = 0
-        for s, f in fits.items():
-            iv = ndfit.intervals(f, boots[s])
-            row = []
-            for k in ("E", "A", "alpha", "B", "beta"):
-                v = iv[k]
-                text = f"{_num(v.value)} [{_num(v.lo)}, {_num(v.hi)}]"
-                row.append(text if v.identified else f"{text} *not identified*")
-            n_ok += all(v.identified for v in iv.values())
-            lines.append(f"| {corpus} | {s} | {len(pts[s])} (at {', '.join(f'{b:g}' for b in budgets)} tokens/param) | "
-                         + " | ".join(row) + " |")
-        fitted[corpus] = (pts, fits, n_ok)
-        n_lo, n_hi = min(n for n, _ in fit_nd), max(n for n, _ in fit_nd)
-        d_lo, d_hi = min(d for _, d in fit_nd), max(d for _, d in fit_nd)
-        for s in V3_STRATEGIES:
-            row = []
-            for p in MULTIPLIER_AT:
-                n, params = sizes[p]
-                d = 100 * params
-                m = ndfit.multiplier(fits["baseline"], fits[s], n, d)
-                ms = np.array([ndfit.multiplier(b, a, n, d) for b, a in zip(boots["baseline"], boots[s])])
-                lo, hi = np.percentile(ms, [2.5, 97.5])
-                # where the fit saw neither this N nor this D, the value is the fit's formula, not a measurement
-                mark = (" *N extrap.*" if not n_lo <= n <= n_hi else " *D extrap.*" if not d_lo <= d <= d_hi
-                        else "")
-                row.append(f"{_num(m)} [{_num(lo)}, {_num(hi)}]{mark}")
-            mult.append(f"| {corpus} | {s} | " + " | ".join(row) + " |")
-    if left:
-        lines += ["", "Cells and seeds not in the fit: " + "; ".join(left) + "."]
-    return lines, {"mult": mult, "fitted": fitted}
+        se = (d.hi - d.lo) / 2 / float(scipy_stats.t.ppf(0.975, d.n - 1))
+        out.append(ndfit.CellDelta(c.name, c.corpus, c.n, c.tokens, _passes(c), d.delta, se))
+    return out
+
+
+def _slope(sl) -> str:
+    return (f"{sl.value:+.4f} [{sl.lo:+.4f}, {sl.hi:+.4f}]{' *' if sl.excludes_zero else ''} "
+            f"(leave one out: {sl.loo_lo:+.4f} to {sl.loo_hi:+.4f})")
+
+
+def nd_section(cells: list) -> list[str]:
+    """The (N, D) regression of held-out Δ (``ndfit.fit``) per strategy, over every cell and over the cells under
+    one pass, each labelled; N and D ranges of the cells it holds between."""
+    from reproduction import ndfit
+
+    lines = ["| strategy | cells | corpora | N (non-emb.) | D (tokens) | Δ per decade of D [95 % CI] "
+             "(leave-one-cell-out range) | Δ per decade of N [95 % CI] (leave-one-cell-out range) | "
+             "reduced χ² (dof) |", "|---|---|---|---|---|---:|---:|---:|"]
+    for s in V3_STRATEGIES:
+        pts = delta_cells(cells, s)
+        for label, sub in ((f"all ({len(pts)}; passes up to {max((p.passes for p in pts), default=0):.2f})", pts),
+                           ("under one pass ({})", [p for p in pts if p.passes <= ONE_PASS])):
+            label = label.format(len(sub))
+            try:
+                f = ndfit.fit(sub)
+            except ValueError as e:
+                lines.append(f"| {s} | {label} | | | | {e} | | |")
+                continue
+            n_lo, n_hi = f.n_range
+            d_lo, d_hi = f.d_range
+            lines.append(f"| {s} | {label} | {', '.join(sorted(f.intercepts))} | {si(n_lo)}–{si(n_hi)} | "
+                         f"{si(d_lo)}–{si(d_hi)} | {_slope(f.d_slope)} | {_slope(f.n_slope)} | "
+                         f"{f.reduced_chi2:.1f} ({f.dof}) |")
+    return lines
+
+
+def si(n: float) -> str:
+    """``9.7K``, ``12M``: a count to two or three significant digits."""
+    for unit, div in (("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:g}"
 
 
 def horizon_figure(cells: list, figures: Path) -> str:
@@ -878,10 +832,90 @@ def delta_t_lines(cells: list, results: Path, figures: Path | None) -> list[str]
     return lines
 
 
-def repetition_lines(quarter, full) -> list[str]:
-    """The repetition test's two held-out Δs per strategy, their difference with its interval (``_change``) and
-    the verdict the plan named beforehand: a difference not within noise means the cells that repeat data
-    measure repetition along with D."""
+def _validation_setting(folder: Path) -> tuple | None:
+    """``(corpus file name, rule, val_frac, val_tokens, recorded note)`` of a cell's first run: its config.yaml's
+    data section and, where the run recorded it, meta.json's ``validation_split`` note (None without a run)."""
+    import yaml
+
+    from scalevec.training import rundir
+
+    run = next((d for d in sorted((folder / "runs").glob("*")) if rundir.is_run(d)), None)
+    if run is None:
+        return None
+    data = yaml.safe_load((run / rundir.CONFIG).read_text())["data"]
+    note = (rundir.read_meta(run).get("validation_split") or {}).get("note", "")
+    return (Path(str(data["source"])).name, data.get("val_split", "tail"), float(data["val_frac"]),
+            int(data["val_tokens"]), note)
+
+
+def _scored_documents(name: str, rule: str, val_frac: float, val_tokens: int) -> tuple[int, int, int] | None:
+    """``(documents the scored tokens reach, validation documents, bytes of the first)`` for a corpus this checkout
+    holds (bundled, or committed in data/corpora/), bytes tokenizer: the scored tokens are the first ``val_tokens``
+    of the validation documents in order (``sampler``: windows from offset 0); None for a corpus not here."""
+    from scalevec.data.documents import BUNDLED, load_documents
+    from scalevec.data.split import split_documents
+
+    source = name if name in BUNDLED else ROOT / "data" / "corpora" / name
+    if name not in BUNDLED and not Path(source).is_file():
+        return None
+    _, val, _ = split_documents(load_documents(str(source)), val_frac, rule)
+    sizes = [len(d.encode()) for d in val]
+    reached, total = 0, 0
+    while reached < len(sizes) and total < val_tokens + 1:  # +1: the last target token
+        total += sizes[reached] + 1  # one separator between documents
+        reached += 1
+    return reached, len(sizes), sizes[0]
+
+
+def validation_lines(cells: list, results: Path) -> list[str]:
+    """What each cell's validation loss is measured on: per corpus setting, the cells, the held-out documents
+    (meta.json's record where the runs kept one) and how many of them the scored tokens reach."""
+    groups: dict[tuple, list[str]] = defaultdict(list)
+    for c in sorted(cells, key=_order):
+        setting = _validation_setting(results / c.name)
+        if setting is not None:
+            groups[setting].append(c.name.removeprefix("ladder-"))
+    lines = ["**What the validation loss is measured on.** Every run scores the first `data.val_tokens` tokens of "
+             "its corpus's validation documents, in their order (windows from offset 0), not a sample spread over "
+             "them; the cells below were all run that way. Where the first validation document is longer than "
+             "that, the loss is one document's.", "",
+             "| corpus file | split | scored tokens | held-out documents | documents the scored tokens reach | cells |",
+             "|---|---|---:|---|---|---|"]
+    for (name, rule, frac, tokens, note), names in groups.items():
+        reach = _scored_documents(name, rule, frac, tokens)
+        held = note.removeprefix("by document: ") if note else "not recorded by these runs (older than the record)"
+        if reach is None:
+            got = "not computed: the corpus is built, not committed (data/corpora/README.md)"
+        else:
+            got = f"{reach[0]} of {reach[1]} (the first holds {reach[2]:,} bytes)"
+        lines.append(f"| `{name}` | {rule}, val_frac {frac:g} | {tokens:,} | {held} | {got} | {', '.join(names)} |")
+    return lines + [""]
+
+
+def held_out_mean(results: Path, cell, strategy: str) -> tuple[float, int] | None:
+    """Mean final validation loss of ``strategy`` at its tuned lr over its held-out seeds in ``cell`` (finished
+    runs), with their number; None without a pick or a finished held-out run."""
+    from reproduction import protocol3
+
+    p = cell.picks.get(strategy)
+    if p is None:
+        return None
+    losses = [r.loss for r in protocol3.read_runs(results / cell.name)
+              if r.strategy == strategy and r.lr == p.lr and r.done and r.seed not in p.seeds]
+    return (statistics.fmean(losses), len(losses)) if losses else None
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def repetition_lines(quarter, full, results: Path) -> list[str]:
+    """The repetition test: what the two cells are, each strategy's held-out Δ in both, their difference with its
+    interval (``_change``), and where the difference comes from: each strategy's own loss change (quarter − whole,
+    held-out means at its tuned lr) beside the lr each cell picked. The two cells differ in the text (the quarter
+    corpus is fewer and other plays, not the same plays repeated) and in their lr picks, so a moved Δ is read as
+    the difference of those strategies' changes, not as an effect of repetition alone."""
     parts, moved = [], []
     for s in V3_STRATEGIES:
         a, b = (full.arms[s].held_out if s in full.arms else None), (quarter.arms[s].held_out
@@ -894,13 +928,36 @@ def repetition_lines(quarter, full) -> list[str]:
                      f"difference {diff:+.4f} [{lo:+.4f}, {hi:+.4f}]")
         if lo > 0 or hi < 0:
             moved.append(s)
-    verdict = (f"Repeating the data moves Δ ({', '.join(moved)}: the interval of the difference excludes 0), so "
-               "by the plan's rule a cell with more than one pass measures repetition along with D: its Δ is "
-               "shown with its passes and is not read as an effect of the budget alone." if moved else
-               "Within noise for every strategy: repeating the data does not measurably move Δ at this cell.")
-    return ["**The repetition test**: cpu-10k Shakespeare at 100 tokens per parameter on a quarter of the "
-            "training plays against the whole corpus, same N, D and validation tokens; held-out Δ: "
-            + "; ".join(parts) + ". " + verdict, ""]
+    changes, lrs = {}, []
+    for s in ("baseline", *V3_STRATEGIES):
+        q, f = held_out_mean(results, quarter, s), held_out_mean(results, full, s)
+        if q and f:
+            changes[s] = q[0] - f[0]
+        if s in quarter.picks and s in full.picks:
+            lrs.append(f"{s} {quarter.picks[s].lr:.3g} / {full.picks[s].lr:.3g}")
+    ratio = ladder.TRAIN_TOKENS["shakespeare"] / QUARTER_TRAIN_TOKENS
+    what = (f"**The repetition test**: cpu-10k Shakespeare at 100 tokens per parameter on `shakespeare-quarter.txt` "
+            f"(the bundled Shakespeare's first 8 plays, {QUARTER_TRAIN_TOKENS:,} training tokens, 1/{ratio:.1f} of "
+            "the whole corpus's: fewer and less varied plays, not the same text repeated; the same 4 validation "
+            "plays) against the whole corpus at the same N and D, each cell with its own lr picks (quarter / "
+            f"whole: {'; '.join(lrs)}); held-out Δ: " + "; ".join(parts) + ".")
+    if "baseline" in changes and len(changes) > 1:
+        arms = [s for s in V3_STRATEGIES if s in changes]
+        change_text = ", ".join(f"{s} {changes[s]:+.4f}" for s in ("baseline", *arms))
+        worse = [s for s in arms if changes["baseline"] > changes[s]]
+        lr_ratio = [quarter.picks["baseline"].lr / quarter.picks[s].lr for s in worse if s in quarter.picks]
+        why = (f" Each strategy's own held-out loss, quarter − whole: {change_text} (nats/token): every strategy "
+               "is worse on the smaller corpus, and Δ moves because the baseline"
+               + (f", at {_span(lr_ratio)}× the lr of {' and '.join(worse)} in the quarter cell," if lr_ratio else "")
+               + f" degrades more than {' and '.join(worse)}." if worse else
+               f" Each strategy's own held-out loss, quarter − whole: {change_text} (nats/token).")
+    else:
+        why = ""
+    verdict = (f" The difference excludes 0 for {' and '.join(moved)}: a cell with more than one pass is shown with "
+               "its passes and not read as an effect of the budget alone; what moves is the baseline at its own "
+               "lr on another text as much as repetition." if moved else
+               " Within noise for every strategy at this cell.")
+    return [what + why + verdict, ""]
 
 
 def v3_section(results: Path, figures: Path | None) -> list[str]:
@@ -917,7 +974,6 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     hidden = ["Not in the table: " + ", ".join(hidden) + ".", ""] if hidden else []
     if not cells:
         return lines + ["No ladder cell has reported yet.", ""] + hidden
-    target_n = ladder.non_embedding_params(ladder.TARGET)
     lines += ["Δ = strategy − baseline, each at its own tuned lr, paired by seed, 95 % t interval, **on held-out "
               "seeds only** (seeds on which neither arm's lr was picked: seeds ≥ 2), and only over pairs whose two "
               "runs ran on the same CPU kind (`meta.json`'s `cpu` + `cpu_capability`); Δ on the tuning seeds 0-1 "
@@ -930,6 +986,7 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
               "addresses, 16.9M training tokens: under one pass in every cell; `data/corpora/README.md`). "
               "A cell still training shows what has finished.", ""]
     lines += v3_table(cells) + [""] + hidden
+    lines += validation_lines(cells, results)
     lines += ["**The picks.** Each strategy's lr is the lowest mean over its tuning seeds; shown with the runner-up "
               "on the same curve and the margin between them. The margin's standard error is the seed-to-seed sd of "
               "the difference between two neighbouring lrs of one strategy, pooled over every neighbouring pair of "
@@ -939,9 +996,11 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     noisy = sum(p.within_noise for c in cells for p in c.picks.values())
     total = sum(len(c.picks) for c in cells)
     lines += [f"{noisy} of {total} picks are within noise of their runner-up by this rule.", ""]
-    lines += ["**Trend of the held-out Δ with N** at each budget (the weighted line of `ladder.trend` on the "
-              "held-out Δs; the 0.12B value is an extrapolation):", ""]
-    lines += v3_trend(cells, target_n) + [""]
+    lines += ["**Trend of the held-out Δ with N** at each budget and corpus (the weighted line of `stats.fit_line` "
+              "on the held-out Δs, inside the rungs measured: no value beyond them is computed). Each rung's Δ is "
+              "given with its passes over the corpus's training tokens in parentheses: a rung past 1 pass trains on "
+              "repeated data, so a line through it mixes repetition into N.", ""]
+    lines += v3_trend(cells) + [""]
     lines += ["**What the budget changes**: Δ at the longer horizon minus Δ at 20 tokens per parameter on the same "
               "rung and corpus (held-out seeds of each; different runs, so the two standard errors add in "
               "quadrature: a normal interval, our approximation; the two cells may have run on different CPU kinds, "
@@ -953,34 +1012,19 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     if quarter is None:
         lines += ["**The repetition test** (`-quarter`): not reached yet.", ""]
     elif full is not None:
-        lines += repetition_lines(quarter, full)
+        lines += repetition_lines(quarter, full, results)
     lines += delta_t_lines(cells, results, figures)
-    fit_lines, extra = nd_section(cells, results)
-    lines += ["**The (N, D) fit** L(N, D) = E + A·(N/10⁴)^(−α) + B·(D/10⁶)^(−β) per corpus and strategy, over the "
-              "cells of both budgets without a variant in which baseline, none and unified **each** have at least "
-              f"{FIT_MIN_HELD} finished held-out seeds at their tuned lr (a cell still training is left out of every "
-              "strategy's fit, and listed below the table, so that all three are fitted on the same cells and the "
-              "multipliers compare like with like), each cell's held-out seeds at the strategy's tuned lr "
-              f"(`ndfit.fit`: non-negative least squares in E, A, B for each (α, β) of a {len(ndfit_alphas())}×"
-              f"{len(ndfit_alphas())} grid of starting values, the best refined), 95 % intervals from "
-              f"{FIT_DRAWS} seed-bootstrap draws (seeds resampled within each cell, the same draw for every "
-              "strategy). *Not identified*: the interval reaches a bound of the search (0, or α, β at 0.02 or 2) "
-              "or spans more than a factor 4 — the data do not fix that parameter. While every cell of a corpus "
-              "sits at one D/N, D ∝ N and the N and D terms cannot be told apart.", ""]
-    lines += fit_lines + [""]
-    lines += ["**Compute multipliers** at 100 tokens per total parameter (D = 100 × total parameters; N "
-              "non-embedding): the baseline's compute to reach the strategy's fitted loss along the same D/N, over "
-              "the strategy's; > 1: the strategy is more efficient (the paper: 1.22–1.25 for `unified`). Point [95 % "
-              "bootstrap interval]; 1e+06 / 1e-06 mark the clamp (the baseline never / at once reaches that loss in "
-              "the fit). *N extrap.*: outside the non-embedding N of that corpus's fitted cells; *D extrap.*: N "
-              "inside, but its D at 100 tokens per parameter outside the fitted D; unmarked: inside both ranges (not "
-              "necessarily at a measured (N, D) pair). **llama-0.12b and llama-1b are extrapolations** over 2–3 "
-              "decades of N that nothing here checks.", ""]
-    lines += extra["mult"] + [""]
-    ok = {c: f[2] for c, f in extra["fitted"].items()}
-    lines += ["Fits with every parameter identified: " + (", ".join(f"{c} {n} of 3" for c, n in ok.items()) or "none")
-              + ". A multiplier from a fit with a parameter not identified is one of many equally good fits: its "
-              "interval, not its point, is what the data say.", ""]
+    lines += ["**Δ against N and D, every cell at once**: a weighted regression of each cell's held-out Δ on "
+              "log10 N and log10 D with one intercept per corpus (`ndfit.fit`; weights 1/se², se from each cell's "
+              "t interval), over the cells without a variant that have an interval; its covariance is scaled by the "
+              "reduced χ² (the lack of fit: the cells scatter about the plane by that many times their seed noise), "
+              "95 % t intervals, `*` where one excludes 0, and the range of each slope over the fits that leave one "
+              "cell out. Negative: the strategy's Δ falls (its deficit shrinks) per decade. Once over every cell "
+              "(labelled with the most passes among them: repeated data included), once over the cells under one "
+              "pass only. The slopes hold inside the N and D listed; no value outside them is computed. It replaces "
+              "the fit L = E + A·N^(−α) + B·D^(−β) and its compute multipliers at 0.12B, whose E sat at its bound "
+              "in every fit and whose multipliers moved by factors of 10 or more when one cell was left out.", ""]
+    lines += nd_section(cells) + [""]
     lines += ["**Per-seed values of the horizon cells** (final validation loss at each strategy's tuned lr; "
               "tuning seeds in parentheses):", "", "| cell | strategy | tuned lr | per-seed loss (seed: loss) |",
               "|---|---|---:|---|"]
@@ -995,12 +1039,6 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
         name = horizon_figure(cells, figures)
         lines += [f"![{name}](figures/{name})", ""]
     return lines
-
-
-def ndfit_alphas() -> tuple:
-    from reproduction import ndfit
-
-    return ndfit.ALPHAS
 
 
 def generate(results: Path, figures: Path | None = None) -> str:

@@ -144,8 +144,8 @@ def test_predict_lr_follows_the_smaller_rungs_power_law():
     assert lr_grid(0.01) == [0.00707107, 0.01, 0.0141421] and len(lr_grid(0.02, steps=2)) == 5
 
 
-def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
-    """Δ rows in the ladder's results.csv -> a trend through them, evaluated at the 0.12B model's N."""
+def test_trend_reads_committed_rungs(tmp_path):
+    """Δ rows in the ladder's results.csv -> a falling trend through exactly those rungs, with its interval."""
     from reproduction import ladder
 
     head = ("cell,strategy,tuned,best_value,at_grid_edge,seeds,val_loss_mean,val_loss_std,delta,ci_lo,ci_hi,"
@@ -160,9 +160,10 @@ def test_trend_reads_committed_rungs_and_extrapolates(tmp_path):
     rows = ladder.read_ladder(tmp_path)
     assert [r.rung for r in rows if r.strategy == "unified"] == ["cpu-10k", "cpu-25k", "cpu-80k"]
     assert rows[1].at_edge and rows[1].se == pytest.approx(0.01 / 2.2621571627, rel=1e-6)  # t(0.975, 9)
-    t = ladder.trend(rows, "unified", "kjv", ladder.non_embedding_params(ladder.TARGET))
-    assert t.fit.slope < 0 and t.at_target[0] < 0 and t.at_target[1] < t.at_target[0] < t.at_target[2]
-    assert ladder.trend(rows, "unified", "shakespeare", 10**8) is None
+    t = ladder.trend(rows, "unified", "kjv")
+    lo, hi = t.slope_interval
+    assert lo < t.fit.slope < 0 < hi and [p[0] for p in t.points] == [r.n for r in rows if r.strategy == "unified"]
+    assert ladder.trend(rows, "unified", "shakespeare") is None
 
 
 def fake_rungs(results, corpus: str, k: dict[str, float], exponent: float, seeds: int) -> None:

@@ -196,68 +196,41 @@ def write_three(folder: Path, held: dict[str, int], n: int, tokens: int,
         w.writerows(rows)
 
 
-def test_nd_fit_takes_a_cell_only_when_every_strategy_has_two_held_out_seeds(tmp_path):
-    """scripts/reproduction.py's (N, D) fit: a cell where unified has 1 held-out seed (still training) while
-    baseline and none have 3 must enter no strategy's fit, and is listed with its counts; the full cells enter
-    every strategy's fit, so all three are fitted on the same cells."""
+def _v3_cell(rung: str, n: int, tokens: int, delta: float | None, held: int = 6, variant: str = ""):
+    """A protocol-v3 cell as the generator reads it: only ``unified`` has a held-out Δ (``delta`` ± 0.01)."""
+    from types import SimpleNamespace
+
+    from scalevec.experiments.stats import PairedDelta
+
+    arms = {} if delta is None else {"unified": SimpleNamespace(held_out=PairedDelta(delta, delta - 0.01, delta + 0.01,
+                                                                                     held, 0.5))}
+    return SimpleNamespace(name=f"ladder-{rung}-shakespeare{variant}", rung=rung, corpus="shakespeare", n=n,
+                           tokens=tokens, tpp=round(tokens / n), variant=variant, arms=arms)
+
+
+def test_nd_regression_reads_held_out_deltas_with_their_passes():
+    """scripts/reproduction.py's (N, D) regression: each cell without a variant and with ≥ 2 held-out pairs enters
+    with its se (half-width / t) and passes; a variant cell and a 1-pair cell stay out; a plane Δ = 0.05 −
+    0.01·log10 D comes back in the table's D column, and the rows are labelled all / under one pass."""
+    import math
+
     from test_reproduction_script import _script
 
     rep = _script()
-    full = {"baseline": 3, "none": 3, "unified": 3}
-    cells = {"ladder-cpu-10k-shakespeare": (full, 9660, 400_000), "ladder-cpu-25k-shakespeare": (full, 24672, 1e6),
-             "ladder-cpu-10k-shakespeare-tpp100": ({**full, "unified": 1}, 9660, 2_000_000),
-             "ladder-cpu-10k-kjv": (full, 9660, 400_000)}
-    for name, (held, n, tokens) in cells.items():
-        write_three(tmp_path / name, held, n, int(tokens))
-    read = protocol3.read_ladder_cells(tmp_path)
-    pts, left = rep.fit_points(read, tmp_path, "shakespeare")
-    want = {(9660, 400_000), (24672, 1_000_000)}
-    for s in ("baseline", "none", "unified"):
-        assert {(p.n, p.d) for p in pts[s]} == want, s
-        assert all(p.seeds == (2, 3, 4) for p in pts[s])  # held-out seeds only
-    (line,) = left
-    assert line.startswith("`ladder-cpu-10k-shakespeare-tpp100` left out") and "baseline 3, none 3, unified 1" in line
-    lines, _ = rep.nd_section(read, tmp_path)  # 2 cells per corpus: no fit, but the left-out cell is named
-    assert any("`ladder-cpu-10k-shakespeare-tpp100` left out" in ln for ln in lines)
-
-
-def test_nd_fit_keeps_only_seeds_every_strategy_ran_on_one_cpu_kind(tmp_path):
-    """The fit's bootstrap draws a seed for all strategies at once, so a seed is one paired comparison: the 25k
-    cell's seed 3 (unified on Intel, the others on AMD) and the baseline's extra seed 5 (no pair) must stay out of
-    every strategy's points, and the seed across kinds is named."""
-    from test_reproduction_script import _script
-
-    rep = _script()
-    full = {"baseline": 3, "none": 3, "unified": 3}
-    write_three(tmp_path / "ladder-cpu-10k-shakespeare", full, 9660, 400_000)
-    write_three(tmp_path / "ladder-cpu-25k-shakespeare", {**full, "baseline": 4}, 24672, 1_000_000,
-                kinds={("unified", 3): INTEL})
-    pts, left = rep.fit_points(protocol3.read_ladder_cells(tmp_path), tmp_path, "shakespeare")
-    for s in ("baseline", "none", "unified"):
-        assert {p.n: p.seeds for p in pts[s]} == {9660: (2, 3, 4), 24672: (2, 4)}, s
-    (line,) = left
-    assert line.startswith("`ladder-cpu-25k-shakespeare`: 1 held-out seed(s)") and "(2 kept)" in line
-
-
-def test_compute_multipliers_outside_the_fitted_range_are_marked(tmp_path, monkeypatch):
-    """A multiplier is the fit's formula evaluated at (N, 100 × params): where the corpus's fitted cells never
-    reached that N, or that D, the table must say so. Fitted here: N 9,660–24,672, D 0.4M–2M; cpu-10k at 100
-    tokens per parameter (D = 1.99M) is inside both, cpu-25k's D (4.1M) is not, cpu-80k and up lie past the N."""
-    from test_reproduction_script import _script
-
-    rep = _script()
-    monkeypatch.setattr(rep, "FIT_DRAWS", 4)  # the marks do not depend on the bootstrap's size
-    full = {"baseline": 3, "none": 3, "unified": 3}
-    for name, n, tokens in (("ladder-cpu-10k-shakespeare", 9660, 400_000),
-                            ("ladder-cpu-25k-shakespeare", 24672, 1_000_000),
-                            ("ladder-cpu-10k-shakespeare-tpp100", 9660, 2_000_000)):
-        write_three(tmp_path / name, full, n, tokens)
-    _, extra = rep.nd_section(protocol3.read_ladder_cells(tmp_path), tmp_path)
-    (row,) = [ln for ln in extra["mult"] if ln.startswith("| shakespeare | unified |")]
-    values = dict(zip(rep.MULTIPLIER_AT, [c.strip() for c in row.strip("|").split("|")[2:]]))
-    assert "extrap." not in values["cpu-10k"]
-    assert values["cpu-25k"].endswith("*D extrap.*")
-    assert all(values[p].endswith("*N extrap.*") for p in ("cpu-80k", "cpu-200k", "cpu-550k", "llama-0.12b"))
+    sizes = {"cpu-10k": 9660, "cpu-25k": 24672, "cpu-80k": 83280}
+    cells = [_v3_cell(r, n, n * k, 0.05 - 0.01 * math.log10(n * k)) for r, n in sizes.items() for k in (40, 200)]
+    cells += [_v3_cell("cpu-10k", 9660, 9660 * 800, 0.5, variant="-quarter"),
+              _v3_cell("cpu-25k", 24672, 24672 * 800, 0.5, held=1)]
+    pts = rep.delta_cells(cells, "unified")
+    assert len(pts) == 6 and all(p.se == pytest.approx(0.01 / 2.5705818366, rel=1e-6) for p in pts)  # t(0.975, 5)
+    assert pts[-1].passes == pytest.approx(83280 * 200 / 4_527_497)
+    rows = [ln for ln in rep.nd_section(cells) if ln.startswith("| unified |")]
+    assert [r.split("|")[2].strip() for r in rows] == [f"all (6; passes up to {83280 * 200 / 4_527_497:.2f})",
+                                                       "under one pass (4)"]
+    assert all(r.split("|")[6].strip().startswith("-0.0100 [") for r in rows)  # exact plane: the planted slope
+    assert "9.66K–83.3K" in rows[0] and "0.12" not in rows[0].split("|")[4]
+    (none,) = [ln for ln in rep.nd_section(cells) if ln.startswith("| none | all")]
+    assert "cannot fit" in none  # no cell has a held-out Δ for none
 
 
 def test_a_run_whose_cpu_kind_is_not_recorded_pairs_with_none(tmp_path):
