@@ -875,7 +875,7 @@ def validation_lines(cells: list, results: Path) -> list[str]:
         setting = _validation_setting(results / c.name)
         if setting is not None:
             groups[setting].append(c.name.removeprefix("ladder-"))
-    lines = ["**What the validation loss is measured on.** Every run scores the first `data.val_tokens` tokens of "
+    lines = ["#### What the validation loss is measured on", "", "Every run scores the first `data.val_tokens` tokens of "
              "its corpus's validation documents, in their order (windows from offset 0), not a sample spread over "
              "them; the cells below were all run that way. Where the first validation document is longer than "
              "that, the loss is one document's.", "",
@@ -936,7 +936,7 @@ def repetition_lines(quarter, full, results: Path) -> list[str]:
         if s in quarter.picks and s in full.picks:
             lrs.append(f"{s} {quarter.picks[s].lr:.3g} / {full.picks[s].lr:.3g}")
     ratio = ladder.TRAIN_TOKENS["shakespeare"] / QUARTER_TRAIN_TOKENS
-    what = (f"**The repetition test**: cpu-10k Shakespeare at 100 tokens per parameter on `shakespeare-quarter.txt` "
+    what = (f"cpu-10k Shakespeare at 100 tokens per parameter on `shakespeare-quarter.txt` "
             f"(the bundled Shakespeare's first 8 plays, {QUARTER_TRAIN_TOKENS:,} training tokens, 1/{ratio:.1f} of "
             "the whole corpus's: fewer and less varied plays, not the same text repeated; the same 4 validation "
             "plays) against the whole corpus at the same N and D, each cell with its own lr picks (quarter / "
@@ -957,7 +957,7 @@ def repetition_lines(quarter, full, results: Path) -> list[str]:
                "its passes and not read as an effect of the budget alone; what moves is the baseline at its own "
                "lr on another text as much as repetition." if moved else
                " Within noise for every strategy at this cell.")
-    return [what + why + verdict, ""]
+    return ["#### The repetition test", "", what + why + verdict, ""]
 
 
 def v3_section(results: Path, figures: Path | None) -> list[str]:
@@ -996,7 +996,7 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     noisy = sum(p.within_noise for c in cells for p in c.picks.values())
     total = sum(len(c.picks) for c in cells)
     lines += [f"{noisy} of {total} picks are within noise of their runner-up by this rule.", ""]
-    lines += ["**Trend of the held-out Δ with N** at each budget and corpus (the weighted line of `stats.fit_line` "
+    lines += ["#### Trend of the held-out Δ with N", "", "At each budget and corpus (the weighted line of `stats.fit_line` "
               "on the held-out Δs, inside the rungs measured: no value beyond them is computed). Each rung's Δ is "
               "given with its passes over the corpus's training tokens in parentheses: a rung past 1 pass trains on "
               "repeated data, so a line through it mixes repetition into N.", ""]
@@ -1010,11 +1010,11 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     full = next((c for c in cells if c.rung == "cpu-10k" and c.corpus == "shakespeare" and c.tpp == 100
                  and not c.variant), None)
     if quarter is None:
-        lines += ["**The repetition test** (`-quarter`): not reached yet.", ""]
+        lines += ["#### The repetition test", "", "(`-quarter`): not reached yet.", ""]
     elif full is not None:
         lines += repetition_lines(quarter, full, results)
     lines += delta_t_lines(cells, results, figures)
-    lines += ["**Δ against N and D, every cell at once**: a weighted regression of each cell's held-out Δ on "
+    lines += ["#### Δ against N and D, every cell at once", "", "A weighted regression of each cell's held-out Δ on "
               "log10 N and log10 D with one intercept per corpus (`ndfit.fit`; weights 1/se², se from each cell's "
               "t interval), over the cells without a variant that have an interval; its covariance is scaled by the "
               "reduced χ² (the lack of fit: the cells scatter about the plane by that many times their seed noise), "
