@@ -252,23 +252,34 @@ def test_every_committed_runs_csv_lists_every_run_of_its_folder():
     assert not bad, "stale runs.csv (regenerate with `scalevec report FOLDER`):\n" + "\n".join(bad)
 
 
+def _same(a: str, b: str) -> bool:
+    """Two CSV cells hold the same value (numbers compared as numbers: 0.01 and 1e-2 are one lr)."""
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
 def test_every_committed_results_csv_counts_every_finished_seed():
-    """Each committed results/*/results.csv gives each strategy as many seeds as runs.csv has finished runs of it
-    at its tuned lr (one cell per ladder folder): a results.csv older than its runs fails here."""
+    """Each committed results/*/results.csv gives each strategy of each cell as many seeds as runs.csv has finished
+    runs of it in that cell (the cell's key columns, and its tuned lr when tuned): a results.csv older than its
+    runs fails here."""
     import csv
 
     bad = []
     for folder in _committed_folders():
         with (folder / "results.csv").open() as f:
             results = list(csv.DictReader(f))
-        assert len({r["cell"] for r in results}) == 1, f"{folder.name}: several cells; count seeds per cell here"
         runs = read_runs_csv(folder / "runs.csv")
         for r in results:
+            keys = list(r)[1:list(r).index("strategy")]  # the cell's key columns, between "cell" and "strategy"
+            assert all(k in runs[0] for k in keys), f"{folder.name}: runs.csv lacks a key column of {keys}"
             done = [x for x in runs if x["strategy"] == r["strategy"] and x["status"] == "done"
-                    and float(x["lr"]) == float(r["best_value"])]
+                    and all(_same(x[k], r[k]) for k in keys)
+                    and (not r["best_value"] or _same(x["lr"], r["best_value"]))]
             if int(r["seeds"]) != len(done):
-                bad.append(f"{folder.name}: {r['strategy']} has {r['seeds']} seeds in results.csv, {len(done)} "
-                           f"finished at lr {r['best_value']} in runs.csv")
+                bad.append(f"{folder.name}: {r['cell']}: {r['strategy']} has {r['seeds']} seeds in results.csv, "
+                           f"{len(done)} finished in runs.csv")
     assert not bad, "stale results.csv (regenerate with `scalevec report FOLDER`):\n" + "\n".join(bad)
 
 
