@@ -408,6 +408,7 @@ class ScheduleConfig:
 
 
 VAL_SPLITS = ("tail", "strided", "random")  # data.val_split; the rules: data/split.py
+VAL_WINDOWS = ("head", "per_document")  # data.val_windows; the rules: data/sampler.py (val_window_starts)
 
 
 @dataclass
@@ -426,6 +427,9 @@ class DataConfig:
     """The seed of val_split=random (not train.seed, so that every seed of a study sees the same split)."""
     val_tokens: int = 131072
     """Tokens of the fixed validation set: the same for every run of a comparison."""
+    val_windows: str = "head"
+    """Which windows of the validation stream are scored: head (its first val_tokens, what every study before the
+    packages corpus used) | per_document (a fixed sample from every validation document; data/sampler.py)."""
     cache_dir: str = ""
     """Where tokenized corpora and trained tokenizers are cached; "": $SCALEVEC_CACHE, else ~/.cache/scalevec."""
 
@@ -436,6 +440,8 @@ class DataConfig:
             raise ValueError(f"data.val_split={self.val_split!r} is unknown; use {', '.join(VAL_SPLITS)}")
         if self.val_tokens <= 0:
             raise ValueError(f"data.val_tokens={self.val_tokens} must be > 0")
+        if self.val_windows not in VAL_WINDOWS:
+            raise ValueError(f"data.val_windows={self.val_windows!r} is unknown; use {', '.join(VAL_WINDOWS)}")
         for name in ("source", "tokenizer"):
             if not str(getattr(self, name)).strip():
                 raise ValueError(f"data.{name} is empty; give e.g. --data shakespeare / --tokenizer bytes")
@@ -642,6 +648,6 @@ def _nonnegative(obj: Any, *names: str) -> None:
 
 __all__ = [
     "MoEConfig", "RopeScalingConfig", "Derived", "ModelConfig", "SCALE_CHOICES", "STRATEGIES", "PRESET_NAMES",
-    "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig", "VAL_SPLITS", "COMPILE_CHOICES", "normalize_compile",
+    "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig", "VAL_SPLITS", "VAL_WINDOWS", "COMPILE_CHOICES", "normalize_compile",
     "TrainConfig", "RunConfig", "checkpoint_blocks", "EXECUTION_FIELDS", "SEED_LIMIT",
 ]

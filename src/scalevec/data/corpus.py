@@ -71,8 +71,9 @@ def prepare_data(cfg: DataConfig) -> TokenData:
     train, val = (np.memmap(path / f"{split}.bin", dtype=dtype, mode="r") for split in ("train", "val"))
     meta |= {"documents": record.documents, "documents_from": source_note(cfg.source),
              "validation": record.as_dict(len(train), len(val))}
+    starts = _doc_starts(val_docs, tok) if cfg.val_windows == "per_document" else None
     return TokenData(train=train, val=val, tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta, cache_path=path,
-                     from_cache=from_cache)
+                     from_cache=from_cache, val_doc_starts=starts)
 
 
 def load_token_files(tf: token_files.TokenFiles, cfg: DataConfig) -> TokenData:
@@ -130,6 +131,15 @@ def _write_cache(path: Path, train_docs: list[str], val_docs: list[str], tok: To
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _doc_starts(docs: list[str], tok: Tokenizer) -> np.ndarray:
+    """Where each of ``docs`` starts in the stream ``_write_stream`` writes of them (int64); the documents are
+    tokenized again (only ``data.val_windows=per_document`` asks, and only for the validation side)."""
+    extra = (tok.bos_id is not None) + (tok.eos_id is not None)
+    sep = 0 if tok.eos_id is not None else len(tok.encode(DOC_SEP))
+    lengths = np.array([len(ids) + extra + sep for ids in tok.encode_batch(docs)], dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
 
 def _write_stream(path: Path, docs: list[str], tok: Tokenizer, dtype: np.dtype, chunk: int = 512) -> int:

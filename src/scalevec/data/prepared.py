@@ -641,7 +641,18 @@ def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
                            "val_tokens": m["val"]["tokens"]},
             "manifest_sha256": hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()}
     return TokenData(train=train, val=val, tokenizer=tok, token_bytes=tok.token_bytes(), meta=meta,
-                     cache_path=root, from_cache=True)
+                     cache_path=root, from_cache=True, val_doc_starts=_doc_starts(root, m, "val"))
+
+
+def _doc_starts(root: Path, m: dict, split: str) -> np.ndarray:
+    """Where each document of ``split`` starts in the split's stream (the shards' offsets files, shifted by the
+    tokens of the shards before), int64."""
+    parts, base = [], 0
+    for s in m[split]["shards"]:
+        offsets = np.load(root / s["offsets"])
+        parts.append(offsets[:-1].astype(np.int64) + base)
+        base += s["tokens"]
+    return np.concatenate(parts)
 
 
 def verify(path: str | Path) -> list[str]:

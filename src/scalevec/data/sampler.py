@@ -1,6 +1,8 @@
 """The fixed validation set, bits per byte and the stateless training sampler (DESIGN.md §8).
 
-    val_batches(data, seq_len, n, B)  -> the fixed validation set and the UTF-8 bytes its targets stand for
+    val_window_starts(data, T, n, rule)   -> where the fixed validation windows start in the val stream
+    val_batches(data, T, n, B, rule)      -> the fixed validation set and the UTF-8 bytes its targets stand for
+    val_window_record(starts, rule, data) -> what meta.json records of those windows
     TrainSampler(tokens, T, B, seed).batch(step, rank, world_size)   stateless, so resume needs only the step
 
 This module knows nothing about models or training; it hands out integer token tensors.
@@ -8,40 +10,107 @@ This module knows nothing about models or training; it hands out integer token t
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
 import torch
 
+from scalevec.config import VAL_WINDOWS
 from scalevec.data.tokens import TokenData
 
 
-def val_batches(data: TokenData, seq_len: int, n_tokens: int,
-                batch_size: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
-    """The fixed validation set (DESIGN.md §8): the same for every run with the same data, tokenizer and seq_len.
+def val_window_starts(data: TokenData, seq_len: int, n_tokens: int, rule: str = "head") -> np.ndarray:
+    """``(n_windows,)`` int64: where each window of ``seq_len + 1`` tokens of the fixed validation set starts in
+    ``data.val`` (DESIGN.md §8, ``data.val_windows``; the same for every run with the same data, tokenizer,
+    seq_len, val_tokens and rule). ``W = n_tokens // seq_len`` windows at most:
 
-    Windows of ``seq_len + 1`` tokens at offsets ``0, T, 2T, ...`` of the val stream, so the targets
-    are exactly ``val[1 : n_windows * T + 1]``, each once, with ``n_windows = min(n_tokens, len(val) - 1) // T``.
-    Returns ``(batches, n_bytes)``: ``batches`` a list of ``(x, y)`` int64 tensors of shape
-    ``(<= batch_size, seq_len)``, ``n_bytes`` the UTF-8 bytes those targets stand for (special tokens 0),
-    the denominator of ``bits_per_byte``. Raises ``ValueError`` if not even one window fits.
+    - ``head``: offsets ``0, T, 2T, ...``: the first ``min(n_tokens, len(val) - 1) // T`` windows, every target
+      once. What every study made before ``per_document`` existed scored (on a one-book validation set, the
+      first pages of that book).
+    - ``per_document``: every validation document (``data.val_doc_starts``) gets one window and the other
+      ``W - D`` are shared out in proportion to how many more whole windows each document holds
+      (``L_d // T - 1``, floors, so at most ``W`` in all); a document's ``k`` windows start ``L_d // k`` tokens
+      apart from its first token, so they do not overlap; a document shorter than a window is scored by the one
+      window that ends where it ends (its targets hold the whole document and the next stream token). Our rule:
+      a loss that weighs documents by their length, as ``head`` does, but sees every document.
+
+    Raises ``ValueError`` for an unknown rule, a window that does not fit, ``per_document`` on data without
+    document boundaries (raw token files: prepare them with ``scalevec prepare-data``) or with fewer windows
+    than validation documents (naming the ``data.val_tokens`` that would do).
     """
-    if seq_len < 1 or batch_size < 1:
-        raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive")
+    if rule not in VAL_WINDOWS:
+        raise ValueError(f"data.val_windows={rule!r} is unknown; use {', '.join(VAL_WINDOWS)}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len={seq_len} must be positive")
     if n_tokens < seq_len:
         raise ValueError(f"data.val_tokens={n_tokens} is smaller than one window of seq_len={seq_len}; raise "
                          "data.val_tokens")
-    if len(data.val) - 1 < seq_len:
-        raise ValueError(f"the validation stream has {len(data.val)} tokens, fewer than one window of "
-                         f"seq_len+1={seq_len + 1}; "
-                         f"lower --seq-len or raise data.val_frac")
-    n_windows = min(n_tokens, len(data.val) - 1) // seq_len
-    stream = torch.from_numpy(np.asarray(data.val[: n_windows * seq_len + 1], dtype=np.int64))
-    x = stream[:-1].view(n_windows, seq_len)
-    y = stream[1:].view(n_windows, seq_len)
-    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n_windows, batch_size)]
-    n_bytes = int(data.token_bytes[stream[1:].numpy()].sum())
+    n_val = len(data.val)
+    if n_val - 1 < seq_len:
+        raise ValueError(f"the validation stream has {n_val} tokens, fewer than one window of "
+                         f"seq_len+1={seq_len + 1}; lower --seq-len or raise data.val_frac")
+    if rule == "head":
+        return np.arange(min(n_tokens, n_val - 1) // seq_len, dtype=np.int64) * seq_len
+    if data.val_doc_starts is None:
+        raise ValueError("data.val_windows=per_document needs the validation documents' boundaries, which these "
+                         "token files do not record; prepare them with `scalevec prepare-data` or use head")
+    starts = np.asarray(data.val_doc_starts, dtype=np.int64)
+    n_docs, n_windows = len(starts), n_tokens // seq_len
+    if n_windows < n_docs:
+        raise ValueError(f"data.val_tokens={n_tokens} gives {n_windows} windows of seq_len={seq_len}, fewer than the "
+                         f"{n_docs} validation documents; raise data.val_tokens to at least {n_docs * seq_len}")
+    lengths = np.diff(np.append(starts, n_val))
+    spare = np.maximum(lengths // seq_len - 1, 0)  # whole windows a document holds beyond its first
+    extra = (np.zeros(n_docs, dtype=np.int64) if not spare.sum() else
+             np.minimum(spare, (spare * (n_windows - n_docs)) // spare.sum()))
+    counts = 1 + extra
+    out = []
+    for s, length, k in zip(starts.tolist(), lengths.tolist(), counts.tolist()):
+        if length < seq_len + 1:  # the window that ends with this document (and the stream's next token)
+            out.append(max(s + length - seq_len, 0))
+        else:
+            out.extend(s + j * (length // k) for j in range(k))
+    return np.minimum(np.asarray(out, dtype=np.int64), n_val - 1 - seq_len)
+
+
+def val_batches(data: TokenData, seq_len: int, n_tokens: int, batch_size: int,
+                rule: str = "head") -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """The fixed validation set (DESIGN.md §8): the windows of ``val_window_starts(data, seq_len, n_tokens, rule)``
+    (``head``: offsets ``0, T, 2T, ...``, so the targets are exactly ``val[1 : n_windows * T + 1]``, each once).
+
+    Returns ``(batches, n_bytes)``: ``batches`` a list of ``(x, y)`` int64 tensors of shape
+    ``(<= batch_size, seq_len)``, ``n_bytes`` the UTF-8 bytes those targets stand for (special tokens 0),
+    the denominator of ``bits_per_byte``. Raises ``ValueError`` if not even one window fits, and what
+    ``val_window_starts`` raises.
+    """
+    if seq_len < 1 or batch_size < 1:
+        raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive")
+    starts = val_window_starts(data, seq_len, n_tokens, rule)
+    if rule == "head":  # one contiguous read: the stream the golden losses were recorded on
+        stream = torch.from_numpy(np.asarray(data.val[: len(starts) * seq_len + 1], dtype=np.int64))
+        x = stream[:-1].view(len(starts), seq_len)
+        y = stream[1:].view(len(starts), seq_len)
+    else:
+        windows = torch.from_numpy(np.asarray(data.val[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int64))
+        x, y = windows[:, :-1], windows[:, 1:]
+    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, len(starts), batch_size)]
+    n_bytes = int(data.token_bytes[y.numpy()].sum())
     return batches, n_bytes
+
+
+def val_window_record(starts: np.ndarray, rule: str, data: TokenData, seq_len: int) -> dict:
+    """What a run records of its validation windows (meta.json's ``validation_split.windows``): the rule, seq_len,
+    how many windows, how many validation documents they touch (``per_document``: all) and
+    ``starts_sha256``, the SHA-256 of the window starts as decimal lines, so two runs can be checked to score the
+    same tokens."""
+    out = {"rule": rule, "seq_len": int(seq_len), "windows": int(len(starts)), "tokens_scored": int(len(starts)) * seq_len,
+           "starts_sha256": hashlib.sha256("".join(f"{int(i)}\n" for i in starts).encode()).hexdigest()}
+    if data.val_doc_starts is not None:
+        # the last input token of a window lies in the document it scores (its last target may open the next one)
+        doc = np.searchsorted(np.asarray(data.val_doc_starts), starts + seq_len - 1, side="right") - 1
+        out |= {"val_docs": int(len(data.val_doc_starts)), "docs_scored": int(len(np.unique(doc)))}
+    return out
 
 
 def bits_per_byte(sum_nats: float, n_bytes: int) -> float:

@@ -28,7 +28,9 @@ class TokenData:
     ``meta``: source, tokenizer spec, split note, document and token counts, and ``validation``, the
     record of the validation split (``split.SplitRecord.as_dict``: rule, documents and tokens on each side,
     which documents) that the trainer writes into meta.json. ``from_cache``: whether the streams were read
-    from an existing cache entry at ``cache_path``.
+    from an existing cache entry at ``cache_path``. ``val_doc_starts``: ``(val documents,)`` int64, where each
+    validation document starts in ``val`` (what ``data.val_windows=per_document`` samples from); None where the
+    path did not work it out (raw token files; the plain path unless per_document asks).
     """
 
     train: np.ndarray
@@ -38,6 +40,7 @@ class TokenData:
     meta: dict = field(default_factory=dict)
     cache_path: Path | None = None
     from_cache: bool = False
+    val_doc_starts: np.ndarray | None = None
 
     @property
     def vocab_size(self) -> int:

@@ -39,7 +39,7 @@ import torch
 from scalevec.config import RunConfig, checkpoint_blocks
 from scalevec.config_codec import config_diff, format_diff
 from scalevec.data.corpus import prepare_data
-from scalevec.data.sampler import TrainSampler, val_batches
+from scalevec.data.sampler import TrainSampler, val_batches, val_window_record, val_window_starts
 from scalevec.model.flops import flops_per_token, peak_flops
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
@@ -121,7 +121,11 @@ class Trainer:
                                  f"resume with the stored config (scalevec train --resume --out {self.out})")
         self.sampler = TrainSampler(self.data.train, t.seq_len, t.batch_size, seed=t.seed,
                                     pin_memory=self.device.type == "cuda")  # copied with non_blocking
-        self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size)
+        self.val, self.val_bytes = val_batches(self.data, t.seq_len, cfg.data.val_tokens, t.eval_batch_size,
+                                               cfg.data.val_windows)
+        self.val_windows = val_window_record(val_window_starts(self.data, t.seq_len, cfg.data.val_tokens,
+                                                               cfg.data.val_windows),
+                                             cfg.data.val_windows, self.data, t.seq_len)
         self.model = build_model(cfg.model, cfg.scale, seed=t.seed, device=self.device)
         self.model.set_memory_options(checkpoint_blocks(t.activation_checkpointing, cfg.model.n_layers),
                                       t.loss_chunk_tokens)
@@ -187,12 +191,13 @@ class Trainer:
 
     def _write_run_files(self) -> None:
         """``rundir.write_run_files``: meta (with the compile decision, which changes the last bits of the losses,
-        the ``--init-from`` source and the validation split's record, ``split.SplitRecord``: which documents are
-        validation), config, group table, tokenizer."""
+        the ``--init-from`` source, the validation split's record, ``split.SplitRecord``: which documents are
+        validation, and the scored windows' record, ``sampler.val_window_record``), config, group table, tokenizer."""
         split = self.data.meta.get("validation")
         rundir.write_run_files(self.out, {**run_meta(self.cfg), "compiled": self.compiled,
                                           "compile_why": self.compile_why,
                                           **({"validation_split": split} if split else {}),
+                                          "validation_windows": self.val_windows,
                                           **({"init_from": self.init.info} if self.init else {})},
                                self.cfg, group_table(self.groups), self.data.tokenizer)
 
