@@ -18,8 +18,10 @@ training step's forward and backward run through it, the way a CUDA step would r
   dropout.
 
 Every operator that reaches the device is then one kernel, with the bytes of its tensor inputs and outputs
-(read + written), except views, allocations and other metadata-only ops (``NOT_KERNELS``). Matmuls (and the
-attention kernels) are counted apart (``MATMUL_OPS``): the rest is the memory-bound work the count is for.
+(read + written), except views, allocations and other metadata-only ops (``NOT_KERNELS``). Matmuls and the
+attention kernels (``MATMUL_OPS``) are kernels like the others, but their bytes are left out of the non-matmul
+bytes, the memory-bound work the count is for. A fused op whose implementation needs a package (Triton) is counted
+where that package is installed, as the CUDA machine would run it.
 
 **Per block** is the difference between the whole model's step and the same model with its blocks removed
 (embedding, final norm, LM head and loss), divided by the number of blocks: work done once per step for all
@@ -33,7 +35,6 @@ docs/performance.md checks it against an H200 measurement.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -336,11 +337,6 @@ def format_count(r: dict, top: int = 0) -> str:
     lines.append("KB/token: non-matmul bytes read + written per token per block (1 KB = 1000 bytes); matmuls: "
                  "matmul and attention kernels per block; params: the model's parameter tensors")
     return "\n".join(lines)
-
-
-def dumps(r: dict) -> str:
-    """The count as JSON text."""
-    return json.dumps(r, indent=1)
 
 
 __all__ = ["count", "count_strategy", "record_step", "step_ops", "summarize", "format_count", "CudaRouting",
