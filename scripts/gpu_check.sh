@@ -6,10 +6,10 @@
 # gpu_check.log, stages.json, runs.tar.gz); the stages and their sizes are in src/scalevec/bench/gpu_check.py.
 #
 #   bash scripts/gpu_check.sh OUT                 # on one CUDA GPU, about 6 minutes: room to rerun in 15
-#   DEVICE=cpu bash scripts/gpu_check.sh OUT      # the rehearsal: every stage at tiny sizes on CPU, ~4 minutes
+#   DEVICE=cpu bash scripts/gpu_check.sh OUT      # the rehearsal: every stage at tiny sizes on CPU, ~5 minutes
 #   ONLY=bench,bench_compiled DEVICE=cpu bash scripts/gpu_check.sh OUT   # a short rehearsal of some stages
 #
-# Knobs (environment): DEVICE=cuda|cpu, BUDGET_S=<wall seconds, default 360 on cuda, 240 on cpu>, ONLY=<stages;
+# Knobs (environment): DEVICE=cuda|cpu, BUDGET_S=<wall seconds, default 360>, ONLY=<stages;
 #   ladder_rung only when named>, PYTHON=<interpreter; default .venv/bin/python if there is one, else python3>.
 # Exit status: 0 when every stage is ok, 1 when one failed, was skipped or gave an implausible figure, 2 for bad
 # input (no CUDA device, an OUT that is not empty, a PYTHON without torch), 130 after Ctrl-C, 75 after SIGTERM (the
