@@ -95,6 +95,23 @@ def test_per_block_count_does_not_depend_on_depth():
     assert shared[1]["kernels_per_block"] < shared[0]["kernels_per_block"]
 
 
+def test_the_part_outside_the_blocks_is_counted_on_a_fresh_model():
+    """Kernels per step = n_layers × kernels per block + the kernels of the model built without blocks (embedding,
+    head, loss), built afresh: a model that ran with its blocks keeps their groups of scale vectors and would
+    count their γ as outside the blocks."""
+    from torch import nn
+
+    from scalevec import ScaleConfig, build_model
+    from scalevec.bench.count import step_ops
+
+    cfg = dataclasses.replace(get_preset("tiny"), n_layers=2)
+    r = count_strategy("unified", cfg, 2, 16, "bfloat16")
+    bare = build_model(cfg, ScaleConfig.preset("unified"), device="meta")
+    bare.layers = nn.ModuleList()
+    rest = len(step_ops(bare, torch.zeros(2, 17, dtype=torch.long, device="meta"), torch.bfloat16))
+    assert r["kernels_per_step"] == pytest.approx(2 * r["kernels_per_block"] + rest, abs=1e-9)
+
+
 def test_count_json_schema(tmp_path, capsys):
     """--json FILE holds kernels_per_block and bytes_per_token per strategy, the per-operator breakdown adding up to
     them, and the tables are printed; the reference's ratios are 1."""

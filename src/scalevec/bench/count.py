@@ -273,8 +273,11 @@ def count_strategy(name: str, cfg: ModelConfig, batch_size: int, seq_len: int, d
     tokens = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device="meta")
     whole = summarize(step_ops(model, tokens, autocast))
     params = sum(1 for _ in model.parameters())
-    model.layers = nn.ModuleList()  # the same model without its blocks: what is not per block
-    rest = summarize(step_ops(model, tokens, autocast))
+    # the same model without its blocks: what is not per block. Built afresh: a model keeps what it learned of its
+    # modules on first use (the groups of scale vectors it batches), which must not outlive its blocks
+    rest_model = build_model(cfg, strategy_config(name), device="meta")
+    rest_model.layers = nn.ModuleList()
+    rest = summarize(step_ops(rest_model, tokens, autocast))
     n, ntok = cfg.n_layers, batch_size * seq_len
     per_op = {}
     for op in sorted(set(whole) | set(rest)):
