@@ -1,7 +1,8 @@
 """The strategies where researchers already train (issue 36): Hugging Face models and any training loop.
 
-- ``hf_model``: ``apply_strategy`` (a strategy's scale vectors into a transformers Llama / Qwen3 / Mixtral /
-  Qwen3-MoE, in place), ``fold`` (back to the plain model), ``save`` (what ``scalevec export`` writes),
+- ``hf_model``: ``apply_strategy`` (a strategy's scale vectors, in place, into a model of a family recorded in
+  ``hf_format/families.py``: transformers, torchtitan, OLMo-core), ``fold`` (back to the plain model), ``save``
+  (what ``scalevec export`` writes),
   ``to_scalevec`` (the same parameters as scalevec's own model)
 - ``groups``: ``param_groups``, torch optimizer groups by §5 role for any such model or a plain HF model
 - ``callbacks``: the per-scale-vector metrics as an HF ``TrainerCallback`` and as a function for any loop
