@@ -34,3 +34,31 @@ def test_group_overrides_put_embeddings_head_and_norms_where_the_rule_says(model
     assert undecayed == {"embeddings.weight"} | {n for n in names.values() if n.endswith("norm.weight")}
     assert "lm_head.norm.weight" in undecayed and wd["lm_head.w_out.weight"] == 0.1
     assert all(v == 0.1 for n, v in wd.items() if n not in undecayed)
+
+
+def counting_batch(b: int = 8, t: int = 32) -> torch.Tensor:
+    """Sequences counting up modulo 16 from random starts: learnable in a few steps."""
+    start = torch.randint(0, 16, (b, 1), generator=torch.Generator().manual_seed(1))
+    return (start + torch.arange(t + 1)) % 16
+
+
+def train_steps(model, optimizer, steps: int = 20) -> list[float]:
+    """``steps`` AdamW steps of next-token cross-entropy on ``counting_batch``; the losses."""
+    batch, losses = counting_batch(), []
+    for _ in range(steps):
+        logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_twenty_steps_with_the_overridden_groups_lower_the_loss(model):
+    """OLMo-core's optimizer built with scalevec's overrides trains its Transformer on CPU: 20 steps lower the loss
+    by more than 2 nats (measured: 5.61 -> 0.26)."""
+    cfg = AdamWConfig(lr=1e-2, weight_decay=0.1)
+    cfg.group_overrides = group_overrides(model, cfg)
+    losses = train_steps(model, cfg.build(model))
+    assert losses[-1] < losses[0] - 2.0, losses
