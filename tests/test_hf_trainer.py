@@ -102,7 +102,6 @@ def test_scalevec_groups_and_folded_models_pass():
     opt.step()
 
 
-@pytest.mark.slow  # 4 Trainer steps on CPU (~4 s)
 def test_scalevec_trainer_trains_unified_with_param_groups(tmp_path):
     """``ScalevecTrainer`` trains ``unified`` (no refusal; the loss falls over 4 steps on counting sequences) and its
     optimizer's groups are ``param_groups(model, lr, weight_decay)``: the same tensors, lr and decay per role; its logs
