@@ -1,5 +1,5 @@
-"""A Hugging Face ``Trainer`` cannot silently train a strategy with the wrong weight decay (``integrations/wd_guard.py``,
-``integrations/hf_trainer.py``; DESIGN.md §5)."""
+"""A Hugging Face ``Trainer`` cannot silently train a strategy with the wrong weight decay
+(``integrations/wd_guard.py``, ``integrations/hf_trainer.py``; DESIGN.md §5)."""
 
 import warnings
 
@@ -44,9 +44,10 @@ class Blocks(torch.utils.data.Dataset):
 
 
 def training_args(tmp_path, steps: int = 3, **kw) -> transformers.TrainingArguments:
-    return transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
-                                          learning_rate=1e-2, use_cpu=True, save_strategy="no", report_to=[],
-                                          logging_steps=1, dataloader_num_workers=0, **kw)
+    return transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps,
+                                          per_device_train_batch_size=4, learning_rate=1e-2, use_cpu=True,
+                                          save_strategy="no", report_to=[], logging_steps=1, dataloader_num_workers=0,
+                                          **kw)
 
 
 def _state(model) -> dict[str, torch.Tensor]:

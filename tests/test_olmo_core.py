@@ -1,5 +1,5 @@
-"""scalevec in OLMo-core 3.0.0 (``integrations/olmo_core.py``): its ``Transformer`` from ``TransformerConfig.llama_like``
-grouped through OLMo-core's own ``OptimGroupOverride`` (DESIGN.md §5)."""
+"""scalevec in OLMo-core 3.0.0 (``integrations/olmo_core.py``): its ``Transformer`` from
+``TransformerConfig.llama_like`` grouped through OLMo-core's own ``OptimGroupOverride`` (DESIGN.md §5)."""
 
 import pytest
 import torch

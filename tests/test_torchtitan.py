@@ -4,7 +4,6 @@ Llama3 ``debugmodel``, built on the meta device and initialized as torchtitan's 
 CPU only reaches the forward pass (torchtitan's flex attention has no CPU backward): gradients and optimizer steps of
 a converted model are the GPU check's."""
 
-import copy
 import warnings
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from torchtitan.models import llama3
 
 from scalevec.integrations.torchtitan import ScalevecConverter, ScalevecOptimizers, scalevec_job
+from scalevec.model.scales import ScaleVector
 
 T = 32
 
@@ -72,13 +72,40 @@ def test_converter_is_a_torchtitan_model_converter():
     assert type(job.model_spec.model).__qualname__ == "ScalevecLlama3Model.Config"
 
 
+@pytest.mark.slow  # a fresh interpreter imports scalevec and transformers (~20 s on the shared 2 cores)
 def test_scalevec_imports_without_the_frameworks():
     """``import scalevec.integrations`` imports neither torchtitan nor OLMo-core (nor the HF Trainer module): they
     are needed only by their own adapters."""
     import subprocess
     import sys
 
-    code = ("import sys, scalevec, scalevec.integrations; "
-            "print(sorted(m for m in ('torchtitan', 'olmo_core', 'scalevec.integrations.hf_trainer') if m in sys.modules))")
+    frameworks = ("torchtitan", "olmo_core", "scalevec.integrations.hf_trainer")
+    code = f"import sys, scalevec, scalevec.integrations; print(sorted(m for m in {frameworks} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+@pytest.mark.slow  # the first forward compiles torchtitan's flex attention on the CPU (~40 s)
+@pytest.mark.parametrize("strategy", ["baseline", "iwd", "unified_foldable"])
+def test_converted_debugmodel_computes_the_plain_models_logits_at_init(plain, tokens, strategy):
+    """The converter's model (built on meta, ``init_states`` under the same seed; the protocol check passes) holds the
+    unconverted model's matrices bitwise and every γ = 1, and a foldable strategy computes its logits (fp32
+    re-association: measured 1.4e-6 on logits of size ~4; atol 1e-5)."""
+    spec = llama3.model_registry("debugmodel", converters=[ScalevecConverter.Config(strategy=strategy)])
+    conv = build(spec.model, seed=0)
+    conv.verify_module_protocol()
+    ours, theirs = dict(conv.named_parameters()), dict(plain.named_parameters())
+    kept = [n for n in theirs if n in ours]
+    assert len(kept) >= 2 + 6 * 4 and all(torch.equal(ours[n], theirs[n]) for n in kept)  # embedding, head, wo, w1-3
+    gammas = [m.gamma() for m in conv.modules() if isinstance(m, ScaleVector)]
+    assert gammas and all(torch.allclose(g, torch.ones_like(g), rtol=0, atol=1e-6) for g in gammas)  # OR: β·α/rms(α)
+    torch.testing.assert_close(logits(conv, tokens), logits(plain, tokens), atol=1e-5, rtol=0)
+
+
+def test_converted_model_groups_follow_the_strategy(tokens):
+    """``ScalevecOptimizers`` on a model converted to ``unified_foldable``: its input scales decayed (IWD), the
+    embedding not, every tensor in exactly one group."""
+    spec = llama3.model_registry("debugmodel", converters=[ScalevecConverter.Config(strategy="unified_foldable")])
+    conv = build(spec.model)
+    (opt,) = ScalevecOptimizers.Config(weight_decay=0.1, implementation="for-loop").build(model_parts=[conv]).optimizers
+    wd = {n: g["weight_decay"] for g in opt.param_groups for n in g["param_names"]}
+    assert wd["tok_embeddings.weight"] == 0.0 and wd["lm_head.weight"] == 0.1
+    assert len(wd) == len(dict(conv.named_parameters()))

@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import DataConfig
-from scalevec.data import documents
+from scalevec.data import documents, token_files
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import DOC_SEP, load_documents, source_note
-from scalevec.data import token_files
 from scalevec.data.prepared import ShardedTokens, is_prepared, load_prepared, read_manifest
 from scalevec.data.split import split_documents
 from scalevec.data.tokenizer import Tokenizer, load_tokenizer

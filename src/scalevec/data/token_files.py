@@ -172,4 +172,5 @@ def documents(ids: np.ndarray, eos_id: int | None) -> int:
     return n + int(ids[-1] != eos_id)
 
 
-__all__ = ["LAYOUTS", "TokenFiles", "check_ids", "documents", "files", "iter_documents", "olmo_core_dtype", "open_token_files", "parse"]
+__all__ = ["LAYOUTS", "TokenFiles", "check_ids", "documents", "files", "iter_documents", "olmo_core_dtype",
+           "open_token_files", "parse"]

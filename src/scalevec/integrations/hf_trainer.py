@@ -57,7 +57,8 @@ class ScalevecTrainer(transformers.Trainer):
         """Trainer's ``log`` with ``learning_rate.<role>``: each optimizer group's lr now (its peak lr × the
         scheduler's factor), when the row carries ``learning_rate``."""
         if "learning_rate" in logs and self.optimizer is not None:
-            logs = {**logs, **{f"learning_rate.{g['role']}": g["lr"] for g in self.optimizer.param_groups if "role" in g}}
+            groups = self.optimizer.param_groups
+            logs = {**logs, **{f"learning_rate.{g['role']}": g["lr"] for g in groups if "role" in g}}
         super().log(logs, *args, **kwargs)
 
 

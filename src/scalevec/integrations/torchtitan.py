@@ -4,10 +4,10 @@
   converters). A job config names it with the strategy in ``model_registry(flavor, converters=[...])``; it
   converts the model config so that ``build()`` returns the model with the strategy applied
   (``scalevec.apply_strategy``), so the trainer parallelizes, compiles and checkpoints the converted model
-  (the converter runs before parallelization, on the meta device). The converted model initializes (``init_states``)
-  every matrix it kept with torchtitan's own initializer (its depth-scaled ``param_init``) and every scale vector
-  at γ = 1 (scalevec's recorded init), and skips scalevec's modules in ``verify_module_protocol`` (they are plain
-  ``nn.Module``s).
+  (the converter runs before parallelization). The converted model initializes (``init_states``) every matrix it
+  kept with torchtitan's own initializer (its depth-scaled ``param_init``), the fused ``wqkv`` drawn once and split
+  into the strategy's q/k/v maps, every γ = 1, in torchtitan's order: the same seed gives the unconverted model's
+  weights. It skips scalevec's modules in ``verify_module_protocol`` (they are plain ``nn.Module``s).
 - ``ScalevecOptimizers``: an ``OptimizersContainer`` (torchtitan's optimizer builder) whose param groups are
   ``scalevec.param_groups`` of each model part (roles by module type and position: embeddings and the output head
   found as such, norms and scale vectors as the strategy says) instead of regex patterns, each group with its
@@ -39,9 +39,9 @@ _config_classes: dict[tuple[type, str], type] = {}
 _model_classes: dict[type, type] = {}
 
 
-def _titan_init_order(model: nn.Module) -> list[tuple[nn.Parameter, object]]:
-    """``(parameter, init)`` in the order torchtitan's ``Module.init_states`` visits them: children first (depth
-    first, through plain ``nn.Module`` wrappers), then the module's own ``_param_init`` entries."""
+def _titan_init_order(model: nn.Module) -> list[tuple[nn.Module, str, object]]:
+    """``(module, parameter name, init)`` in the order torchtitan's ``Module.init_states`` visits them: children
+    first (depth first, through plain ``nn.Module`` wrappers), then the module's own ``_param_init`` entries."""
     order = []
 
     def visit(module: nn.Module) -> None:
@@ -53,7 +53,7 @@ def _titan_init_order(model: nn.Module) -> list[tuple[nn.Parameter, object]]:
             else:
                 queue.extend(child.children())
         if isinstance(module, Module) and module._param_init:
-            order.extend((p, module._param_init[n]) for n, p in module.named_parameters(recurse=False)
+            order.extend((module, n, module._param_init[n]) for n, _ in module.named_parameters(recurse=False)
                          if n in module._param_init)
 
     visit(model)
@@ -68,10 +68,11 @@ class _Converted:
     """Mixed into the class of a converted torchtitan model (``convert_model``)."""
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
-        """torchtitan's ``init_states`` (buffers, and the modules it still reaches), then every parameter the strategy
-        kept with torchtitan's initializer in torchtitan's order, and every parameter scalevec made with its recorded
-        init (γ = 1)."""
-        super().init_states(buffer_device=buffer_device)
+        """torchtitan's ``init_states`` for the buffers (and the modules it still reaches, under a forked RNG so that
+        its draws leave no trace), then every parameter in the order ``convert_model`` listed (torchtitan's)."""
+        cuda = sorted({p.device.index or 0 for p in self.parameters() if p.device.type == "cuda"})
+        with torch.random.fork_rng(devices=cuda):
+            super().init_states(buffer_device=buffer_device)
         with torch.no_grad():
             for module, name, init in self._scalevec_inits:
                 init(getattr(module, name))
@@ -81,30 +82,49 @@ class _Converted:
         replaced its norms and projections) and what they hold."""
         scalevec = {id(m) for m in self.modules() if type(m).__module__.startswith("scalevec.")}
         inside = {id(c) for m in self.modules() if id(m) in scalevec for c in m.modules()}
-        bad = [(n, type(m).__name__) for n, m in self.named_modules() if not isinstance(m, Module) and id(m) not in inside]
+        bad = [(n, type(m).__name__) for n, m in self.named_modules()
+               if not isinstance(m, Module) and id(m) not in inside]
         if bad:
             raise RuntimeError(f"modules that do not satisfy torchtitan's Module protocol: {bad[:5]}")
 
 
 def convert_model(model: nn.Module, strategy: str) -> nn.Module:
-    """Apply ``strategy`` to a torchtitan model in place (``scalevec.apply_strategy``, meta device included) and give it
-    ``init_states`` / ``verify_module_protocol`` for what changed (module docstring); returns it."""
-    order = _titan_init_order(model)
+    """Apply ``strategy`` to a torchtitan model in place (``scalevec.apply_strategy``; on the meta device too, where
+    torchtitan's trainer builds it) and give it ``init_states`` / ``verify_module_protocol`` for what changed
+    (module docstring); returns it.
+
+    The initializers are listed in torchtitan's order of the unconverted model: a parameter the strategy kept with
+    its torchtitan init where it was, a replaced module's new parameters (their recorded inits: the fused ``wqkv``
+    drawn once and split; γ = 1) where the replaced module's were, the rest (constant scale vectors) after. So the
+    same seed draws the same matrices as the unconverted model's ``init_states``. Raises ``ValueError`` if the
+    strategy made a parameter with no initializer."""
+    before = [(m, getattr(m, n), init) for m, n, init in _titan_init_order(model)]
     apply_strategy(model, strategy)
     owners = _owner_and_name(model)
-    titan = [(*owners[id(p)], init) for p, init in order if id(p) in owners]  # the matrices the strategy kept
-    kept = {id(getattr(m, n)) for m, n, _ in titan}
-    made = []
-    for m in model.modules():
-        for n, p in m.named_parameters(recurse=False):
-            init = m.__dict__.get("_inits", {}).get(n)
-            if id(p) not in kept and init is not None:
-                made.append((m, n, init))
-    missing = [n for n, p in model.named_parameters() if id(p) not in kept | {id(getattr(m, k)) for m, k, _ in made}]
+    replaced_at = {id(sub): path for path, orig in model.scalevec_info.originals.items() for sub in orig.modules()}
+    made = [(path, m, n, m.__dict__["_inits"][n]) for path, m in model.named_modules()
+            for n, p in m.named_parameters(recurse=False) if n in m.__dict__.get("_inits", {})]
+    kept = {id(p) for _, p, _ in before if id(p) in owners}
+    made = [(path, m, n, init) for path, m, n, init in made if id(getattr(m, n)) not in kept]
+    inits, done, placed = [], set(), set()
+    for m, p, init in before:
+        if id(p) in owners:
+            inits.append((*owners[id(p)], init))
+            continue
+        path = replaced_at.get(id(m))
+        if path is not None and path not in placed:  # the new parameters of the module that replaced m's owner
+            placed.add(path)
+            for mpath, mm, n, minit in made:
+                if (mpath == path or mpath.startswith(path + ".")) and (id(mm), n) not in done:
+                    inits.append((mm, n, minit))
+                    done.add((id(mm), n))
+    inits += [(mm, n, minit) for _, mm, n, minit in made if (id(mm), n) not in done]
+    covered = {id(getattr(m, n)) for m, n, _ in inits}
+    missing = [n for n, p in model.named_parameters() if id(p) not in covered]
     if missing:
         raise ValueError(f"convert_model: no initializer for {missing[:3]}; the strategy made parameters neither "
                          f"torchtitan nor scalevec initializes")
-    model._scalevec_inits = titan + made
+    model._scalevec_inits = inits
     cls = type(model)
     if cls not in _model_classes:
         _model_classes[cls] = type(f"Scalevec{cls.__name__}", (_Converted, cls), {})
@@ -123,7 +143,8 @@ def converted_config(model_config: Module.Config, strategy: str) -> Module.Confi
             def build(self, **kwargs):
                 return convert_model(base.build(self, **kwargs), strategy)
 
-        ScalevecConfig.__name__, ScalevecConfig.__qualname__ = f"Scalevec{base.__name__}", f"Scalevec{base.__qualname__}"
+        ScalevecConfig.__name__ = f"Scalevec{base.__name__}"
+        ScalevecConfig.__qualname__ = f"Scalevec{base.__qualname__}"
         _config_classes[key] = ScalevecConfig
     return _config_classes[key](**{f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)
                                    if f.init})

@@ -22,8 +22,8 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from scalevec.model.params import SCALE_ROLES
 from scalevec.model.roles import model_roles

@@ -66,7 +66,8 @@ def output_head(model: nn.Module) -> nn.Module | None:
         return None
     vocab = max(m.num_embeddings for m in embeddings)
     tied = {id(m.weight) for m in embeddings}
-    heads = [m for m in model.modules() if isinstance(m, nn.Linear) and (id(m.weight) in tied or m.out_features == vocab)]
+    heads = [m for m in model.modules()
+             if isinstance(m, nn.Linear) and (id(m.weight) in tied or m.out_features == vocab)]
     return heads[-1] if heads else None
 
 
