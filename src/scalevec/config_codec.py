@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from scalevec.config import EXECUTION_FIELDS, Derived, MoEConfig, RopeScalingConfig, RunConfig
+from scalevec.outpath import replace_file  # a new file renamed over the path: a link there is never written through
 
 # --------------------------------------------------------------------------------------------- dicts
 
@@ -435,7 +436,7 @@ def load_yaml(path: str | Path, what: str = "config file") -> dict:
 
 def save_yaml(cfg: Any, path: str | Path) -> None:
     """Write dataclass ``cfg`` to ``path`` as YAML (``to_dict``'s form, fields in declaration order)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    replace_file(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 # --------------------------------------------------------------------------------------------- help

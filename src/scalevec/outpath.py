@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -92,4 +101,172 @@ def check_out_path(out: str | Path, flag: str = "--out") -> None:
                                     f"choose another {flag}")
 
 
-__all__ = ["check_out_path", "link_words", "one_line"]
+def open_owned(path: str | Path, flags: int, fix: str = "delete it and retry") -> int:
+    """Open ``path`` (``os.open`` ``flags``; ``O_CREAT`` creates it) as a file a command may write into in place:
+    never through a symbolic link (``O_NOFOLLOW``), never blocking on a FIFO (``O_NONBLOCK`` while opening), and only
+    a regular file with one name (``st_nlink == 1``): a symbolic or hard link would send the writes into a file
+    outside, a FIFO would hang. The one rule for every file scalevec appends to or rewrites in place (a run's lock,
+    ``metrics.jsonl``, a sweep's logs); a file replaced whole goes through ``replace_file``. Returns the file
+    descriptor, blocking again. Raises ``ValueError`` naming the file, what it is and ``fix``; ``OSError`` for the
+    rest (a missing folder, no permission)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{path} is {link_words(path)}; scalevec writes only into its own files: {fix}") from None
+        if e.errno == errno.ENXIO:  # a FIFO with no reader, opened write-only
+            raise ValueError(f"{path} is not a regular file; {fix}") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file; {fix}")
+        if st.st_nlink != 1:  # a hard link: the same file has another name, maybe outside
+            raise ValueError(f"{path} is a hard link ({st.st_nlink} names for one file); scalevec writes only into "
+                             f"its own files: {fix}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def replace_file(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` whole: into a new file beside it, ``.NAME.PID.tmp``, then renamed over ``path``.
+    What was under the temporary name (a dead writer's leftover, a planted link) is unlinked first and the new
+    file is created with ``O_EXCL``, so nothing existing is written through; whatever ``path`` was (a symbolic or
+    hard link to a user's file) is replaced as a name. A reader sees the old file or the new one, never a part.
+    On failure (a full disk) the new file is removed and the ``OSError`` re-raised. Text is written as UTF-8."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    body = data.encode("utf-8") if isinstance(data, str) else data
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_regular(path: str | Path, fix: str = "delete it and retry") -> bytes:
+    """The bytes of ``path``, read only when it is a regular file (a symbolic link to one is fine): opened without
+    blocking, so a FIFO never hangs the command. The one check for every file a command reads from a run directory
+    or a model folder (its config, meta, metrics, lock holder, checkpoint files, tokenizer). Raises
+    ``FileNotFoundError`` when it is missing; ``ValueError`` naming the file and ``fix`` for a FIFO, socket, device
+    or folder; ``OSError`` for the rest (permissions)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder, not a file; {fix}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file (a FIFO, socket or device); {fix}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+TEMP_TAG = ".tmp-"  # .NAME.tmp-PID-HEX: a folder being written by process PID, renamed to NAME once whole
+_TEMP = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM while ``temporary_folder`` was being written: raised in the main thread so that the folder is
+    removed and the command ends as after Ctrl-C (a ``KeyboardInterrupt``: ``cli.py`` prints one line)."""
+
+
+def is_temporary(path: str | Path) -> bool:
+    """Whether ``path`` is a folder being written (``.NAME.tmp-PID-HEX``, ``temporary_folder``), never a model or
+    data set to read: it may be incomplete or unverified."""
+    return bool(_TEMP.fullmatch(Path(path).name))
+
+
+def refuse_temporary(path: str | Path, what: str = "a model") -> None:
+    """Raise ``ValueError`` when ``path`` is a temporary folder (``is_temporary``): a reader never takes one for
+    ``what``. The fix names the finished name."""
+    path = Path(path)
+    m = _TEMP.fullmatch(path.name)
+    if m:
+        raise ValueError(f"{path} is the temporary folder of an unfinished write (process {m['pid']}), not {what}: "
+                         f"it may be incomplete or unverified; use {path.with_name(m['name'])} once written, or "
+                         f"delete it")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def clean_stale_temporaries(path: str | Path, notice: Callable[[str], None]) -> list[str]:
+    """Remove the temporary folders of ``path`` (``.NAME.tmp-PID-HEX`` beside it) whose writer is gone (no process
+    ``PID``: killed by SIGKILL or a crash, which no handler sees), telling ``notice`` each; a live writer's is kept.
+    Returns the names removed."""
+    path = Path(path)
+    removed = []
+    try:
+        siblings = list(path.parent.iterdir()) if path.parent.is_dir() else []
+    except OSError:
+        return removed
+    for p in siblings:
+        m = _TEMP.fullmatch(p.name)
+        if not m or m["name"] != path.name or _alive(int(m["pid"])) or p.is_symlink() or not p.is_dir():
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+        notice(f"removed {p}, the temporary folder of an interrupted write (process {m['pid']} is gone)")
+    return removed
+
+
+def _note(msg: str) -> None:
+    print(f"note: {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def temporary_folder(path: str | Path, what: str) -> Iterator[Path]:
+    """A new folder beside ``path``, ``.NAME.tmp-PID-HEX``, that the caller fills and renames to ``path`` once
+    whole (``what`` it holds, for the notes: "export", "prepared data"). Before it is made, the stale temporary
+    folders of ``path`` are removed with a note (``clean_stale_temporaries``). While it exists, SIGTERM raises
+    ``Terminated`` in the main thread (the previous handler is restored after); on SIGTERM or Ctrl-C the folder is
+    removed and a note says so; on any other failure it is removed silently, the error re-raised. Raises
+    ``OSError`` when the folder cannot be made."""
+    path = Path(path)
+    clean_stale_temporaries(path, _note)
+    tmp = path.with_name(f".{path.name}{TEMP_TAG}{os.getpid()}-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    previous, owner = None, os.getpid()
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum, frame):
+            if os.getpid() != owner:  # a forked worker (prepare-data's pool, which stops them by SIGTERM): die
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            raise Terminated()
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield tmp
+    except KeyboardInterrupt as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _note(f"removed {tmp}, the unfinished {what} ({'SIGTERM' if isinstance(e, Terminated) else 'interrupted'})")
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if tmp.exists() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["TEMP_TAG", "Terminated", "check_out_path", "clean_stale_temporaries", "is_temporary", "link_words",
+           "one_line", "open_owned", "read_regular", "refuse_temporary", "replace_file", "temporary_folder"]

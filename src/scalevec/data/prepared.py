@@ -49,7 +49,6 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,7 +69,7 @@ from scalevec.data.tokenizer import (
     train_bpe,
 )
 from scalevec.data.tokens import TOKEN_DTYPES, TokenData, token_dtype
-from scalevec.outpath import check_out_path
+from scalevec.outpath import check_out_path, refuse_temporary, temporary_folder
 
 MANIFEST = "manifest.json"
 FORMAT = "scalevec-prepared"
@@ -282,17 +281,14 @@ def _prepare_into(out: Path, write) -> dict:
     """``prepare_shards``' writing part: ``write(tmp)`` fills a temporary folder beside ``out`` and returns the
     manifest, then the folder is renamed into place; the temporary folder is removed whatever happens."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
-    tmp.mkdir()
     t0 = time.perf_counter()
-    try:
+    # .NAME.tmp-PID-HEX: removed on SIGTERM or Ctrl-C, or by the next prepare-data once its process is gone
+    with temporary_folder(out, "prepared data") as tmp:
         manifest = write(tmp)
         _write_json(tmp / MANIFEST, manifest)
         if out.exists():
             shutil.rmtree(out) if is_prepared(out) else out.rmdir()
         os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     manifest["seconds"] = time.perf_counter() - t0
     return manifest
 
@@ -462,6 +458,7 @@ def read_manifest(path: str | Path) -> dict:
     the field) if it is not valid JSON, not one this version reads, or fails ``check_manifest``.
     """
     root = Path(path).expanduser()
+    refuse_temporary(root, "prepared data")  # an interrupted prepare-data's folder, maybe incomplete
     p = root / MANIFEST
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist; "

@@ -24,6 +24,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import first_line
+from scalevec.outpath import read_regular, replace_file
 
 BOS, EOS = "<|bos|>", "<|eos|>"  # special tokens of bpe:N tokenizers
 TOKENIZER_HELP = "use 'bytes', 'bpe:N' (e.g. bpe:4096) or a path to a tokenizer.json"
@@ -93,13 +94,14 @@ class Tokenizer:
         ``transformers.PreTrainedTokenizerFast.from_pretrained(directory)`` and ``load_tokenizer_dir`` read them."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.hf.save(str(d / SAVED_FILES[0]))
+        # replace_file: a restarted run rewrites these, never through a link left in their place
+        replace_file(d / SAVED_FILES[0], self.hf.to_str())
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "scalevec_tokenizer": self.spec}
         if self.bos_token:
             config["bos_token"] = self.bos_token
         if self.eos_token:
             config["eos_token"] = self.eos_token
-        (d / SAVED_FILES[1]).write_text(json.dumps(config, indent=2) + "\n")
+        replace_file(d / SAVED_FILES[1], json.dumps(config, indent=2) + "\n")
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.spec!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
@@ -209,7 +211,7 @@ def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
     """The tokenizer that ``Tokenizer.save(directory)`` wrote, with its original ``spec``.
     Raises ``FileNotFoundError`` if ``directory/tokenizer.json`` is missing, ``ValueError`` if invalid."""
     path = Path(directory) / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; pass a folder written by Tokenizer.save "
                                 f"(or an exported model)")
     config = _read_tokenizer_config(path.parent)
@@ -218,13 +220,15 @@ def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
 
 def _tokenizer_from_file(path: Path, spec: str) -> Tokenizer:
     """A tokenizer.json; BOS/EOS from a ``tokenizer_config.json`` beside it, else by common names."""
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device is read_regular's "not a regular file", never "does not exist"
         raise FileNotFoundError(f"tokenizer file {path} does not exist; {TOKENIZER_HELP}")
     config = _read_tokenizer_config(path.parent)
     if config.get("scalevec_tokenizer") == "bytes":
         return ByteTokenizer()
     try:
-        hf = HFTokenizer.from_file(str(path))
+        hf = HFTokenizer.from_str(read_regular(path, TOKENIZER_HELP).decode("utf-8"))
+    except ValueError:
+        raise
     except Exception as e:  # tokenizers raises a bare Exception for malformed files
         raise ValueError(f"tokenizer file {path} is not a valid tokenizer.json ({first_line(e)}); "
                          f"{TOKENIZER_HELP}") from None
@@ -244,10 +248,10 @@ def _tokenizer_from_file(path: Path, spec: str) -> Tokenizer:
 
 def _read_tokenizer_config(directory: Path) -> dict:
     path = directory / "tokenizer_config.json"
-    if not path.is_file():
+    if not path.exists():
         return {}
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(read_regular(path, "fix or delete it").decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e}); fix or delete it") from None
     return config if isinstance(config, dict) else {}

@@ -106,7 +106,7 @@ def train_one(run: Run, runs_dir: Path, status: str, train_cmd: tuple[str, ...],
     env = dict(os.environ)
     try:
         write_atomic(cfg_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        log = open(runs_dir / f"{run.name}.log", "a")
+        log = os.fdopen(rundir.open_own(runs_dir / f"{run.name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
     except OSError as e:
         raise unwritable(runs_dir.parent, e) from None
     with log:

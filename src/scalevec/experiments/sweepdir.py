@@ -10,24 +10,17 @@ is the order of first appearance.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import yaml
 
 from scalevec.config_codec import load_yaml
-from scalevec.outpath import check_out_path
+from scalevec.outpath import check_out_path, replace_file
 from scalevec.training.rundir import LOCK, has_config
 
 SPEC_FILE = "sweep.yaml"
 MORE_SPECS = "sweeps"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def spec_path(out: Path, name: str) -> Path:
@@ -88,7 +81,7 @@ def write_spec(out: Path, spec: dict) -> Path:
     """Store ``spec`` (a sweep mapping with a ``name``) in ``out`` without touching other sweeps' specs."""
     path = spec_path(out, str(spec.get("name") or "sweep"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, yaml.safe_dump(spec, sort_keys=False))
+    replace_file(path, yaml.safe_dump(spec, sort_keys=False))
     return path
 
 

@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from scalevec import outpath
+from scalevec.model.forward_check import check_forward
 from scalevec.run_budget import total_steps, usable_cpus
 from scalevec.training import distributed, init_from, rundir
 from scalevec.training.command import config_from_args
@@ -113,14 +114,17 @@ def convert(args: argparse.Namespace) -> Path:
 
 
 def check_finite(model, source: Path) -> None:
-    """Refuse a converted model whose weights hold a NaN or an infinity (a damaged source): ``ValueError`` naming
-    the first such tensor, before anything is written (issue 38: an export from a NaN source was written, exit 0)."""
+    """Refuse a converted model whose weights hold a NaN or an infinity (a damaged source), or whose logits are not
+    finite on a fixed probe although every weight is (``forward_check.check_forward``: a weight that overflows its
+    matmul): ``ValueError`` naming the first such tensor or layer, before anything is written."""
     from scalevec.hf.generate import nonfinite_tensor
 
     bad = nonfinite_tensor(model.named_parameters())
     if bad is not None:
         raise ValueError(f"the converted model's {bad} holds non-finite values (NaN or inf): the weights of {source} "
                          f"are damaged; convert a healthy checkpoint (nothing was written)")
+    check_forward(model, model.cfg.vocab_size, model.cfg.max_seq_len, f"the model converted from {source}",
+                  "convert a healthy checkpoint (nothing was written)")
 
 
 def _trainer(cfg, out: Path, init, overwrite: bool = False) -> Trainer:
@@ -165,7 +169,7 @@ def _write_run(cfg, out: Path, init, overwrite: bool) -> None:
 def _write_export(cfg, out: Path, init, verify: bool) -> str:
     """What ``scalevec export`` writes from the converted model with its tokenizer (saved as a run saves
     ``tokenizer/``); returns the format. The trainer is built on a path that is never created."""
-    from scalevec.hf.export import plan_export, write_export
+    from scalevec.hf.export import plan_export, record_train_seq_len, write_export
     from scalevec.hf.generate import nonfinite_tensor
     from scalevec.hf.verify import verify_tokens
 
@@ -177,6 +181,7 @@ def _write_export(cfg, out: Path, init, verify: bool) -> str:
             model = trainer.model.eval()
             check_finite(model, init.source)
             plan = plan_export(model, out, tok_dir)
+            record_train_seq_len(plan.config, cfg.train.seq_len)  # what a run of this config would score on
             bad = nonfinite_tensor(plan.state.items())
             if bad is not None:  # finite weights whose fold overflows
                 raise ValueError(f"the export of {init.source} would hold non-finite values in {bad} (the folded "

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -316,6 +317,10 @@ def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = No
 
     n_bytes = None if prepared else len(content.encode("utf-8"))  # a text's own bytes, as issue 26 defines
     out = perplexity(nll, stream, seq_len, tok.token_bytes(), batch_size, n_bytes)
+    if not all(math.isfinite(out[k]) for k in ("nats_per_token", "perplexity", "bits_per_byte")):
+        raise ValueError(f"{path} scores {text} with a non-finite loss (nats/token {out['nats_per_token']}, "
+                         f"perplexity {out['perplexity']}): its logits overflow on this text; no score is printed, "
+                         f"evaluate a healthy checkpoint")
     out["source"] = f"{text} (validation split)" if prepared else str(text)
     out["seq_len_from"] = where
     return out
@@ -326,11 +331,20 @@ PROGRESS_EVERY = 10.0  # seconds between eval --text's progress lines (stderr)
 
 def default_seq_len(path: Path, context: int) -> tuple[int, str]:
     """``(window length, where it comes from)`` for ``eval --text`` without ``--seq-len``: a run's
-    ``train.seq_len`` (the windows its logged validation loss was computed on; issue 38), capped at the model's
-    context; an export's context (``max_position_embeddings``: an export does not record the training length)."""
+    ``train.seq_len`` (the windows its logged validation loss was computed on), capped at the model's context; an
+    export's the same, recorded in its config.json by ``scalevec export`` (``export.TRAIN_SEQ_LEN``), so that a
+    run and its export score the same; else (an export from elsewhere, or older) the model's context
+    (``max_position_embeddings``)."""
+    from scalevec.config_codec import is_int
+    from scalevec.hf.export import TRAIN_SEQ_LEN
+    from scalevec.hf_format.hf_import import read_config_json
+
     if rundir.has_config(path):
         n = rundir.load_config(path).train.seq_len
         return min(n, context), "the run's train.seq_len"
+    n = read_config_json(path).get(TRAIN_SEQ_LEN)
+    if is_int(n, least=1):
+        return min(n, context), f"the run's train.seq_len, recorded in {path / 'config.json'}"
     return context, "the model's context"
 
 

@@ -34,9 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from scalevec.hf_format.names import FORMATS, ONES_NAMES, REMOTE_FORMAT, name_ma
 from scalevec.model.fold import fold_scales, unfoldable_scales
 from scalevec.model.scales import gamma_of, scale_plan
 from scalevec.model.transformer import Transformer
+from scalevec.outpath import temporary_folder
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REMOTE_FILES = ("configuration_scalevec.py", "modeling_scalevec.py")
@@ -409,13 +409,15 @@ def write_export(plan: ExportPlan, max_shard_size: int | str = "5GB", model: Tra
     from scalevec.training.rundir import RunDirError
 
     out = plan.out
+    stack = ExitStack()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        # .NAME.tmp-PID-HEX: removed on SIGTERM or Ctrl-C, or by the next export once its process is gone
+        tmp = stack.enter_context(temporary_folder(out, "export"))
     except OSError as e:  # the errno text alone names neither the folder nor the fix
         raise RunDirError(f"cannot write {out.parent}, the folder of --out {out}: {e.strerror or e}; choose a writable "
                           f"--out") from None
-    try:
+    with stack:
         _write_all(tmp, plan.config, plan.state, plan.tokenizer_dir, max_shard_size, plan.specials)
         if plan.fmt == REMOTE_FORMAT:
             copy_remote_code(tmp)
@@ -426,9 +428,6 @@ def write_export(plan: ExportPlan, max_shard_size: int | str = "5GB", model: Tra
         if out.exists():
             out.rmdir()  # empty (checked): rename needs the name free
         os.rename(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out
 
 
@@ -473,6 +472,16 @@ def check_shard_size(max_shard_size: int | str) -> None:
                          f"GB or TB, like 5GB or 500MB")
 
 
+TRAIN_SEQ_LEN = "scalevec_train_seq_len"  # config.json: the run's train.seq_len, the windows of its validation loss
+
+
+def record_train_seq_len(config, seq_len: int) -> None:
+    """Record the run's ``train.seq_len`` in the export's config.json (``TRAIN_SEQ_LEN``; transformers keeps an
+    unknown field as it is), so that ``eval --text`` scores a run and its export on the same windows by default
+    (``evaluation.default_seq_len``)."""
+    setattr(config, TRAIN_SEQ_LEN, int(seq_len))
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", dtype: str = "float32",
                check: bool = False, max_shard_size: int | str = "5GB") -> Path:
     """Export the final checkpoint of run ``run_dir`` (``run_model.load_model``: verified against its
@@ -488,6 +497,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", d
     run_dir = Path(run_dir)
     tok_dir = rundir.tokenizer_dir(run_dir)
     plan = plan_export(model, out_dir, tok_dir if tok_dir.is_dir() else None, format, dtype)
+    record_train_seq_len(plan.config, cfg.train.seq_len)
     if not rundir.is_done(run_dir):
         print(f"note: {run_dir} has no DONE marker; exporting its latest checkpoint")
     if plan.tokenizer_dir is None:

@@ -53,6 +53,8 @@ import torch
 from torch import Tensor
 
 from scalevec.hf.sampling import CachedFn, LogitsFn, check_sampling, sample  # noqa: F401 (sample: the reference loop)
+from scalevec.model.forward_check import check_forward
+from scalevec.outpath import read_regular
 from scalevec.training import rundir
 
 
@@ -83,8 +85,11 @@ def shipped_code_hashes() -> dict[str, str]:
 def _read_json(f: Path):
     """The parsed JSON of ``f`` (config.json, a tokenizer file). Raises ``ValueError`` naming ``f`` when it
     is not JSON."""
+    raw = read_regular(f, "fix it or export the model again")  # a FIFO never hangs the check
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:  # the C scanner recurses once per nesting level
+        raise ValueError(f"{f} nests too deeply to be a model's file; fix it or export the model again") from None
     except ValueError as e:
         raise ValueError(f"{f} is not valid JSON ({e}); fix it or export the model again") from None
 
@@ -154,10 +159,12 @@ def check_hf_dir(hf_dir: str | Path, trust_remote_code: bool = False) -> bool:
     ``trust_remote_code`` to load it with (``custom_code_trusted``). Its weights must be safetensors
     (``hf_import.weight_files``), each whole: its header is read (``hf_import.tensor_shapes``, as
     ``scalevec convert`` does), no tensor. Raises ``FileNotFoundError`` without safetensors (a pickled
-    ``pytorch_model.bin`` is never loaded) and ``ValueError`` for a shard outside the directory, a file
-    that is truncated or not safetensors, or custom code that is not scalevec's and not trusted."""
-    from scalevec.hf_format.hf_import import tensor_shapes, weight_files
+    ``pytorch_model.bin`` is never loaded) and ``ValueError`` for a config.json that ``convert`` would refuse
+    (``hf_import.check_hf_config``), a shard outside the directory, a file that is truncated or not safetensors,
+    or custom code that is not scalevec's and not trusted."""
+    from scalevec.hf_format.hf_import import check_hf_config, read_config_json, tensor_shapes, weight_files
 
+    check_hf_config(read_config_json(hf_dir))  # convert's validator: one line for a bad value, before transformers
     tensor_shapes(weight_files(hf_dir))  # else transformers fails deep inside with a SafetensorError traceback
     return custom_code_trusted(hf_dir, trust_remote_code)
 
@@ -254,6 +261,9 @@ def load_hf_model(hf_dir: Path, trust: bool):
     if bad is not None:
         raise ValueError(f"{hf_dir}'s weight {bad} holds non-finite values (NaN or inf), so every output would be "
                          f"garbage; export the model again from a healthy checkpoint of its run")
+    # finite weights may still overflow a matmul: one forward before any output (generate, eval)
+    check_forward(model, model.config.vocab_size, model.config.max_position_embeddings, str(hf_dir),
+                  "every output would be garbage; export the model again from a healthy checkpoint of its run")
     return model
 
 

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
-from scalevec.config_codec import is_int, is_number
+from scalevec.config_codec import is_int, is_number, read_bounded
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer
@@ -60,15 +60,88 @@ class PlainWeights:
 
 
 def is_hf_dir(path: str | Path) -> bool:
-    """True when ``path`` looks like a Hugging Face model directory (``config.json`` with a ``model_type``)."""
+    """True when ``path`` looks like a Hugging Face model directory (``config.json`` with a ``model_type``; one
+    too deep to parse counts, so that ``read_config_json`` names the problem)."""
     p = Path(path) / HF_CONFIG
     if not p.is_file():
         return False
     try:
-        conf = json.loads(p.read_text())
-    except (OSError, ValueError):
+        conf = read_config_json(path)
+    except ValueError as e:
+        return "nests" in str(e)
+    except OSError:
         return False
-    return isinstance(conf, dict) and "model_type" in conf
+    return "model_type" in conf
+
+
+MAX_CONFIG_BYTES = 1 << 22  # a config.json is a few kB; 4 MB is far beyond any real one
+
+
+def read_config_json(hf_dir: str | Path) -> dict:
+    """The ``config.json`` of a Hugging Face model directory as a mapping: a regular file (a FIFO never hangs) of at
+    most ``MAX_CONFIG_BYTES``, JSON, an object. The one reader of it for ``convert``, ``generate`` and ``eval``
+    (``check_hf_config`` validates what it holds). Raises ``ValueError`` naming the file and the fix (a 200k-deep
+    nesting is one line, never a ``RecursionError``); ``OSError`` for the rest."""
+    p = Path(hf_dir) / HF_CONFIG
+    raw = read_bounded(p, "config.json", MAX_CONFIG_BYTES, "fix config.json (or re-save the model with "
+                                                           "save_pretrained)")
+    try:
+        conf = json.loads(raw.decode("utf-8"))
+    except RecursionError:  # the C scanner recurses once per nesting level
+        raise ValueError(f"{p} nests too deeply to be a model config; fix config.json (or re-save the model with "
+                         f"save_pretrained)") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{p} is not valid JSON ({' '.join(str(e).split())[:200]}); fix config.json") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"{p} is not a JSON object; fix config.json (or re-save the model with save_pretrained)")
+    return conf
+
+
+# config.json fields that every causal LM family here shares, with their rule (integers >= 1, finite numbers > 0)
+_SHARED_INTS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size",
+                "intermediate_size", "max_position_embeddings", "head_dim")
+_SHARED_NUMBERS = ("rms_norm_eps", "initializer_range")
+
+
+def check_hf_config(conf: dict) -> None:
+    """Validate a ``config.json`` mapping (``read_config_json``) before transformers builds anything from it: the
+    one validator for ``convert``, ``generate`` and ``eval``. A family scalevec converts (``FORMATS``) is read
+    whole by ``model_config_from_hf`` and its size checked against this machine's memory (``check_size``); any
+    other ``model_type`` (scalevec's custom architecture) has its shared sizes checked as integers >= 1,
+    ``rms_norm_eps`` and ``initializer_range`` as finite numbers > 0, and its RoPE (``_rope``: a finite
+    ``rope_theta`` > 0 and a known rope type). Raises ``ValueError`` naming the field."""
+    fmt = conf.get("model_type")
+    if not isinstance(fmt, str):
+        raise ValueError(f"config.json has model_type={fmt!r}; it must be a model type's name: fix config.json")
+    if fmt in FORMATS:
+        check_size(model_config_from_hf(conf)[1])
+        return
+    for key in _SHARED_INTS:
+        _hf_int(conf, key, None)
+    for key in _SHARED_NUMBERS:
+        _hf_number(conf, key, None)
+    _rope(conf)
+
+
+# the RoPE types scalevec's models compute: plain RoPE and Llama 3's frequency scaling
+ROPE_TYPES = ("default", "llama3")
+
+
+def _rope(conf: dict) -> tuple[float, str, dict]:
+    """``(rope_theta, rope_type, the merged rope fields)`` of a config.json (transformers 4 ``rope_scaling`` and 5
+    ``rope_parameters``, ``rope_theta`` also at the top). Raises ``ValueError`` for a theta that is not a finite
+    number > 0 (NaN included) and for a rope type outside ``ROPE_TYPES``, given as ``rope_type`` or ``type``."""
+    rope = dict(_hf_dict(conf, "rope_scaling"))
+    rope.update(_hf_dict(conf, "rope_parameters"))
+    theta = _hf_number(rope, "rope_theta", _hf_number(conf, "rope_theta", 10000.0))
+    types = {rope[k] for k in ("rope_type", "type") if rope.get(k) is not None} or {"default"}
+    for t in types:
+        if not isinstance(t, str) or t not in ROPE_TYPES:
+            raise ValueError(f"config.json has rope type {t!r}, which scalevec does not compute; supported: "
+                             f"{', '.join(ROPE_TYPES)}")
+    if len(types) > 1:
+        raise ValueError(f"config.json names two rope types ({', '.join(sorted(types))}); keep one")
+    return theta, types.pop(), rope
 
 
 _REQUIRED = object()  # the default of a config.json field that must be present
@@ -139,10 +212,7 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
         if key in conf and bad(conf[key]):
             raise ValueError(f"config.json has {key}={conf[key]!r}, which scalevec's model does not compute "
                              f"(SwiGLU, no biases, full causal attention)")
-    rope = dict(_hf_dict(conf, "rope_scaling"))
-    rope.update(_hf_dict(conf, "rope_parameters"))
-    theta = _hf_number(rope, "rope_theta", _hf_number(conf, "rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    theta, rope_type, rope = _rope(conf)
     if rope.get("partial_rotary_factor", conf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json has partial_rotary_factor != 1; scalevec rotates the whole head")
     max_pos = _hf_int(conf, "max_position_embeddings", 2048)
@@ -152,8 +222,6 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
             factor=_hf_number(rope, "factor"), low_freq_factor=_hf_number(rope, "low_freq_factor"),
             high_freq_factor=_hf_number(rope, "high_freq_factor"),
             original_max_position_embeddings=_hf_int(rope, "original_max_position_embeddings", max_pos))
-    elif rope_type not in ("default", None):
-        raise ValueError(f"rope type {rope_type!r} is not supported; scalevec has default RoPE and llama3 scaling")
     d, heads = _hf_int(conf, "hidden_size"), _hf_int(conf, "num_attention_heads")
     kv_heads, head_dim = _hf_int(conf, "num_key_value_heads", heads), _hf_int(conf, "head_dim", None)
     if head_dim is None and d % heads:
@@ -449,7 +517,7 @@ def read_hf_config(hf_dir: str | Path) -> tuple[str, ModelConfig]:
     d = Path(hf_dir)
     if not is_hf_dir(d):
         raise FileNotFoundError(f"{d} is not a Hugging Face model directory (no config.json with a model_type)")
-    fmt, cfg = model_config_from_hf(json.loads((d / HF_CONFIG).read_text()))
+    fmt, cfg = model_config_from_hf(read_config_json(d))
     check_size(cfg)
     check_shapes(fmt, cfg, tensor_shapes(weight_files(d)))
     return fmt, cfg

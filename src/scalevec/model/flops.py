@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from scalevec.config import ModelConfig
+from scalevec.outpath import replace_file
 
 # dense bf16 TFLOP/s without sparsity, vendor figures; the first name contained in the device name wins
 GPU_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H200": 989.4, "H100": 989.4, "B200": 2250.0, "A100": 312.0, "L40S": 362.0,
@@ -129,9 +130,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, given: float = 0.0) -> 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cache[key] = value
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
+        replace_file(path, json.dumps(cache, indent=1))
     except OSError:
         pass  # a read-only home: measure again next time
     return value, "measured"

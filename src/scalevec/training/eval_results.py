@@ -13,7 +13,8 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from scalevec.training.rundir import EVAL, write_atomic
+from scalevec.outpath import read_regular
+from scalevec.training.rundir import EVAL, RunDirError, read_json, write_atomic
 
 
 def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: int | float | None) -> Path:
@@ -25,8 +26,10 @@ def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: i
     except PackageNotFoundError:  # scores handed in by a caller, not computed here
         lm_eval_version = None
     file = directory / EVAL
-    data = json.loads(file.read_text()) if file.is_file() else {}
-    tasks = data.setdefault("tasks", {})
+    data = read_json(file, fix="move it away or delete it, then retry") if file.exists() else {}
+    if not isinstance(data, dict) or not isinstance(data.setdefault("tasks", {}), dict):
+        raise RunDirError(f"{file} is not an eval.json ({{\"tasks\": {{...}}}}); move it away or delete it, then retry")
+    tasks = data["tasks"]
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     for task, metrics in results.items():
         tasks[task] = {"metrics": metrics, "num_fewshot": num_fewshot, "limit": limit,
@@ -40,7 +43,7 @@ def eval_columns(directory: str | Path) -> dict[str, float]:
     out; ``{}`` when the file is absent or unreadable. ``scalevec report`` puts them in runs.csv."""
     file = Path(directory) / EVAL
     try:
-        tasks = json.loads(file.read_text())["tasks"]
+        tasks = json.loads(read_regular(file))["tasks"]
         return {f"eval.{task}.{name}": value for task, entry in sorted(tasks.items())
                 for name, value, _ in main_metrics(entry["metrics"])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

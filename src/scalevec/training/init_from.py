@@ -35,6 +35,7 @@ from scalevec.hf_format.hf_import import (
     read_hf,
     read_hf_config,
 )
+from scalevec.outpath import refuse_temporary
 from scalevec.training import rundir
 from scalevec.training.checkpoint import layout
 from scalevec.training.checkpoint.integrity import model_checkpoint
@@ -78,6 +79,7 @@ def resolve(source: str | Path, reset_optimizer: bool = False, schedule_from: st
     if not p.is_dir():
         raise FileNotFoundError(f"{flag} {p} does not exist (give a Hugging Face model directory, a run "
                                 f"directory or RUN/checkpoints/step_N)")
+    refuse_temporary(p)  # an interrupted export's folder: complete maybe, but never verified
     if is_hf_dir(p):
         if schedule_from == "continue":
             raise ValueError("--schedule-from continue needs a scalevec run to continue; a Hugging Face model "

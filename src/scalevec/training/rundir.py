@@ -48,7 +48,18 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.hf_format.names import HF_CONFIG
-from scalevec.outpath import check_out_path, link_words, one_line  # rundir's own messages use them too
+
+# rundir's own messages use check_out_path, link_words and one_line too; open_owned and replace_file are the rule
+# for every file written into in place or replaced whole, read_regular (no FIFO) for every file read
+from scalevec.outpath import (
+    check_out_path,
+    link_words,
+    one_line,
+    open_owned,
+    read_regular,
+    refuse_temporary,
+    replace_file,
+)
 from scalevec.training.checkpoint.layout import CKPT_DIR, checkpoint_dirs, owned_entry
 
 CONFIG = "config.yaml"
@@ -80,6 +91,10 @@ NO_LINKS = (CKPT_DIR, METRICS)
 KEPT = (CONFIG, META, GROUPS, SUMMARY, DONE, DIVERGED)
 
 
+# the fix named when a file a run writes into in place (metrics.jsonl) is a link or not a regular file
+OWN_FIX = "replace it by a copy of what it holds (cp --remove-destination) or start a new --out"
+
+
 class RunDirError(ValueError):
     """A run directory cannot be used as asked; the message is one line naming the file and the fix."""
 
@@ -97,16 +112,10 @@ def tmp_path(path: Path) -> Path:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a per-process temporary file and a rename; on failure
-    (a full disk) the temporary file is removed and the ``OSError`` re-raised."""
-    path = Path(path)
-    tmp = tmp_path(path)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` through a new per-process temporary file (``tmp_path``) and a rename
+    (``outpath.replace_file``: a link at ``path`` is replaced, never written through); on failure (a full disk)
+    the temporary file is removed and the ``OSError`` re-raised."""
+    replace_file(path, text)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -118,7 +127,7 @@ def read_json(path: str | Path, fix: str = "restore it from a copy of the run or
     """A JSON file; ``RunDirError`` naming the file and ``fix`` when it is missing, unreadable or invalid."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path, fix).decode("utf-8"))
     except FileNotFoundError:
         raise RunDirError(f"{path} does not exist; {fix}") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -140,7 +149,7 @@ def _not_a_run(path: Path, config: bool = True) -> str | None:
     meta = None
     if (path / META).is_file():  # a regular file: reading a FIFO there would wait forever
         try:
-            meta = json.loads((path / META).read_text(encoding="utf-8"))
+            meta = json.loads(read_regular(path / META).decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             pass
     if isinstance(meta, dict) and meta.get("format") == RUN_FORMAT and not config:
@@ -173,7 +182,7 @@ def load_config(run_dir: str | Path):
     from scalevec.config_codec import from_dict, load_yaml
 
     path = Path(run_dir) / CONFIG
-    if not path.is_file():
+    if not path.exists():  # a FIFO or a folder there is load_yaml's "not a regular file"
         raise RunDirError(f"{run_dir} is not a scalevec run directory (no {CONFIG}); pass a run directory")
     try:
         return from_dict(RunConfig, load_yaml(path))
@@ -206,6 +215,7 @@ def model_dir_kind(path: str | Path) -> str:
     asks its own question (``init_from.resolve``: a checkpoint folder too, and a Hugging Face config it can
     import). Raises ``FileNotFoundError`` naming both kinds when ``path`` is neither."""
     path = Path(path)
+    refuse_temporary(path)  # an interrupted export's folder: complete maybe, but never verified
     if has_config(path):
         return "run"
     if (path / HF_CONFIG).is_file():
@@ -228,7 +238,7 @@ def write_run_files(run_dir: str | Path, meta: dict, cfg, groups: str, tokenizer
 
     run_dir = Path(run_dir)
     write_meta(run_dir, meta)
-    save_yaml(cfg, run_dir / CONFIG)
+    save_yaml(cfg, run_dir / CONFIG)  # replace_file: a restart rewrites it
     write_atomic(run_dir / GROUPS, groups + "\n")
     tokenizer.save(tokenizer_dir(run_dir))
 
@@ -238,7 +248,7 @@ def read_meta(run_dir: str | Path) -> dict:
     report reads from it, the CPU or a branch's parent, is informative: a damaged file costs that only)."""
     path = Path(run_dir) / META
     try:
-        meta = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        meta = json.loads(read_regular(path).decode("utf-8")) if path.is_file() else {}
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
@@ -267,7 +277,11 @@ def _scan_metrics(path: Path) -> tuple[list[dict], str | None, str | None]:
     is cut off (what a kill or a full disk leaves: the start of a row, with no newline after it); and
     ``damage``, the first other bad line (``None`` when there is none). ``RunDirError`` when unreadable."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_regular(path, "delete it or move it away, then retry").decode("utf-8", errors="replace")
+    except RunDirError:
+        raise
+    except ValueError as e:
+        raise RunDirError(str(e)) from None
     except OSError as e:
         raise RunDirError(f"{path} cannot be read ({one_line(e)}); check its permissions") from None
     rows, cut, damage, lines = [], None, None, text.split("\n")
@@ -299,7 +313,7 @@ def read_metrics(run_dir: str | Path, kind: str | None = None,
     is an error (``RunDirError``).
     """
     path = Path(run_dir) / METRICS
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
     rows, cut, damage = _scan_metrics(path)
     if damage:
@@ -313,7 +327,8 @@ def append_metrics(run_dir: str | Path, row: dict) -> None:
     """Append one row to ``metrics.jsonl`` with a single ``write`` (a kill leaves whole lines or one
     cut-off last line, which ``read_metrics`` drops)."""
     data = (json.dumps(row) + "\n").encode()
-    fd = os.open(Path(run_dir) / METRICS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    path = Path(run_dir) / METRICS
+    fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, data)
     finally:
@@ -351,13 +366,16 @@ def last_row(run_dir: str | Path, kind: str, tail_bytes: int = TAIL_BYTES) -> di
     lock (a sweep's progress line): a line that is no row is skipped, not an error, since the window cuts
     the first one and the writer may be appending the last."""
     try:
-        with open(Path(run_dir) / METRICS, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - tail_bytes))
-            tail = f.read().decode("utf-8", errors="replace")
+        fd = os.open(Path(run_dir) / METRICS, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never hangs it
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        os.set_blocking(fd, True)
+        size = os.fstat(fd).st_size
+        f.seek(max(0, size - tail_bytes))
+        tail = f.read().decode("utf-8", errors="replace")
     for line in reversed(tail.split("\n")):
         try:
             row = json.loads(line)
@@ -408,8 +426,8 @@ def is_diverged(run_dir: str | Path) -> bool:
         return True
     log = d.with_name(d.name + ".log")
     try:
-        last = log.read_text(errors="replace").rsplit("\n$ ", 1)[-1] if log.is_file() else ""
-    except OSError:
+        last = read_regular(log).decode(errors="replace").rsplit("\n$ ", 1)[-1] if log.is_file() else ""
+    except (OSError, ValueError):
         return False
     return "non-finite" in last
 
@@ -523,29 +541,19 @@ class RunLock:
 
 
 def _open_lock(path: Path, flags: int) -> int:
-    """Open the lock file without following a symbolic link and without blocking, and refuse anything but a
-    regular file: a ``.lock`` that links elsewhere would be truncated (the link's target destroyed), a FIFO would
-    hang the open. Raises ``RunDirError`` naming the file and the fix; ``OSError`` for the rest."""
+    """Open the lock file by the rule for every file written in place (``open_own``): it is truncated to hold the
+    PID, which would destroy a file outside the run linked in its place."""
+    return open_own(path, flags, fix=f"a run's lock file must be its own: delete it (rm {path}) and retry")
+
+
+def open_own(path: Path, flags: int, fix: str = "") -> int:
+    """``outpath.open_owned`` for a run's files: never through a symbolic link, never a FIFO or other non-regular
+    file, never a hard link (``st_nlink`` > 1). Raises ``RunDirError`` naming the file and ``fix`` (by default
+    ``OWN_FIX``); ``OSError`` for the rest."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise RunDirError(f"{path} is a symbolic link; a run's lock file must be its own: delete the link "
-                              f"(rm {path}) and retry") from None
-        if e.errno == errno.ENXIO:  # a FIFO with no reader, opened write-only
-            raise RunDirError(f"{path} is not a regular file; delete it (rm {path}) and retry") from None
-        raise
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise RunDirError(f"{path} is not a regular file; a run's lock file must be one: delete it (rm {path}) "
-                          f"and retry")
-    os.set_blocking(fd, True)
-    return fd
+        return open_owned(path, flags, fix=fix or f"{OWN_FIX} ({path})")
+    except ValueError as e:
+        raise RunDirError(str(e)) from None
 
 
 def _holder_fd(fd: int) -> str:
@@ -649,14 +657,18 @@ def remove_run(path: str | Path, notice: Callable[[str], None] | None = None) ->
 
 
 def check_no_links(run_dir: str | Path) -> None:
-    """Refuse a run directory whose ``checkpoints/`` or ``metrics.jsonl`` (``NO_LINKS``) is a symbolic link:
-    resuming would write the new checkpoints and rows into what it points to (another run). Raises
-    ``RunDirError`` naming the link and its target."""
+    """Refuse a run directory whose ``checkpoints/`` or ``metrics.jsonl`` (``NO_LINKS``) is a symbolic link, or
+    whose ``metrics.jsonl`` is a hard link or not a regular file (a FIFO): resuming would write the new checkpoints
+    and rows into what it points to (another run, a user's file) or hang on the FIFO. Raises ``RunDirError``
+    naming the file, what it is and the fix."""
     for name in NO_LINKS:
         link = Path(run_dir) / name
         if link.is_symlink():
             raise RunDirError(f"{link} is {link_words(link)}; a run writes only into its own files: replace the "
                               f"link by a copy of what it points to, or start a new --out")
+    metrics = Path(run_dir) / METRICS
+    if metrics.exists():
+        os.close(open_own(metrics, os.O_RDONLY))
 
 
 __all__ = [
@@ -665,7 +677,7 @@ __all__ = [
     "check_no_links", "check_out_dir", "clean_temporaries", "has_config", "is_diverged", "is_done",
     "is_run", "last_row", "load_config", "load_tokenizer", "locked_by", "mark_diverged", "mark_done",
     "model_dir_kind",
-    "one_line", "read_diverged",
+    "one_line", "open_own", "read_diverged",
     "read_json", "read_meta", "read_metrics", "read_summary", "remove_run", "rewrite_metrics", "state",
     "tokenizer_dir", "write_atomic", "write_json", "write_meta", "write_run_files", "write_summary",
 ]

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from scalevec.config_codec import is_number
+from scalevec.outpath import read_regular
 from scalevec.training import rundir
 
 TRACKERS = ("none", "tensorboard", "wandb")
@@ -143,8 +144,9 @@ class WandbTracker(Tracker):
         wandb = _wandb()
         run_dir = Path(run_dir)
         id_file = run_dir / rundir.WANDB_ID
-        run_id = id_file.read_text().strip() if resume and id_file.is_file() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id + "\n")
+        kept = read_regular(id_file).decode().strip() if resume and id_file.is_file() else ""
+        run_id = kept or uuid.uuid4().hex[:12]
+        rundir.write_atomic(id_file, run_id + "\n")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "scalevec"), name=run_dir.name, id=run_id,
                               resume="allow", dir=str(run_dir), config=config)
 

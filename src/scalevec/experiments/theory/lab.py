@@ -16,6 +16,8 @@ import json
 import time
 from pathlib import Path
 
+from scalevec.outpath import replace_file
+
 # name -> module in scalevec.experiments.theory with compute(seed) -> dict, summarize(dict) -> list[str],
 # plot(dict, path)
 EXPERIMENTS = {
@@ -36,7 +38,7 @@ def run_experiment(name: str, out: str | Path, seed: int = 0) -> dict:
     figures = module.compute(seed)
     result = {"experiment": name, "seed": seed, "summary": module.summarize(figures), **figures}
     out = Path(out)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    replace_file(out / f"{name}.json", json.dumps(result, indent=1, allow_nan=False) + "\n")
     module.plot(figures, str(out / f"{name}.png"))
     return result
 

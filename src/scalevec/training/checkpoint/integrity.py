@@ -20,10 +20,12 @@ import base64
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from scalevec.config_codec import is_int
+from scalevec.outpath import read_regular
 from scalevec.training.checkpoint.layout import (
     CKPT_DIR,
     CKPT_FORMAT,
@@ -48,7 +50,12 @@ class CorruptCheckpoint(RunDirError):
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO in a checkpoint must not hang the check
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptCheckpoint(f"{path} is not a regular file (a FIFO, socket or device)")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -79,7 +86,7 @@ def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> 
     ckpt = Path(ckpt)
     path = ckpt / MANIFEST
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(read_regular(path).decode("utf-8"))
         files = manifest["files"]
         if manifest.get("format") != CKPT_FORMAT or not isinstance(files, dict):
             raise ValueError(f"unknown format {manifest.get('format')!r}")
@@ -160,7 +167,7 @@ def read_train_state(ckpt: Path) -> dict:
 
     path = Path(ckpt) / TRAIN_STATE
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = json.loads(read_regular(path).decode("utf-8"))
         if not isinstance(state, dict):
             raise ValueError("not a JSON object")
         step = state.get("step")

@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model as st_load_model
 
+from scalevec.model.forward_check import nonfinite_layer, probe_tokens
 from scalevec.model.transformer import build_model
 from scalevec.training.checkpoint.integrity import model_checkpoint
 from scalevec.training.checkpoint.layout import MANIFEST, MODEL_FILE, is_legacy
@@ -59,15 +60,16 @@ def assert_alive(model, cfg, path: Path | str = "the model") -> None:
             if not torch.isfinite(p).all():
                 raise RunDirError(f"{path} holds non-finite weights ({name}); it is not a usable model, "
                                   f"use an earlier checkpoint or retrain with a lower lr")
-        g = torch.Generator().manual_seed(0)
-        n = min(16, cfg.model.max_seq_len)
-        x = torch.randint(0, cfg.model.vocab_size, (2, n), generator=g).to(next(model.parameters()).device)
+        x = probe_tokens(cfg.model.vocab_size, cfg.model.max_seq_len, next(model.parameters()).device)
+        layer = nonfinite_layer(model, x)  # finite weights may still overflow a matmul
+        if layer is not None:
+            raise RunDirError(f"{path} gives non-finite logits on a {x.shape[0]}x{x.shape[1]}-token probe, first in "
+                              f"{layer}; it is not a usable model, use an earlier checkpoint or retrain with a "
+                              f"lower lr")
         was_training = model.training
         model.eval()
         logits = model(x).float()
         model.train(was_training)
-    if not torch.isfinite(logits).all():
-        raise RunDirError(f"{path} gives non-finite logits; it is not a usable model, retrain with a lower lr")
     spread = (logits - logits[..., :1]).abs().amax().item()
     if spread <= 1e-6 * max(1.0, logits.abs().amax().item()):
         raise RunDirError(f"{path} is a dead model (its logits are equal over the whole vocabulary: loss ln(vocab)); "
