@@ -318,3 +318,68 @@ def test_an_out_below_a_folder_this_user_may_not_write_is_one_line(tmp_path, cap
                     "grid: {strategy: [baseline]}\n")
     err = fails(capsys, ["sweep", str(spec), "--out", str(locked / "x")], "may not create anything in", "writable")
     assert "Errno" not in err and list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize("threads, words", [("100000", ("--threads 100000", "CPUs")), ("0", ("--threads 0", ">= 1")),
+                                            ("-1", ("threads", ">= 0"))])
+def test_threads_are_bounded_by_the_machine(tmp_path, capsys, threads, words):
+    """--threads outside [1, CPUs] is one line, exit 2, before anything is written (100000 crashed torch with a
+    segmentation fault, 0 was taken silently)."""
+    out = tmp_path / "run"
+    fails(capsys, train_argv(out, f"--threads={threads}"), *words)
+    assert not out.exists()
+
+
+def test_a_stored_thread_count_above_the_machines_cpus_is_refused(tmp_path, capsys):
+    """train.threads from a config above this machine's CPUs is one line naming the field."""
+    out = tmp_path / "run"
+    fails(capsys, train_argv(out, f"train.threads={(os.cpu_count() or 1) + 1}"), "train.threads", "CPUs")
+    assert not out.exists()
+
+
+def test_ckpt_every_zero_is_said(tmp_path, capsys):
+    """train.ckpt_every=0 (checkpoints only at the end) is not taken silently: a note says what it means."""
+    out = tmp_path / "run"
+    assert main(train_argv(out, "train.ckpt_every=0")) == 0
+    assert "train.ckpt_every=0: checkpoints only at the end" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["-rf", "--help"])
+def test_an_out_whose_name_starts_with_a_dash_is_refused(tmp_path, capsys, monkeypatch, name):
+    """--out=-rf is refused (a shell command given the folder would read it as options), nothing created."""
+    monkeypatch.chdir(tmp_path)
+    fails(capsys, ["train", *TINY_RUN, f"--out={name}", "--quiet", *TINY_OVR], "starting with '-'")
+    assert not (tmp_path / name).exists()
+
+
+def test_a_sweep_name_starting_with_a_dash_is_refused():
+    """A sweep or study `name: -rf` is refused: it names a folder under runs/."""
+    from scalevec.experiments.sweep_spec import check_name
+
+    with pytest.raises(ValueError, match="not starting with '-'"):
+        check_name("-rf", "sweep.name")
+
+
+@pytest.mark.parametrize("err", [30, 16, 17])  # EROFS (a read-only mount), EBUSY (a mount point), EEXIST
+def test_a_bare_os_error_is_one_line_with_the_path_and_a_fix(tmp_path, capsys, monkeypatch, err):
+    """An OSError with no message of scalevec's (a read-only mount point as --out: "[Errno 30]", "[Errno 16]")
+    is one line naming the path, the problem and a fix, never a raw "[Errno N]"."""
+    import scalevec.hf.export as export
+
+    def refuse(src, dst):
+        raise OSError(err, os.strerror(err), str(dst))
+
+    run = tmp_path / "run"
+    assert main(train_argv(run)) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(export.os, "rename", refuse)  # the export's last step: its rename into place
+    line = fails(capsys, ["export", str(run), "--out", str(tmp_path / "exp")], str(tmp_path / "exp"), "; ")
+    assert "[Errno" not in line
+    assert not list(tmp_path.glob(".exp.tmp-*"))  # the temporary folder is removed too
+
+
+def test_a_tokenizer_fifo_is_named_as_what_it_is(tmp_path, capsys):
+    """--tokenizer naming a FIFO says it is not a regular file (it said "does not exist"), at once."""
+    fifo = tmp_path / "tok.json"
+    os.mkfifo(fifo)
+    fails(capsys, train_argv(tmp_path / "run", f"--tokenizer={fifo}"), str(fifo), "not a regular file")

@@ -305,3 +305,46 @@ def test_an_include_path_that_is_no_folder_is_refused(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="--include-path .*missing is not a folder"):
         evaluate_hf_dir(tmp_path / "hf", ["scalevec_shakespeare"], include_path=tmp_path / "missing")
+
+
+def test_eval_settings_are_lm_evals_on_cuda_and_exact_on_cpu():
+    """`eval --dtype auto --batch-size auto` runs lm-eval in bfloat16 with its own batch search on CUDA (as lm-eval
+    is run on exports), in float32 with batch 8 on CPU; explicit values pass through; bad ones are refused."""
+    from scalevec.hf.evaluation import eval_settings
+
+    assert eval_settings("cuda") == ("bfloat16", "auto")
+    assert eval_settings("cuda:1", "float32", "16") == ("float32", 16)
+    assert eval_settings("cpu") == ("float32", 8)
+    assert eval_settings("cpu", "bfloat16", 4) == ("bfloat16", 4)
+    for dtype, batch in (("fp16", "auto"), ("auto", "0"), ("auto", "x")):
+        with pytest.raises(ValueError, match="--dtype|--batch-size"):
+            eval_settings("cpu", dtype, batch)
+
+
+def test_eval_passes_its_dtype_and_batch_size_to_lm_eval(tmp_path, make_cfg, export_fixtures, monkeypatch):
+    """The resolved dtype and batch size reach lm-eval's model (it was given float32 and batch 8 whatever the
+    device)."""
+    from scalevec.hf import evaluation
+    from scalevec.hf.export import export_model
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class FakeHFLM:  # records what lm-eval's HFLM is built with, then stops the evaluation
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            raise Stop
+
+    real = evaluation._import_lm_eval()
+    monkeypatch.setattr(evaluation, "_import_lm_eval", lambda: (real[0], FakeHFLM, real[2]))
+    tok = export_fixtures._tokenizer_dir(tmp_path / "tok")
+    out = export_model(build_model(make_cfg(), ScaleConfig.preset("baseline"), seed=0), tmp_path / "hf",
+                       tokenizer_dir=tok)
+    with pytest.raises(Stop):
+        evaluation.evaluate_hf_dir(out, [SHAKESPEARE_TASK], limit=2, dtype="bfloat16", batch_size="3")
+    assert (seen["dtype"], seen["batch_size"]) == ("bfloat16", 3)
+    with pytest.raises(Stop):
+        evaluation.evaluate_hf_dir(out, [SHAKESPEARE_TASK], limit=2)
+    assert (seen["dtype"], seen["batch_size"]) == ("float32", 8)  # auto on CPU

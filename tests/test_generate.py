@@ -351,3 +351,32 @@ def test_model_dir_kind_is_the_one_run_or_export_dispatch(tmp_path):
     for load in (load_text_model, load_generator, lambda p: evaluate(p, ["x"], write=False)):
         with pytest.raises(FileNotFoundError, match="neither a scalevec run directory"):
             load(empty)
+
+
+def guide_snippet(name: str) -> str:
+    """The Python block of docs/guide.md that follows the line starting with ``name``."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    after = text[text.index(name):]
+    return after[after.index("```python\n") + len("```python\n"):after.index("\n```", after.index("```python"))]
+
+
+def test_the_guides_loading_snippet_prints_what_generate_prints(tmp_path, make_cfg, perturb_scales, capsys,
+                                                                 monkeypatch):
+    """The guide's code for loading a plain export with transformers alone prints the text `scalevec generate`
+    prints on the same export (it encoded the prompt without BOS and so continued another text)."""
+    import transformers  # noqa: F401  (a dev dependency: a missing one fails, never skips)
+
+    # a context that holds the prompt and the 40 new tokens: past it generate slides its window, the snippet not
+    model = build_model(make_cfg(vocab_size=256, max_seq_len=64), ScaleConfig.preset("unified_foldable"), seed=0)
+    perturb_scales(model)
+    run = _run_dir(tmp_path / "run", model)
+    assert main(["export", str(run), "--out", str(tmp_path / "hf" / "uf")]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "hf" / "uf"), "--prompt", "ROMEO:", "--max-new-tokens", "40",
+                 "--temperature", "0"]) == 0
+    ours = capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # the snippet loads "hf/uf"
+    exec(guide_snippet("Loading it needs nothing from scalevec"), {})
+    assert capsys.readouterr().out == ours

@@ -115,7 +115,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"scalevec {args.command}: {e}", file=sys.stderr)
         return PREEMPTED_EXIT
     except (ValueError, OSError) as e:  # bad input, an unusable file or directory (FileNotFoundError, a full disk)
-        print(clip_message(f"scalevec {args.command}: error: {e}"), file=sys.stderr)
+        from scalevec.outpath import os_error_line  # a bare "[Errno 30] ..." as the path, the problem and a fix
+
+        print(clip_message(f"scalevec {args.command}: error: {os_error_line(e) if isinstance(e, OSError) else e}"),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"scalevec {args.command}: interrupted", file=sys.stderr)

@@ -25,6 +25,34 @@ def one_line(e: BaseException) -> str:
     return " ".join(str(text).split())
 
 
+# the fix for an OSError that reached a command with no message of scalevec's ("[Errno N] text: 'path'")
+_ERRNO_FIXES = {
+    errno.EROFS: "the file system there is read-only: choose a path on a writable one",
+    errno.EBUSY: "it is in use or a mount point, which cannot be replaced: choose a new folder inside it or elsewhere",
+    errno.EEXIST: "something is already there (a file, or a link to one): remove it or choose another path",
+    errno.EACCES: "this user may not write there: choose another path, or fix its permissions",
+    errno.EPERM: "this user may not change it: choose another path, or fix its permissions",
+    errno.ENOSPC: "the disk is full: free space there or choose another path",
+    errno.EDQUOT: "the disk quota is used up: free space there or choose another path",
+    errno.ENOTDIR: "a file stands where a folder must be: choose another path",
+    errno.EISDIR: "a folder stands where a file must be: choose another path",
+    errno.ENOTEMPTY: "the folder is not empty: choose a new or empty one",
+    errno.ENOENT: "it does not exist: check the path",
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """A bare ``OSError`` (its text "[Errno 30] Read-only file system: 'PATH'") as one line naming the path, the
+    problem and a fix (``_ERRNO_FIXES``); a message scalevec wrote (no "[Errno") is kept as it is. What ``cli.py``
+    prints for every ``OSError`` that reached it."""
+    text = str(e)
+    if e.errno is None or not text.startswith("[Errno"):
+        return one_line(e)
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None) or "a file"
+    fix = _ERRNO_FIXES.get(e.errno, "check the path and its file system")
+    return f"{where}: {one_line(e).lower()} ({errno.errorcode.get(e.errno, e.errno)}); {fix}"
+
+
 def _named(path: str) -> str:
     """``path`` as an absolute path with its folders resolved (``os.path.realpath``) and its last name kept as
     written, so that a link shows as itself; as written (normalized) when the way there is broken or loops."""
@@ -77,8 +105,12 @@ def check_out_path(out: str | Path, flag: str = "--out") -> None:
     one check of it for every command that writes an ``--out`` (train, convert, export, sweep, compare, study,
     prepare-data, theory; plot's figure file and bench's ``--save`` file, ``flag`` naming the option); what ``out``
     itself is, when it exists, is the caller's question. Raises one line naming the path, what it is and the fix;
-    nothing is touched."""
+    nothing is touched. A last name starting with ``-`` is refused too (``ValueError``): a shell command given the
+    folder (``rm -rf``, ``ls``) would read it as options."""
     out = Path(out)
+    if out.name.startswith("-"):
+        raise ValueError(f"{flag} {out}: a name starting with '-' is read as options by shell commands given it "
+                         f"(rm {out.name}); choose a name that starts with a letter or digit")
     for p in (out, *out.parents):
         try:
             exists = p.exists()  # follows links: the first that exists ends the walk (what is above it is fine)
@@ -234,6 +266,16 @@ def _note(msg: str) -> None:
     print(f"note: {msg}", file=sys.stderr, flush=True)
 
 
+def _default_sigterm_in_child() -> None:
+    # a forked worker (prepare-data's pool) must die on SIGTERM as the pool expects, even blocked in C code where
+    # a Python handler never runs: the handler belongs to the writer, not to its children
+    if getattr(signal.getsignal(signal.SIGTERM), "scalevec_temporary", False):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
 @contextmanager
 def temporary_folder(path: str | Path, what: str) -> Iterator[Path]:
     """A new folder beside ``path``, ``.NAME.tmp-PID-HEX``, that the caller fills and renames to ``path`` once
@@ -246,13 +288,12 @@ def temporary_folder(path: str | Path, what: str) -> Iterator[Path]:
     clean_stale_temporaries(path, _note)
     tmp = path.with_name(f".{path.name}{TEMP_TAG}{os.getpid()}-{secrets.token_hex(4)}")
     tmp.mkdir()
-    previous, owner = None, os.getpid()
+    previous = None
     if threading.current_thread() is threading.main_thread():
         def on_term(signum, frame):
-            if os.getpid() != owner:  # a forked worker (prepare-data's pool, which stops them by SIGTERM): die
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
             raise Terminated()
+
+        on_term.scalevec_temporary = True  # _default_sigterm_in_child recognizes it
 
         previous = signal.signal(signal.SIGTERM, on_term)
     try:
@@ -269,4 +310,5 @@ def temporary_folder(path: str | Path, what: str) -> Iterator[Path]:
 
 
 __all__ = ["TEMP_TAG", "Terminated", "check_out_path", "clean_stale_temporaries", "is_temporary", "link_words",
-           "one_line", "open_owned", "read_regular", "refuse_temporary", "replace_file", "temporary_folder"]
+           "one_line", "open_owned", "os_error_line", "read_regular", "refuse_temporary", "replace_file",
+           "temporary_folder"]

@@ -104,16 +104,18 @@ NAME_LIMIT = 100  # characters of a sweep, study or bundle name (a folder name u
 def check_name(value: Any, where: str) -> str:
     """A sweep's (or study's, or a bundle's) ``name`` as text: it names a folder (``runs/<name>``,
     ``OUT/runs/<run name>``), so it must be one plain path component: text or a number, 1 to ``NAME_LIMIT``
-    characters, no ``/`` or ``\\``, no control character, not ``.`` or ``..``. Raises ``ValueError`` quoting at
+    characters, no ``/`` or ``\\``, no control character, not ``.`` or ``..``, not starting with ``-`` (a shell
+    command given the folder, ``rm -rf``, would read it as options). Raises ``ValueError`` quoting at
     most a short prefix of the value."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"{where} must be text (a folder name like my-sweep), not a {type(value).__name__} "
                          f"({short(value)})")
     text = str(value)
     if (not text.strip() or len(text) > NAME_LIMIT or text in (".", "..") or "/" in text or "\\" in text
-            or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+            or text.startswith("-") or any(ord(c) < 32 or ord(c) == 127 for c in text)):
         raise ValueError(f"{where}={short(text)} is not a usable name: it names a folder, so use 1-{NAME_LIMIT} "
-                         f"characters without '/', '\\', control characters, and not '.' or '..' (like my-sweep)")
+                         f"characters without '/', '\\', control characters, not starting with '-', and not '.' "
+                         f"or '..' (like my-sweep)")
     return text
 
 

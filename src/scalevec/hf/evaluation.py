@@ -129,13 +129,41 @@ def fit_tokenizer_limit(lm) -> None:
         lm.tokenizer.model_max_length = limit
 
 
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def eval_settings(device: str, dtype: str = "auto", batch_size: int | str = "auto") -> tuple[str, int | str]:
+    """``(dtype, batch size)`` lm-eval runs with: ``auto`` dtype is bfloat16 on CUDA (as ``lm_eval --model hf``
+    is usually run on a GPU) and float32 on CPU (bfloat16 matmuls are slow there and its rounding would move the
+    scores); ``auto`` batch size is lm-eval's own search for the largest batch that fits on CUDA, and 8 on CPU
+    (lm-eval's search probes for running out of GPU memory). Raises ``ValueError`` for an unknown dtype or a batch
+    size that is not ``auto`` or an integer >= 1."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is unknown; use {', '.join(DTYPES)}")
+    cuda = device.startswith("cuda")
+    if dtype == "auto":
+        dtype = "bfloat16" if cuda else "float32"
+    if batch_size == "auto":
+        return dtype, "auto" if cuda else 8
+    if isinstance(batch_size, str):
+        if not batch_size.isdigit():
+            raise ValueError(f"--batch-size {batch_size!r} must be auto or an integer >= 1")
+        batch_size = int(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size} must be auto or an integer >= 1")
+    return dtype, batch_size
+
+
 def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | None = None,
-                    limit: int | float | None = None, batch_size: int = 8, device: str = "cpu",
-                    include_path: str | Path | None = None, trust_remote_code: bool = False) -> dict:
+                    limit: int | float | None = None, batch_size: int | str = "auto", device: str = "cpu",
+                    include_path: str | Path | None = None, trust_remote_code: bool = False,
+                    dtype: str = "auto") -> dict:
     """Run lm-eval ``tasks`` on an exported Hugging Face directory; return ``{task: {metric: value}}``.
 
-    Metric keys are lm-eval's (``"acc,none"``, ``"acc_stderr,none"``, ...). ``scalevec_shakespeare`` is
-    written to a temporary directory when asked for; ``include_path`` adds a folder of user task YAMLs.
+    Metric keys are lm-eval's (``"acc,none"``, ``"acc_stderr,none"``, ...). ``dtype`` and ``batch_size``: as
+    ``eval_settings`` (``auto``: bfloat16 and lm-eval's batch search on CUDA, float32 and 8 on CPU).
+    ``scalevec_shakespeare`` is written to a temporary directory when asked for; ``include_path`` adds a folder
+    of user task YAMLs.
     The directory is checked first (``generate.check_hf_dir``): custom code that is not scalevec's runs
     only with ``trust_remote_code``. Raises ``ValueError`` without lm-eval, for a task name lm-eval does
     not know, for untrusted custom code, a truncated safetensors file, a bad tokenizer or weights that
@@ -147,6 +175,7 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
     if include_path is not None and not Path(include_path).is_dir():
         raise FileNotFoundError(f"--include-path {include_path} is not a folder; pass a folder of lm-eval task YAML "
                                 f"files")
+    dtype, batch_size = eval_settings(device, dtype, batch_size)
     trust = check_hf_dir(hf_dir, trust_remote_code)  # before lm-eval or transformers touch the directory
     lm_eval, HFLM, TaskManager = _import_lm_eval()
     from transformers.utils import logging as hf_logging
@@ -171,7 +200,7 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
         # checked loader (refused there, one line); the result is dropped, freed before lm-eval loads its copy.
         load_hf_dir(hf_dir, trust)
         # use_safetensors (passed on to from_pretrained): never fall back to unpickling a pytorch_model.bin
-        lm = HFLM(pretrained=str(hf_dir), trust_remote_code=trust, dtype="float32", device=device,
+        lm = HFLM(pretrained=str(hf_dir), trust_remote_code=trust, dtype=dtype, device=device,
                   batch_size=batch_size, use_safetensors=True)
         fit_tokenizer_limit(lm)
         out = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
@@ -180,8 +209,8 @@ def evaluate_hf_dir(hf_dir: str | Path, tasks: list[str], num_fewshot: int | Non
 
 
 def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None, limit: int | float | None = None,
-             batch_size: int = 8, device: str = "cpu", include_path: str | Path | None = None,
-             write: bool = True, trust_remote_code: bool = False) -> dict:
+             batch_size: int | str = "auto", device: str = "cpu", include_path: str | Path | None = None,
+             write: bool = True, trust_remote_code: bool = False, dtype: str = "auto") -> dict:
     """Evaluate a run directory (exported to a temporary float32 directory first) or an exported HF
     directory with ``evaluate_hf_dir``; with ``write``, merge the scores into ``path/eval.json``.
     Returns ``{task: {metric: value}}``. Raises ``FileNotFoundError`` for a path that holds no model and
@@ -199,10 +228,11 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
         with tempfile.TemporaryDirectory(prefix="scalevec-eval-") as tmp:
             hf_dir = export_run(path, Path(tmp) / "hf")
             # our own fresh export: its code is the shipped code, trusted without the flag
-            results = evaluate_hf_dir(hf_dir, tasks, num_fewshot, limit, batch_size, device, include_path)
+            results = evaluate_hf_dir(hf_dir, tasks, num_fewshot, limit, batch_size, device, include_path,
+                                      dtype=dtype)
     else:
         results = evaluate_hf_dir(path, tasks, num_fewshot, limit, batch_size, device, include_path,
-                                  trust_remote_code)
+                                  trust_remote_code, dtype)
     if write:
         write_eval(path, results, num_fewshot, limit)
     return results
@@ -369,8 +399,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "loss; an export's context)")
     p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's own)")
     p.add_argument("--limit", type=float, default=None, help="evaluate only the first N documents of each task")
-    p.add_argument("--batch-size", type=int, default=8,
-                   help="lm-eval batch size, also windows per forward for --text (default 8)")
+    p.add_argument("--batch-size", default="auto",
+                   help="lm-eval batch size, also windows per forward for --text; auto (default): lm-eval's search "
+                        "for the largest that fits on CUDA, 8 on CPU (and for --text)")
+    p.add_argument("--dtype", default="auto", choices=list(DTYPES),
+                   help="the lm-eval tasks' weights: auto (default) = bfloat16 on CUDA, as lm-eval is usually run, "
+                        "float32 on CPU; --text always scores in float32")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--include-path", default=None, help="a folder of extra lm-eval task YAML files")
     p.add_argument("--no-write", action="store_true", help=f"print the scores only (no {EVAL})")
@@ -385,8 +419,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("pass --tasks (lm-eval tasks) or --text FILE (held-out perplexity), or both")
     if args.tasks is not None and not args.no_write:
         check_eval_file(args.path)  # before --text's scoring and the tasks: one line, nothing evaluated
+    dtype, batch_size = eval_settings(args.device, args.dtype, args.batch_size)  # bad values: one line, at once
     if args.text is not None:
-        print_perplexity(text_perplexity(args.path, args.text, args.seq_len, args.batch_size, args.device,
+        text_batch = batch_size if isinstance(batch_size, int) else 8  # --text's windows per forward
+        print_perplexity(text_perplexity(args.path, args.text, args.seq_len, text_batch, args.device,
                                          args.trust_remote_code, progress=True))
         if args.tasks is None:
             return 0
@@ -396,8 +432,8 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and not args.limit > 0:
         raise ValueError(f"--limit={args.limit} must be > 0")
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    results = evaluate(args.path, tasks, args.num_fewshot, limit, args.batch_size, args.device, args.include_path,
-                       write=not args.no_write, trust_remote_code=args.trust_remote_code)
+    results = evaluate(args.path, tasks, args.num_fewshot, limit, batch_size, args.device, args.include_path,
+                       write=not args.no_write, trust_remote_code=args.trust_remote_code, dtype=dtype)
     print(f"{'task':<24} {'metric':<14} {'value':>8} {'stderr':>8}")
     for task, metrics in results.items():
         for name, value, stderr in main_metrics(metrics):

@@ -12,6 +12,7 @@ exit with the same 75 on SIGTERM and 130 on Ctrl-C (``trainer.Preempted``, mappe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import defaultdict
 from dataclasses import replace
@@ -201,6 +202,20 @@ def preset_conflict(source) -> str:
             f"Face model's config.json); drop --preset (the run is labelled after the source's family)")
 
 
+def check_threads(threads: int, flag: int | None) -> None:
+    """Refuse a thread count this machine cannot run: ``--threads`` must be in [1, CPUs] (0 is no count: leave the
+    flag out for every CPU this process may use), ``train.threads`` at most the machine's CPUs (``os.cpu_count``;
+    torch crashed with a segmentation fault on 100000). One-line ``ValueError`` naming the value and the fix."""
+    cpus = os.cpu_count() or 1
+    if flag is not None and flag < 1:
+        raise ValueError(f"--threads {flag} must be >= 1; leave --threads out to use every CPU this process may use "
+                         f"({usable_cpus()})")
+    if threads > cpus:
+        what = f"--threads {threads}" if flag is not None else f"train.threads={threads}"
+        raise ValueError(f"{what} is more than this machine's {cpus} CPUs; use at most {cpus} (a run reproduces "
+                         f"bitwise with the thread count it was trained with: resume it on a machine that has them)")
+
+
 def run(args) -> int:
     init = None
     if getattr(args, "init_from", None):
@@ -226,12 +241,16 @@ def run(args) -> int:
                                if init is not None else None)
         if init is not None:
             cfg.preset = init_from.preset_label(init, args.preset, cfg.preset)
+    check_threads(cfg.train.threads, getattr(args, "threads", None))
     if not cfg.train.threads:  # explicit, so that the same command gives the same numbers however it is started
         cfg = replace(cfg, train=replace(cfg.train, threads=usable_cpus()))  # a positive count: still valid
     if getattr(args, "print_config", False):
         print_config(cfg)
         return 0
     check_fits_memory(cfg)
+    if not cfg.train.ckpt_every:
+        print(f"note: train.ckpt_every=0: checkpoints only at the end (step {cfg.train.steps}); a run killed "
+              f"before it resumes from step 0", file=sys.stderr, flush=True)
     note = init_from.tokenizer_note(init, cfg) if init is not None else None
     if note:  # even with --quiet: a default that the user did not see is the point
         print(f"note: {note}", file=sys.stderr, flush=True)

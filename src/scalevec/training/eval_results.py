@@ -30,7 +30,7 @@ def write_eval(directory: Path, results: dict, num_fewshot: int | None, limit: i
     if not isinstance(data, dict) or not isinstance(data.setdefault("tasks", {}), dict):
         raise RunDirError(f"{file} is not an eval.json ({{\"tasks\": {{...}}}}); move it away or delete it, then retry")
     tasks = data["tasks"]
-    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     for task, metrics in results.items():
         tasks[task] = {"metrics": metrics, "num_fewshot": num_fewshot, "limit": limit,
                        "lm_eval_version": lm_eval_version, "date": stamp}
