@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from scalevec.config import PRESET_NAMES, ScaleConfig
-from scalevec.integrations import apply_strategy, fold, param_groups
+from scalevec.integrations import apply_strategy, fold, param_groups, save
 from scalevec.integrations.hf_model import model_family
 
 LOGIT_TOL = 2e-5
@@ -136,3 +136,47 @@ def test_torchtitan_keeps_the_function_of_every_foldable_strategy_and_folds_back
         assert type(model.layers["0"].attention.qkv_linear) is fused and list(model.state_dict()) == keys
         model.verify_module_protocol()
         assert (titan_logits(model, x) - ref).abs().max().item() <= LOGIT_TOL
+
+
+def _move_scales(model, seed: int = 2):
+    """Every 1-D parameter (γ, s, OR's magnitude and direction) times 1 + 0.2·N(0, 1): a trained-like strategy,
+    so that an export that dropped or misplaced one would show."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.mul_(1 + 0.2 * torch.randn_like(p))
+    return model
+
+
+def test_olmo_core_saves_as_an_hf_llama(tmp_path):
+    """``scalevec.save`` of OLMo-core's llama_like carrying unified_foldable (scales moved off 1) writes an HF
+    ``LlamaForCausalLM`` that plain transformers loads with the same logits (LOGIT_TOL); the model keeps its
+    strategy."""
+    import transformers
+
+    model, x = _move_scales(_apply(olmo_core(), "unified_foldable")), tokens(256)
+    with torch.no_grad():
+        ref = model(x)
+    save(model, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "LlamaForCausalLM" and hasattr(model, "scalevec_info")
+    with torch.no_grad():
+        assert (hf(input_ids=x).logits - ref).abs().max().item() <= LOGIT_TOL
+
+
+@pytest.mark.slow  # torchtitan's flex attention compiles on its first forward
+def test_torchtitan_saves_as_an_hf_llama(titan, tmp_path):
+    """``scalevec.save`` of torchtitan's debugmodel carrying unified_foldable (scales moved off 1): folded, through
+    torchtitan's own HF adapter (its q/k RoPE permutation) and Llama 3 rope scaling, an HF ``LlamaForCausalLM``
+    with the same logits (LOGIT_TOL)."""
+    import transformers
+
+    build, x, _ = titan
+    model = _move_scales(_apply(build(), "unified_foldable"))
+    ref = titan_logits(model, x)
+    save(model, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.rope_parameters["rope_type"] == "llama3"
+    with torch.no_grad():
+        assert (hf(input_ids=x).logits - ref).abs().max().item() <= LOGIT_TOL
