@@ -222,4 +222,68 @@ def scalevec_job(config, strategy: str = "unified", lr: float | None = None, wei
     return config
 
 
-__all__ = ["ScalevecConverter", "ScalevecOptimizers", "convert_model", "converted_config", "scalevec_job"]
+def hf_config(model: nn.Module):
+    """The transformers ``LlamaConfig`` of a torchtitan Llama3 model (converted or plain): the shape as
+    ``apply_strategy`` reads it from the modules (``hf_model.read_shape``), RoPE from the model's ``ComplexRoPE``
+    config (theta; ``llama`` scaling as transformers' ``llama3`` rope type). Raises ``ValueError`` for another
+    RoPE scaling."""
+    import transformers
+
+    from scalevec.integrations.hf_model import model_family, read_shape
+
+    cfg = read_shape(model, model_family(model))
+    rope = model.config.layers[0].attention.rope
+    rope_parameters = {"rope_type": "default", "rope_theta": float(rope.theta)}
+    if rope.scaling == "llama":
+        rope_parameters = {"rope_type": "llama3", "rope_theta": float(rope.theta), "factor": float(rope.scaling_factor),
+                           "low_freq_factor": float(rope.low_freq_factor),
+                           "high_freq_factor": float(rope.high_freq_factor),
+                           "original_max_position_embeddings": int(rope.original_max_position_embeddings)}
+    elif rope.scaling not in (None, "none"):
+        raise ValueError(f"torchtitan RoPE scaling {rope.scaling!r} has no transformers Llama equivalent here; "
+                         f"export models with scaling 'llama' or none")
+    return transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim or cfg.d_model // cfg.n_heads, rms_norm_eps=cfg.norm_eps,
+        max_position_embeddings=int(rope.max_seq_len), rope_parameters=rope_parameters,
+        tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False)
+
+
+def export_hf(model: nn.Module, out_dir, dtype: torch.dtype = torch.float32):
+    """Write a torchtitan Llama3 model carrying a foldable strategy (or none) as a plain transformers
+    ``LlamaForCausalLM`` in ``out_dir``, without changing ``model``: a folded copy (``scalevec.fold``) through
+    torchtitan's own HF converter (``Llama3StateDictAdapter.to_hf``: its names and RoPE permutation) into
+    ``hf_config(model)``'s model, ``save_pretrained``. Returns the HF model. Raises ``ValueError`` for a strategy
+    that cannot fold (DNP: ``unified``) and ``FileExistsError`` for a non-empty ``out_dir``."""
+    import copy
+    from pathlib import Path
+
+    import transformers
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    from scalevec.integrations.hf_model import fold
+
+    info = getattr(model, "scalevec_info", None)
+    if info is not None and not info.scale.foldable:
+        raise ValueError(f"strategy {info.strategy} cannot fold (DNP): no plain Llama computes it; train "
+                         f"unified_foldable to export to Hugging Face")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
+    plain = copy.deepcopy(model)
+    if info is not None:
+        fold(plain)
+    state = {k: v.detach().to("cpu", dtype) for k, v in plain.state_dict().items()}
+    hf_state = Llama3StateDictAdapter(plain.config, hf_assets_path=None).to_hf(state)
+    hf = transformers.LlamaForCausalLM(hf_config(model)).to(dtype)
+    missing, unexpected = hf.load_state_dict(hf_state, strict=False)
+    if unexpected or [k for k in missing if not (k == "lm_head.weight" and hf.config.tie_word_embeddings)]:
+        raise ValueError(f"export_hf: torchtitan's converter gave {len(unexpected)} unexpected and {len(missing)} "
+                         f"missing tensors for LlamaForCausalLM ({(unexpected or missing)[:3]})")
+    hf.save_pretrained(out, safe_serialization=True)
+    return hf.eval()
+
+
+__all__ = ["ScalevecConverter", "ScalevecOptimizers", "convert_model", "converted_config", "export_hf", "hf_config",
+           "scalevec_job"]
