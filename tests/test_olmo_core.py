@@ -65,8 +65,8 @@ def test_twenty_steps_with_the_overridden_groups_lower_the_loss(model):
 
 
 def test_unified_in_olmo_core_refuses_its_default_groups_and_trains_with_the_overrides(model):
-    """``apply_strategy(model, "unified")`` on OLMo-core's Transformer: its optimizer without the overrides (0.1 on every
-    tensor) is refused at the first step, naming the tensor; with them the input scales are decayed (IWD), the
+    """``apply_strategy(model, "unified")`` on OLMo-core's Transformer: its optimizer without the overrides (0.1 on
+    every tensor) is refused at the first step, naming the tensor; with them the input scales are decayed (IWD), the
     Output-Norm scales not, and 20 steps lower the loss by more than 2 nats."""
     import warnings
 
