@@ -118,3 +118,20 @@ def test_a_run_and_its_export_score_the_same_by_default(models, capsys):
     assert windows[0] == windows[1] == str(models["cfg"].train.seq_len)
     # the run's model and its float32 export agree to ~1e-6 relative (export --verify's tolerance): 4 decimals equal
     assert perplexity_line(run_out) == perplexity_line(exp_out)
+
+
+def test_convert_says_when_it_trains_on_another_corpus_than_the_sources(models, tmp_path, capsys):
+    """`convert` of an export trained on the user's own text names the corpus its run will train on (the bundled
+    Shakespeare by default) and the source's; an export trained on the default corpus gets no such note."""
+    d = tmp_path / "hf"
+    shutil.copytree(models["exp"], d)
+    conf = json.loads((d / "config.json").read_text())
+    assert conf["scalevec_data_source"] == "shakespeare"  # what export records of its run
+    assert main(["convert", str(d), "--strategy", "baseline", "--out", str(tmp_path / "same")]) == 0
+    assert "trains on" not in capsys.readouterr().err
+    conf["scalevec_data_source"] = "/data/my_own.txt"
+    (d / "config.json").write_text(json.dumps(conf))
+    assert main(["convert", str(d), "--strategy", "baseline", "--out", str(tmp_path / "other")]) == 0
+    err = capsys.readouterr().err
+    assert "was trained on /data/my_own.txt, this run trains on shakespeare" in err
+    assert "--data /data/my_own.txt" in err

@@ -434,3 +434,23 @@ def test_a_fifo_as_data_source_is_refused(tmp_path, capsys):
         assert main(["train", "--preset", "tiny", "--data", str(fifo), "--steps", "1", "--out",
                      str(tmp_path / "out"), "--quiet"]) == 2
     one_line_error(capsys, str(fifo), "not a regular file")
+
+
+def test_step_time_measured_under_another_load_is_flagged():
+    """A step-time ratio from runs whose CPU seconds per wall second differ from the baseline's by more than 20 %
+    is marked ‡ whichever way it points (`none` showed 1.51x the baseline from load alone, unmarked)."""
+    from scalevec.experiments.analysis import StrategyResult, cpu_share
+    from scalevec.experiments.tables import LEGEND, LOAD_MARK, step_time_text
+
+    def result(ratio: float, share_change: float) -> StrategyResult:
+        r = StrategyResult.__new__(StrategyResult)
+        r.extra_params, r.step_time_ratio, r.cpu_share_change = 0, ratio, share_change
+        return r
+
+    assert step_time_text(result(1.51, 0.45)) == f"1.51× {LOAD_MARK}"  # slower, and it ran on other terms
+    assert step_time_text(result(0.80, -0.30)) == f"0.80× {LOAD_MARK}"
+    assert step_time_text(result(1.51, 0.10)) == "1.51×"  # the same load: the ratio stands
+    assert step_time_text(result(1.51, 0.45), is_baseline=True) == "1.51×"
+    assert cpu_share({"cpu_time_s": 0.9, "step_time_s": 0.45}) == 2.0  # two threads busy the whole step
+    assert cpu_share({"step_time_s": 0.45}) != cpu_share({"step_time_s": 0.45})  # nan: not logged
+    assert "CPU seconds per wall second" in LEGEND

@@ -47,6 +47,8 @@ class StrategyResult:
     step_time_clock: str = ""  # what step_time_s measured: "cpu" (process time), "wall" or "" (no run timed)
     step_times: dict[str, float] = field(default_factory=dict)  # clock -> mean seconds per step (nan: not logged)
     step_time_ratio: float = math.nan
+    # the relative change of the runs' CPU share (cpu_share) against the baseline's: the load they ran under
+    cpu_share_change: float = math.nan
 
     @property
     def losses(self) -> list[float]:
@@ -166,7 +168,17 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     done = [r.summary for r in runs if r.done]
     res.step_times = {clock: float(np.mean([_seconds(d.get(key)) for d in done])) if done else math.nan
                       for clock, key in (("cpu", "cpu_time_s"), ("wall", "step_time_s"))}
+    res.step_times["share"] = float(np.mean([cpu_share(d) for d in done])) if done else math.nan
     return res
+
+
+def cpu_share(summary: dict) -> float:
+    """CPU seconds per wall second of a run's steps (``cpu_time_s / step_time_s`` of its summary.json; nan when it
+    logged either not). The same code with the same threads on a machine as free gets the same share; a share that
+    differs between two runs says the load they ran under differed (fewer CPUs to run on, or OpenMP threads
+    spin-waiting for them), so their step-time ratio measures the load too."""
+    cpu, wall = _seconds(summary.get("cpu_time_s")), _seconds(summary.get("step_time_s"))
+    return cpu / wall if wall > 0 and math.isfinite(cpu) else math.nan
 
 
 # Scale-vector strategies change a step's FLOPs by a few percent (README "Performance": 0.9-1.6x measured): a
@@ -188,6 +200,8 @@ def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: li
         res.step_time_s = res.step_times.get(clock, math.nan)
         res.step_time_clock = clock
         res.step_time_ratio = res.step_time_s / base.step_time_s if base.step_time_s > 0 else math.nan
+        share, base_share = res.step_times.get("share", math.nan), base.step_times.get("share", math.nan)
+        res.cpu_share_change = share / base_share - 1 if base_share > 0 else math.nan
         lo, hi = PLAUSIBLE_STEP_RATIO
         if res is not base and clock and not lo <= res.step_time_ratio <= hi:
             warnings.append(f"[{label}] {res.strategy}: step time {res.step_time_ratio:.2f}x the baseline's is not "
@@ -331,4 +345,4 @@ def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, basel
 
 
 __all__ = ["Analysis", "Cell", "EXCLUDED_PREFIXES", "EXTRAPOLATE", "ScalingResult", "StrategyResult", "analyze",
-           "mean_curve"]
+           "cpu_share", "mean_curve"]

@@ -61,12 +61,24 @@ def load_made_implausible(r: StrategyResult, is_baseline: bool = False) -> bool:
             and r.step_time_ratio < 1 - STEP_NOISE)
 
 
+LOAD_SHARE_TOL = 0.2  # CPU shares (analysis.cpu_share) of one code on one machine differ by less when it is as free
+
+
+def measured_under_other_load(r: StrategyResult, is_baseline: bool = False) -> bool:
+    """Whether ``r``'s runs and the baseline's ran under different loads: their CPU seconds per wall second
+    (``analysis.cpu_share``) differ by more than ``LOAD_SHARE_TOL`` (issue 48: `none` showed 1.51× the baseline
+    from load alone, which ``load_made_implausible`` cannot see in a slower ratio)."""
+    change = getattr(r, "cpu_share_change", math.nan)
+    return not is_baseline and math.isfinite(change) and abs(change) > LOAD_SHARE_TOL
+
+
 def step_time_text(r: StrategyResult, is_baseline: bool = False) -> str:
-    """The step-time cell: ``1.03×``, ``0.92× ‡`` when the load made it implausible (``load_made_implausible``),
-    ``—`` when not measured."""
+    """The step-time cell: ``1.03×``, ``0.92× ‡`` when the ratio measured the machine's load
+    (``load_made_implausible``, ``measured_under_other_load``), ``—`` when not measured."""
     if not math.isfinite(r.step_time_ratio):
         return "—"
-    return f"{r.step_time_ratio:.2f}×" + (f" {LOAD_MARK}" if load_made_implausible(r, is_baseline) else "")
+    loaded = load_made_implausible(r, is_baseline) or measured_under_other_load(r, is_baseline)
+    return f"{r.step_time_ratio:.2f}×" + (f" {LOAD_MARK}" if loaded else "")
 
 
 def _token_eff(r: StrategyResult) -> str:
@@ -99,9 +111,11 @@ LEGEND = ("Final validation loss in nats/token on the same validation tokens for
           "'not reached' when never). Step time is the process CPU time per optimizer step relative to the "
           "baseline, or the wall clock when a run of the cell did not log CPU time (results.csv: step_time_clock); "
           "a busy machine still inflates it through shared caches, so compare with care. ‡ marks a step time more "
-          f"than {STEP_NOISE:.0%} below the baseline's for a strategy with more parameters (more work per step): "
-          "the machine's load changed between the runs, so that ratio measures the load, not the strategy (measure "
-          "the overhead with `scalevec bench`). † marks a tuned value at the edge of its grid.")
+          f"than {STEP_NOISE:.0%} below the baseline's for a strategy with more parameters (more work per step), "
+          f"and a ratio from runs whose CPU seconds per wall second differ from the baseline's by more than "
+          f"{LOAD_SHARE_TOL:.0%}: the machine's load changed between the runs, so that ratio measures the load, "
+          "not the strategy (measure the overhead with `scalevec bench`). † marks a tuned value at the edge of its "
+          "grid.")
 
 
 SCALING_LEGEND = (
@@ -150,5 +164,6 @@ def overhead_rows(a: Analysis) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-__all__ = ["LEGEND", "LOAD_MARK", "SCALING_LEGEND", "STEP_NOISE", "cell_rows", "format_delta", "load_made_implausible",
-           "md_table", "overhead_rows", "scaling_rows", "step_time_text", "text_table"]
+__all__ = ["LEGEND", "LOAD_MARK", "LOAD_SHARE_TOL", "SCALING_LEGEND", "STEP_NOISE", "cell_rows", "format_delta",
+           "load_made_implausible", "md_table", "measured_under_other_load", "overhead_rows", "scaling_rows",
+           "step_time_text", "text_table"]

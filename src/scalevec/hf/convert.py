@@ -100,7 +100,7 @@ def convert(args: argparse.Namespace) -> Path:
     cfg.preset = init_from.preset_label(init, None, cfg.preset)
     if not cfg.train.threads:  # as train: explicit, so that `train --resume` of the result runs as configured
         cfg = replace(cfg, train=replace(cfg.train, threads=usable_cpus()))
-    note = init_from.tokenizer_note(init, cfg)
+    note = init_from.tokenizer_note(init, cfg) or init_from.corpus_note(init, cfg)
     if note:
         print(f"note: {note}", file=sys.stderr, flush=True)
     if args.format == "run":
@@ -169,7 +169,7 @@ def _write_run(cfg, out: Path, init, overwrite: bool) -> None:
 def _write_export(cfg, out: Path, init, verify: bool) -> str:
     """What ``scalevec export`` writes from the converted model with its tokenizer (saved as a run saves
     ``tokenizer/``); returns the format. The trainer is built on a path that is never created."""
-    from scalevec.hf.export import plan_export, record_train_seq_len, write_export
+    from scalevec.hf.export import plan_export, record_run, write_export
     from scalevec.hf.generate import nonfinite_tensor
     from scalevec.hf.verify import verify_tokens
 
@@ -181,7 +181,7 @@ def _write_export(cfg, out: Path, init, verify: bool) -> str:
             model = trainer.model.eval()
             check_finite(model, init.source)
             plan = plan_export(model, out, tok_dir)
-            record_train_seq_len(plan.config, cfg.train.seq_len)  # what a run of this config would score on
+            record_run(plan.config, cfg)  # the windows and corpus a run of this config would train on
             bad = nonfinite_tensor(plan.state.items())
             if bad is not None:  # finite weights whose fold overflows
                 raise ValueError(f"the export of {init.source} would hold non-finite values in {bad} (the folded "

@@ -362,12 +362,12 @@ PROGRESS_EVERY = 10.0  # seconds between eval --text's progress lines (stderr)
 def default_seq_len(path: Path, context: int) -> tuple[int, str]:
     """``(window length, where it comes from)`` for ``eval --text`` without ``--seq-len``: a run's
     ``train.seq_len`` (the windows its logged validation loss was computed on), capped at the model's context; an
-    export's the same, recorded in its config.json by ``scalevec export`` (``export.TRAIN_SEQ_LEN``), so that a
+    export's the same, recorded in its config.json by ``scalevec export`` (``names.TRAIN_SEQ_LEN``), so that a
     run and its export score the same; else (an export from elsewhere, or older) the model's context
     (``max_position_embeddings``)."""
     from scalevec.config_codec import is_int
-    from scalevec.hf.export import TRAIN_SEQ_LEN
     from scalevec.hf_format.hf_import import read_config_json
+    from scalevec.hf_format.names import TRAIN_SEQ_LEN
 
     if rundir.has_config(path):
         n = rundir.load_config(path).train.seq_len

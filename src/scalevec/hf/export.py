@@ -45,7 +45,15 @@ from torch import Tensor
 from scalevec.config import ModelConfig
 from scalevec.hf.tokenizer_files import Specials, tokenizer_specials, write_tokenizer
 from scalevec.hf.verify import VerifyError, verify, verify_tokens
-from scalevec.hf_format.names import FORMATS, ONES_NAMES, REMOTE_FORMAT, name_map, template_of
+from scalevec.hf_format.names import (
+    DATA_SOURCE,
+    FORMATS,
+    ONES_NAMES,
+    REMOTE_FORMAT,
+    TRAIN_SEQ_LEN,
+    name_map,
+    template_of,
+)
 from scalevec.model.fold import fold_scales, unfoldable_scales
 from scalevec.model.scales import gamma_of, scale_plan
 from scalevec.model.transformer import Transformer
@@ -472,14 +480,13 @@ def check_shard_size(max_shard_size: int | str) -> None:
                          f"GB or TB, like 5GB or 500MB")
 
 
-TRAIN_SEQ_LEN = "scalevec_train_seq_len"  # config.json: the run's train.seq_len, the windows of its validation loss
-
-
-def record_train_seq_len(config, seq_len: int) -> None:
-    """Record the run's ``train.seq_len`` in the export's config.json (``TRAIN_SEQ_LEN``; transformers keeps an
-    unknown field as it is), so that ``eval --text`` scores a run and its export on the same windows by default
-    (``evaluation.default_seq_len``)."""
-    setattr(config, TRAIN_SEQ_LEN, int(seq_len))
+def record_run(config, run_cfg) -> None:
+    """Record in the export's config.json what it keeps of its run (``names.TRAIN_SEQ_LEN``, ``names.DATA_SOURCE``;
+    transformers keeps unknown fields as they are): ``train.seq_len``, so that ``eval --text`` scores a run and its
+    export on the same windows by default (``evaluation.default_seq_len``), and ``data.source``, so that
+    ``convert`` can say when its run trains on another corpus (``init_from.corpus_note``)."""
+    setattr(config, TRAIN_SEQ_LEN, int(run_cfg.train.seq_len))
+    setattr(config, DATA_SOURCE, str(run_cfg.data.source))
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", dtype: str = "float32",
@@ -497,7 +504,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, format: str = "auto", d
     run_dir = Path(run_dir)
     tok_dir = rundir.tokenizer_dir(run_dir)
     plan = plan_export(model, out_dir, tok_dir if tok_dir.is_dir() else None, format, dtype)
-    record_train_seq_len(plan.config, cfg.train.seq_len)
+    record_run(plan.config, cfg)
     if not rundir.is_done(run_dir):
         print(f"note: {run_dir} has no DONE marker; exporting its latest checkpoint")
     if plan.tokenizer_dir is None:

@@ -13,6 +13,10 @@ from scalevec.hf_format.families import FAMILIES, module_map
 
 HF_CONFIG = "config.json"  # a Hugging Face model directory's config (transformers' name), beside its safetensors
 REMOTE_FORMAT = "scalevec"  # the custom architecture (config.json auto_map + trust_remote_code)
+# what an export records of its run in config.json (transformers keeps unknown fields as they are): the windows of
+# its validation loss (eval --text scores an export as its run) and the corpus it was trained on (convert names it)
+TRAIN_SEQ_LEN = "scalevec_train_seq_len"
+DATA_SOURCE = "scalevec_data_source"
 # Hugging Face model_type -> the architecture class an export declares in config.json: the plain families that
 # scalevec's own model computes (their records in families.py say ``scalevec_format``)
 FORMATS = {f.name: f.classes[0].rsplit(".", 1)[1] for f in FAMILIES.values() if f.scalevec_format}

@@ -32,9 +32,11 @@ from scalevec.hf_format.hf_import import (
     is_hf_dir,
     load_plain,
     plain_from_model,
+    read_config_json,
     read_hf,
     read_hf_config,
 )
+from scalevec.hf_format.names import DATA_SOURCE
 from scalevec.outpath import refuse_temporary
 from scalevec.training import rundir
 from scalevec.training.checkpoint import layout
@@ -135,6 +137,23 @@ def tokenizer_note(init: InitFrom, cfg: RunConfig) -> str | None:
     return (f"{init.source} holds no tokenizer.json, so this run uses the {cfg.data.tokenizer} tokenizer on "
             f"{cfg.data.source}, not the model's own; pass --tokenizer PATH/tokenizer.json (the one the model was "
             f"trained with) and --data SOURCE (your text)")
+
+
+def corpus_note(init: InitFrom, cfg: RunConfig) -> str | None:
+    """The console line when the run made from ``init`` trains on another corpus than its source was trained on:
+    a run's ``data.source``, or the one a scalevec export recorded in config.json (``names.DATA_SOURCE``); for a
+    Hugging Face model that records none, which corpus the run takes. ``None`` when it is the source's own."""
+    if init.kind == "run":
+        theirs = init.parent.data.source
+    else:
+        theirs = read_config_json(init.source).get(DATA_SOURCE)
+    if theirs == cfg.data.source:
+        return None
+    if not isinstance(theirs, str):
+        return (f"{init.source} does not record the corpus it was trained on; this run trains on "
+                f"{cfg.data.source}: pass --data SOURCE to train on your text")
+    return (f"{init.source} was trained on {theirs}, this run trains on {cfg.data.source}; pass --data {theirs} "
+            f"to train on the source's corpus")
 
 
 def preset_label(init: InitFrom, preset: str | None, resolved: str) -> str:
