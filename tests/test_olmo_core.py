@@ -87,3 +87,40 @@ def test_unified_in_olmo_core_refuses_its_default_groups_and_trains_with_the_ove
     assert decay["input_scale"] == 0.1 and decay["output_scale"] == 0.0 and decay["embedding"] == 0.0
     losses = train_steps(model, opt)
     assert losses[-1] < losses[0] - 2.0, losses
+
+
+def test_folded_olmo_core_model_exports_to_a_plain_hf_llama(model, tmp_path):
+    """OLMo-core's Transformer carrying ``unified_foldable`` with its γ moved off 1 (as after training), folded and
+    written through OLMo-core's own HF converter, loads as a plain ``LlamaForCausalLM`` computing the same logits
+    (fp32; measured 1.8e-7 on logits of size ~0.6, while moving the γ moved them by 0.23; atol 1e-5); ``unified``
+    (DNP) is refused."""
+    import copy
+    import warnings
+
+    import transformers
+
+    from scalevec.integrations import apply_strategy
+    from scalevec.integrations.olmo_core import export_hf
+    from scalevec.model.scales import ScaleVector
+
+    unified = copy.deepcopy(model)
+    apply_strategy(model, "unified_foldable")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, ScaleVector):
+                m.assign(1 + 0.3 * torch.randn(m.gamma().shape, generator=g))
+    tokens = counting_batch()[:2, :16]
+    with torch.no_grad():
+        want = model(tokens)
+    export_hf(model, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():
+        got = hf(tokens).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        apply_strategy(unified, "unified")
+    with pytest.raises(ValueError, match="cannot fold"):
+        export_hf(unified, tmp_path / "never")
