@@ -147,3 +147,25 @@ def test_scalevec_trainer_refuses_an_optimizer_with_its_own_layout(tmp_path):
     trainer.optimizer_cls_and_kwargs = (torch.optim.AdamW, {"model": trainer.model, "lr": 1e-3})
     with pytest.raises(ValueError, match="builds its own parameter groups"):
         trainer.create_optimizer()
+
+
+def test_scalevec_trainer_checkpoints_a_strategy_and_resumes_it(tmp_path):
+    """A checkpoint of a model carrying unified_foldable (whose save_pretrained is refused) holds its live state; a
+    new ScalevecTrainer resumes from it to the very parameters of the uninterrupted run; plain from_pretrained finds
+    no plain checkpoint there (it fails loudly instead of loading re-initialized norms)."""
+    straight = tiny_llama("unified_foldable")
+    ScalevecTrainer(model=straight, args=training_args(tmp_path / "a", steps=4, weight_decay=0.1),
+                    train_dataset=Blocks()).train()
+    first = tiny_llama("unified_foldable")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "b" / "out"), max_steps=4, weight_decay=0.1,
+                                          per_device_train_batch_size=4, learning_rate=1e-2, use_cpu=True,
+                                          save_strategy="steps", save_steps=2, report_to=[], dataloader_num_workers=0)
+    ScalevecTrainer(model=first, args=args, train_dataset=Blocks()).train()
+    ckpt = tmp_path / "b" / "out" / "checkpoint-2"
+    assert (ckpt / "scalevec_strategy_model.safetensors").is_file()
+    resumed = tiny_llama("unified_foldable")
+    ScalevecTrainer(model=resumed, args=args, train_dataset=Blocks()).train(resume_from_checkpoint=str(ckpt))
+    want = _state(straight)
+    assert all(torch.equal(p, want[n]) for n, p in _state(resumed).items())
+    with pytest.raises(ValueError, match="Unrecognized model"):  # no config.json, no model.safetensors: loud
+        transformers.AutoModelForCausalLM.from_pretrained(ckpt)

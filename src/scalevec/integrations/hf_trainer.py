@@ -11,6 +11,8 @@ as the matrices' decay. Its logs carry each group's lr (``learning_rate.<role>``
 
 from __future__ import annotations
 
+import os
+
 import torch
 import transformers
 from transformers.trainer_optimizer import is_optimizer_factory
@@ -20,6 +22,9 @@ from scalevec.integrations.groups import param_groups, strategy_of
 # what Trainer's get_optimizer_cls_and_kwargs returns for optimizers that bring their own parameter layout
 # (GaLore's params, LOMO's model, layer-wise optimizer_dict): they cannot take role groups
 _OWN_LAYOUT = ("params", "model", "optimizer_dict")
+# a Trainer checkpoint of a model carrying an unfolded strategy: its live state under this name, which
+# resume_from_checkpoint reads back and which no from_pretrained mistakes for a plain checkpoint
+STRATEGY_STATE = "scalevec_strategy_model.safetensors"
 
 
 class ScalevecTrainer(transformers.Trainer):
@@ -53,6 +58,38 @@ class ScalevecTrainer(transformers.Trainer):
         self.optimizer = cls(groups, **kwargs)
         return self.optimizer
 
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Trainer's ``_save`` (checkpoints and ``save_model``); a model carrying an unfolded strategy, whose
+        ``save_pretrained`` scalevec refuses (a plain checkpoint cannot hold its scale vectors), is written as its live
+        state (``STRATEGY_STATE``, the strategy's parameter names; tied tensors once) for ``resume_from_checkpoint``,
+        with the tokenizer and the training arguments as Trainer writes them. The deployable model is
+        ``scalevec.fold(model)`` then ``save_pretrained``, or ``scalevec.save(model, DIR)``. One process or DDP
+        (FSDP's sharded state is Trainer's own path, not this one)."""
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if getattr(model, "scalevec_info", None) is None:
+            return super()._save(output_dir, state_dict)
+        if not self.args.should_save:
+            return None
+        from safetensors.torch import save_model
+
+        out = output_dir if output_dir is not None else self.args.output_dir
+        os.makedirs(out, exist_ok=True)
+        save_model(model, os.path.join(out, STRATEGY_STATE))
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(out)
+        torch.save(self.args, os.path.join(out, transformers.trainer.TRAINING_ARGS_NAME))
+        return None
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """Trainer's resume, and the live state of a model carrying a strategy (``_save``) loaded back strictly."""
+        path = os.path.join(resume_from_checkpoint, STRATEGY_STATE)
+        if not os.path.isfile(path):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        from safetensors.torch import load_model
+
+        load_model(self.model if model is None else model, path)
+        return None
+
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         """Trainer's ``log`` with ``learning_rate.<role>``: each optimizer group's lr now (its peak lr × the
         scheduler's factor), when the row carries ``learning_rate``."""
@@ -62,4 +99,4 @@ class ScalevecTrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
 
-__all__ = ["ScalevecTrainer"]
+__all__ = ["ScalevecTrainer", "STRATEGY_STATE"]
