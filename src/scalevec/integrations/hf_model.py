@@ -824,46 +824,24 @@ def _remove_router_scale(router: nn.Module) -> Tensor | None:
     return gamma_of(sv)
 
 
-def _framework_as_llama(model: nn.Module, fam: Family) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """``(ModelConfig, state dict under HF Llama names)`` of a *plain* (folded) torchtitan Llama 3 or OLMo-core
-    llama_like model: torchtitan's own ``Llama3StateDictAdapter.to_hf`` (it also permutes q/k rows from its complex
-    RoPE layout to HF's rotate-half one), OLMo-core's modules renamed through the two records' module maps (its RoPE
-    is HF's rotate-half already); RoPE θ and Llama 3 scaling read from the framework's rotary module or config."""
-    cfg = read_shape(model, fam)
-    if fam.name == "torchtitan_llama3":
-        from torchtitan.models.llama3 import Llama3StateDictAdapter
+def _torchtitan_as_llama(model: nn.Module, fam: Family) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """``(ModelConfig, state dict under HF Llama names)`` of a *plain* (folded) torchtitan Llama 3: torchtitan's own
+    ``Llama3StateDictAdapter.to_hf`` (it also permutes q/k rows from its complex RoPE layout to HF's rotate-half
+    one); RoPE θ and Llama 3 scaling read from its config. Raises ``ValueError`` for a RoPE scaling HF's Llama
+    does not have (yarn)."""
+    from torchtitan.models.llama3 import Llama3StateDictAdapter
 
-        rope = model.config.layers[0].attention.rope
-        scaling = RopeScalingConfig(factor=rope.scaling_factor, low_freq_factor=rope.low_freq_factor,
-                                    high_freq_factor=rope.high_freq_factor,
-                                    original_max_position_embeddings=rope.original_max_position_embeddings) \
-            if rope.scaling == "llama" else None
-        if rope.scaling not in ("none", "llama"):
-            raise ValueError(f"torchtitan RoPE scaling {rope.scaling!r} has no HF Llama form; scalevec exports 'none' "
-                             f"and 'llama'")
-        cfg = dataclasses.replace(cfg, rope_theta=float(rope.theta), rope_scaling=scaling,
-                                  max_seq_len=rope.max_seq_len)
-        return cfg, Llama3StateDictAdapter(model.config, None).to_hf(model.state_dict())
-    rope = model.get_submodule(f"{fam.layers}.0.{fam.o.rpartition('.')[0]}.rope")
-    if getattr(rope, "scaling", None) is not None or getattr(rope, "rotary_dim", cfg.head_dim) != cfg.head_dim:
-        raise ValueError("OLMo-core RoPE with scaling or partial rotary has no export here; scalevec exports plain "
-                         "RoPE")
-    cfg = dataclasses.replace(cfg, rope_theta=float(rope.theta))
-    ours, llama = module_map(fam), module_map(FAMILIES["llama"])
-    rules = [(re.compile(re.escape(theirs).replace(r"\{i\}", r"(?P<i>\d+)") + r"\.weight$"), llama[name])
-             for name, theirs in ours.items() if name in llama]  # QK-norm: no place in a Llama (refused below)
-    state = {}
-    for key, t in model.state_dict().items():
-        for rx, target in rules:
-            m = rx.match(key)
-            if m is not None:
-                state[f"{target.format(i=m.groupdict().get('i'))}.weight"] = t
-                break
-        else:
-            raise ValueError(f"{key} has no place in an HF Llama; scalevec exports OLMo-core's llama_like models")
-    if cfg.tie_embeddings:
-        state.pop("lm_head.weight", None)
-    return cfg, state
+    cfg = read_shape(model, fam)
+    rope = model.config.layers[0].attention.rope
+    if rope.scaling not in ("none", "llama"):
+        raise ValueError(f"torchtitan RoPE scaling {rope.scaling!r} has no HF Llama form; scalevec exports 'none' and "
+                         f"'llama'")
+    scaling = RopeScalingConfig(factor=rope.scaling_factor, low_freq_factor=rope.low_freq_factor,
+                                high_freq_factor=rope.high_freq_factor,
+                                original_max_position_embeddings=rope.original_max_position_embeddings) \
+        if rope.scaling == "llama" else None
+    cfg = dataclasses.replace(cfg, rope_theta=float(rope.theta), rope_scaling=scaling, max_seq_len=rope.max_seq_len)
+    return cfg, Llama3StateDictAdapter(model.config, None).to_hf(model.state_dict())
 
 
 def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "float32") -> Path:
@@ -872,7 +850,8 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
     checkpoint of its family (``LlamaForCausalLM``, ...), one that cannot fold (DNP) as the custom-code
     ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)``). Another HF
     family: a folded copy written by its own ``save_pretrained``. torchtitan's Llama 3 and OLMo-core's llama_like:
-    a folded copy as an HF ``LlamaForCausalLM`` (``_framework_as_llama``, then ``hf/export.py``). DNP is refused
+    a folded copy as an HF ``LlamaForCausalLM`` (torchtitan: ``_torchtitan_as_llama``, then ``hf/export.py``;
+    OLMo-core: its own converter, ``integrations/olmo_core.export_hf``). DNP is refused
     for all of these: no custom code computes them.
     ``tokenizer``: a directory holding ``tokenizer.json`` or a transformers tokenizer (saved with the export), or None.
     ``dtype``: ``float32`` or ``bfloat16``. Returns ``out_dir``. Raises ``FileExistsError`` for a non-empty
@@ -892,14 +871,21 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
                              f"(DNP), and no custom code computes {fam.name}; train unified_foldable to export it")
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
+        if fam.export_with == "olmo_core":  # OLMo-core's own HF converter (integrations/olmo_core.py)
+            from scalevec.integrations.olmo_core import export_hf
+
+            export_hf(model, out, dtype=getattr(torch, dtype))
+            if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+                tokenizer.save_pretrained(out)
+            return out
         plain = fold(copy.deepcopy(model))
         if fam.export_with == "save_pretrained":
             plain.save_pretrained(out, safe_serialization=True)
             if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
                 tokenizer.save_pretrained(out)
             return out
-        # torchtitan / OLMo-core: a Llama, written through scalevec's own model and export (hf_import's plain form)
-        cfg, hf_state = _framework_as_llama(plain, fam)
+        # torchtitan: a Llama, written through scalevec's own model and export (hf_import's plain form)
+        cfg, hf_state = _torchtitan_as_llama(plain, fam)
         cfg.validate()
         weights = plain_from_hf_state("llama", cfg, {k: v.detach().to(torch.float32) for k, v in hf_state.items()})
         sv = build_model(cfg, ScaleConfig.preset("baseline"), seed=0, device=weights.matrices["embed.weight"].device)
