@@ -47,7 +47,9 @@ def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
 def matmul_input(u: Tensor) -> Tensor:
     """A norm's output ``u`` in the dtype its linear maps read it in: on the CUDA path under autocast, cast once
     here instead of once per branch by autocast (q, k, v: three casts of one tensor); elsewhere ``u`` as it is
-    (on CPU every branch casts it as before, so the gradients sum in float32 as they always have)."""
+    (on CPU every branch casts it as before, so the gradients sum in float32 as they always have). On the CUDA
+    path the branches' gradients of ``u`` then sum in bf16 before the one cast back: two more roundings at bf16
+    precision, the precision each of them already has."""
     dtype = autocast_dtype(u) if on_cuda_path(u) else None
     return u.to(dtype) if dtype is not None else u
 
