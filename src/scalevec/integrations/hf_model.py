@@ -851,7 +851,7 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
     ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)``). Another HF
     family: a folded copy written by its own ``save_pretrained``. torchtitan's Llama 3 and OLMo-core's llama_like:
     a folded copy as an HF ``LlamaForCausalLM`` (torchtitan: ``_torchtitan_as_llama``, then ``hf/export.py``;
-    OLMo-core: its own converter, ``integrations/olmo_core.export_hf``). DNP is refused
+    OLMo-core is refused, naming ``integrations/olmo_core.export_hf``, its own converter's path). DNP is refused
     for all of these: no custom code computes them.
     ``tokenizer``: a directory holding ``tokenizer.json`` or a transformers tokenizer (saved with the export), or None.
     ``dtype``: ``float32`` or ``bfloat16``. Returns ``out_dir``. Raises ``FileExistsError`` for a non-empty
@@ -871,13 +871,9 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
                              f"(DNP), and no custom code computes {fam.name}; train unified_foldable to export it")
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
-        if fam.export_with == "olmo_core":  # OLMo-core's own HF converter (integrations/olmo_core.py)
-            from scalevec.integrations.olmo_core import export_hf
-
-            export_hf(model, out, dtype=getattr(torch, dtype))
-            if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
-                tokenizer.save_pretrained(out)
-            return out
+        if fam.export_with == "olmo_core":  # OLMo-core's own HF converter, the one home of that export
+            raise ValueError("an OLMo-core model is exported with scalevec.integrations.olmo_core.export_hf(model, "
+                             "DIR) (OLMo-core's own HF converter), not scalevec.save")
         plain = fold(copy.deepcopy(model))
         if fam.export_with == "save_pretrained":
             plain.save_pretrained(out, safe_serialization=True)
