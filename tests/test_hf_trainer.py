@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from scalevec import param_groups
-from scalevec.integrations import allow_any_weight_decay, apply_strategy, fold
+from scalevec.integrations import add_scale_metrics, allow_any_weight_decay, apply_strategy, fold
 from scalevec.integrations.hf_trainer import ScalevecTrainer
 from scalevec.integrations.wd_guard import WeightDecayMismatch
 
@@ -106,7 +106,7 @@ def test_scalevec_groups_and_folded_models_pass():
 def test_scalevec_trainer_trains_unified_with_param_groups(tmp_path):
     """``ScalevecTrainer`` trains ``unified`` (no refusal; the loss falls over 4 steps on counting sequences) and its
     optimizer's groups are ``param_groups(model, lr, weight_decay)``: the same tensors, lr and decay per role; its logs
-    carry each group's lr."""
+    carry each group's lr and, with ``add_scale_metrics``, the per-vector series."""
     model = tiny_llama()
     expected = param_groups(model, lr=1e-2, weight_decay=0.1)
     trainer = ScalevecTrainer(model=model, args=training_args(tmp_path, steps=4, weight_decay=0.1,
@@ -117,7 +117,8 @@ def test_scalevec_trainer_trains_unified_with_param_groups(tmp_path):
         def on_log(self, args, state, control, logs_=None, **kwargs):
             logs.append(dict(kwargs.get("logs") or logs_ or {}))
 
-    trainer.add_callback(Record())
+    add_scale_metrics(trainer)  # the docs' line 3: the per-vector metrics, as with Trainer
+    trainer.callback_handler.callbacks.insert(1, Record())  # where the reporters sit, before the series are taken out
     trainer.train()
     got = trainer.optimizer.param_groups
     assert [(g["role"], g["lr"], g["weight_decay"], [id(p) for p in g["params"]]) for g in got] == \
@@ -125,6 +126,7 @@ def test_scalevec_trainer_trains_unified_with_param_groups(tmp_path):
     losses = [r["loss"] for r in logs if "loss" in r]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.5, losses  # measured: 5.57 -> 3.61 nats
     assert {"learning_rate.matrix", "learning_rate.input_scale"} <= set(logs[0])
+    assert any(k.startswith("scales.input_scale/rms/") for k in logs[0])
 
 
 def test_scalevec_trainer_builds_its_optimizer_in_create_optimizer(tmp_path):
