@@ -114,8 +114,9 @@ def test_converted_model_groups_follow_the_strategy(tokens):
 
 @pytest.mark.slow  # compiles flex attention on the CPU once (shared with the parity test), builds an HF Llama
 def test_folded_torchtitan_checkpoint_exports_to_a_plain_hf_llama(plain, tokens, tmp_path):
-    """A converted debugmodel whose scale vectors moved away from 1 (as after training), folded and written through
-    torchtitan's own HF converter, loads as a plain transformers ``LlamaForCausalLM`` (no missing or unexpected
+    """A converted debugmodel whose scale vectors moved away from 1 (as after training), saved as a torchtitan
+    model-only checkpoint (DCP), restored into a fresh converted model, folded and written through torchtitan's own
+    HF converter, loads as a plain transformers ``LlamaForCausalLM`` (no missing or unexpected
     tensor) that computes the converted model's logits (fp32; measured 1.4e-6 on logits of size ~4.6, while moving the
     γ moved them by 1.5; atol 1e-5); ``unified`` (DNP) is refused."""
     import transformers
@@ -132,6 +133,17 @@ def test_folded_torchtitan_checkpoint_exports_to_a_plain_hf_llama(plain, tokens,
             if isinstance(m, ScaleVector):
                 m.assign(1 + 0.3 * torch.randn(m.gamma().shape, generator=g))
     want = logits(model, tokens)
+    # through a checkpoint as torchtitan's checkpointer writes a model-only one: DCP of get_model_state_dict's FQNs,
+    # restored into a model its converter builds
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    dcp.save(get_model_state_dict(model), checkpoint_id=str(tmp_path / "step-10"))
+    spec = llama3.model_registry("debugmodel", converters=[ScalevecConverter.Config(strategy="unified_foldable")])
+    model = build(spec.model, seed=1)
+    state = get_model_state_dict(model)
+    dcp.load(state, checkpoint_id=str(tmp_path / "step-10"))
+    set_model_state_dict(model, state)
     export_hf(model, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "LlamaForCausalLM"
