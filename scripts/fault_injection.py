@@ -1,6 +1,6 @@
 """Randomized fault injection on run directories (issue 13), the long version of tests/test_rundir_faults.py.
 
-    python scripts/fault_injection.py --kills 30 --damages 40 --seed 0 [--steps 12] [--work DIR]
+    python scripts/fault_injection.py --kills 30 --damages 40 --links 20 --seed 0 [--steps 12] [--work DIR]
 
 Trains one uninterrupted `tiny` reference run, then:
 
@@ -10,7 +10,11 @@ Trains one uninterrupted `tiny` reference run, then:
   reference (every logged loss and every final weight);
 - ``--damages`` copies of a partial run with one random file of one random checkpoint truncated,
   zero-filled or with a random byte flipped: `--resume` must either skip the damaged checkpoint and end
-  bit for bit equal, or stop with a one-line error (exit 2); it must never exit 0 with other weights.
+  bit for bit equal, or stop with a one-line error (exit 2); it must never exit 0 with other weights;
+- ``--links`` copies of a partial run with one file that a resume writes or reads (the lock, metrics.jsonl, the
+  run files a restart rewrites, a checkpoint's files) replaced by a symbolic link or a hard link to a user's file,
+  or by a FIFO: `--resume` must end bit for bit equal or stop with a one-line error (exit 2), within its timeout
+  (a FIFO never hangs it), and the user's file must keep its bytes.
 
 Prints one line per case and the totals; exits 1 if any case broke the contract. Not run in CI (minutes).
 """
@@ -119,10 +123,41 @@ def damage_case(i: int, rng: random.Random, partial: Path, work: Path, ref, step
     return ok, f"{what}: exit {r.returncode}: {lines[-1] if lines else ''}"
 
 
+LINKED = [rundir.LOCK, rundir.METRICS, rundir.GROUPS, rundir.CONFIG, rundir.META, "tokenizer/tokenizer.json",
+          "tokenizer/tokenizer_config.json"]  # plus one random file of one random checkpoint
+
+
+def link_case(i: int, rng: random.Random, partial: Path, work: Path, ref, steps: int) -> tuple[bool, str]:
+    out = work / f"link{i}"
+    shutil.copytree(partial, out)
+    victim = work / f"victim{i}.txt"
+    victim.write_text("the user's own data\n")
+    ckpt_files = [p.relative_to(out).as_posix() for p in rng.choice(layout.checkpoint_dirs(out)).rglob("*")
+                  if p.is_file()]
+    name, how = rng.choice([*LINKED, rng.choice(ckpt_files)]), rng.choice(["symlink", "hardlink", "fifo"])
+    target = out / name
+    target.unlink(missing_ok=True)
+    {"symlink": lambda: target.symlink_to(victim), "hardlink": lambda: os.link(victim, target),
+     "fifo": lambda: os.mkfifo(target)}[how]()
+    what = f"link {i}: {how} at {name}"
+    try:
+        r = cli(["train", "--resume", "--out", str(out), "--quiet"], timeout=300)
+    except subprocess.TimeoutExpired:
+        return False, f"{what}: HUNG"
+    intact = victim.read_text() == "the user's own data\n"
+    if r.returncode == 0:
+        ok = intact and same(fingerprint(out, steps), ref)
+        return ok, f"{what}: resumed {'bit for bit' if ok else 'WITH OTHER NUMBERS OR THE FILE CHANGED'}"
+    lines = r.stderr.strip().splitlines()
+    ok = intact and r.returncode == 2 and "Traceback" not in r.stderr and bool(lines)
+    return ok, f"{what}: exit {r.returncode}{'' if intact else ' (THE FILE CHANGED)'}: {lines[-1] if lines else ''}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--damages", type=int, default=30)
+    p.add_argument("--links", type=int, default=20)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="working folder (default: a temporary one, removed at the end)")
@@ -144,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.damages):
         results.append(("damage", *damage_case(i, rng, partial, work, ref, args.steps)))
         print(results[-1][2], flush=True)
+    for i in range(args.links):
+        results.append(("link", *link_case(i, rng, partial, work, ref, args.steps)))
+        print(results[-1][2], flush=True)
     summary = {kind: {"cases": sum(k == kind for k, _, _ in results),
-                      "ok": sum(k == kind and ok for k, ok, _ in results)} for kind in ("kill", "damage")}
+                      "ok": sum(k == kind and ok for k, ok, _ in results)} for kind in ("kill", "damage", "link")}
     print(json.dumps(summary))
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -92,7 +92,7 @@ KEPT = (CONFIG, META, GROUPS, SUMMARY, DONE, DIVERGED)
 
 
 # the fix named when a file a run writes into in place (metrics.jsonl) is a link or not a regular file
-OWN_FIX = "replace it by a copy of what it holds (cp --remove-destination) or start a new --out"
+OWN_FIX = "give the run its own copy (cp FILE FILE.own && mv FILE.own FILE) or start a new --out"
 
 
 class RunDirError(ValueError):
@@ -155,7 +155,7 @@ def _not_a_run(path: Path, config: bool = True) -> str | None:
     if isinstance(meta, dict) and meta.get("format") == RUN_FORMAT and not config:
         return None
     if not (path / CONFIG).is_file():
-        return f"no {CONFIG}"
+        return f"its {CONFIG} is not a regular file" if (path / CONFIG).exists() else f"no {CONFIG}"
     if not (path / META).exists():
         return f"no {META}"
     if isinstance(meta, dict) and "format" in meta:
@@ -551,7 +551,7 @@ def open_own(path: Path, flags: int, fix: str = "") -> int:
     file, never a hard link (``st_nlink`` > 1). Raises ``RunDirError`` naming the file and ``fix`` (by default
     ``OWN_FIX``); ``OSError`` for the rest."""
     try:
-        return open_owned(path, flags, fix=fix or f"{OWN_FIX} ({path})")
+        return open_owned(path, flags, fix=fix or OWN_FIX)
     except ValueError as e:
         raise RunDirError(str(e)) from None
 
