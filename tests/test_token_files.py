@@ -132,3 +132,25 @@ def test_train_cli_reads_nanogpt_bins(tmp_path, tokenizer_json):
     assert "nanoGPT's own" in json.dumps(meta) and tokenizer_json in (tmp_path / "run" / "config.yaml").read_text()
     saved = load_tokenizer_dir(tmp_path / "run" / "tokenizer")
     assert saved.vocab_size == 257 and saved.eos_id == 256
+
+
+def test_olmo_core_files_of_a_large_vocabulary_are_uint32(tmp_path):
+    """For a vocabulary above 65,536 ids (dolma2's 100,278) OLMo-core writes uint32 (``get_dtype``'s rule), and so
+    ``olmo-core:`` reads them: ids above 65,535 come back whole."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {f"w{i}": i for i in range(70_000)} | {EOT: 70_000}
+    hf = HFTokenizer(WordLevel(vocab, unk_token="w0"))
+    hf.add_special_tokens([AddedToken(EOT, special=True)])
+    tok_path = tmp_path / "tokenizer.json"
+    hf.save(str(tok_path))
+    ids = np.concatenate([[5, 69_999, 66_000, 70_000]] * 50 + [[7, 70_000]] * 10).astype(np.uint32)
+    folder = tmp_path / "dolma"
+    folder.mkdir()
+    arr = np.memmap(folder / "part-00.npy", dtype=np.uint32, mode="w+", shape=(len(ids),))
+    arr[:] = ids
+    arr.flush()
+    data = prepare_data(DataConfig(source=f"olmo-core:{folder}", tokenizer=str(tok_path), val_frac=0.1))
+    assert data.train.dtype == np.uint32 and data.vocab_size == 70_001
+    assert np.array_equal(np.concatenate([np.asarray(data.train), np.asarray(data.val)]), ids)
