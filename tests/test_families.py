@@ -212,3 +212,24 @@ def test_function_preserved_is_measured_on_the_probe():
         apply_strategy(tiny("olmo2"), "none")  # its post-norm γ ≠ 1 has no slot: measured as changed
     said = [str(w.message) for w in caught]
     assert any("THE FUNCTION CHANGES: " in m and "the logits on the probe moved by" in m for m in said)
+
+
+@pytest.mark.parametrize("field,value", [("tie_word_embeddings", True), ("rms_norm_eps", 1e-2)])
+def test_save_refuses_a_config_edited_after_apply(tmp_path, field, value):
+    """A model.config edited after apply_strategy (the modules unchanged) is refused by ``save`` and ``to_scalevec``
+    in one line naming the field, before anything is written: the export would describe another function."""
+    import transformers as tf
+
+    from scalevec.integrations import to_scalevec
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                                               tie_word_embeddings=False))
+    apply_strategy(model, "baseline")
+    setattr(model.config, field, value)
+    with pytest.raises(ValueError, match=f"model.config.{field}="):
+        save(model, tmp_path / "out")
+    with pytest.raises(ValueError, match=f"model.config.{field}="):
+        to_scalevec(model)
+    assert not (tmp_path / "out").exists()

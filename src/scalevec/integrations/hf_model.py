@@ -187,7 +187,7 @@ def _put(root: nn.Module, path: str, module: nn.Module) -> None:
 def norm_eps(norm: nn.Module) -> float:
     """The ε an RMSNorm module adds under its square root (``variance_epsilon`` in transformers' Llama family,
     ``eps`` in torch's ``nn.RMSNorm``, Gemma's and OLMo-core's; ``nn.RMSNorm``'s None is its dtype's machine ε)."""
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))  # scalevec's OutputNorm / SiteNorm: eps
     return float(torch.finfo(norm.weight.dtype).eps if eps is None else eps)
 
 
@@ -271,7 +271,8 @@ def check_config(model: nn.Module, fam: Family) -> None:
     eps = getattr(config, "rms_norm_eps", None)
     if eps is not None:
         for path, m in model.named_modules():
-            if path.endswith(("norm", "layernorm")) and hasattr(m, "weight") and norm_eps(m) != float(eps):
+            is_norm = isinstance(m, OutputNorm) or hasattr(m, "weight")  # a norm apply_strategy put in, or the source's
+            if path.endswith(("norm", "layernorm")) and is_norm and norm_eps(m) != float(eps):
                 refuse("rms_norm_eps", eps, norm_eps(m), f"the ε of {path}")
     _, layer = _layers(model, fam)[0]
     heads, kv = _heads(model, fam, layer)
@@ -729,10 +730,12 @@ def to_scalevec(model: nn.Module) -> Transformer:
     """The scalevec ``Transformer`` (strategy and shape of ``model.scalevec_info``) holding a copy of the parameters
     of a model ``apply_strategy`` touched (``scalevec_name``), on the model's device, in float32. It computes the
     same function (fp32 rounding: the HF attention and MoE dispatch differ from ours in summation order).
-    Raises ``ValueError`` for a model without a strategy, or of a family scalevec's model does not compute (its
+    Raises ``ValueError`` for a model without a strategy, a ``model.config`` edited to disagree with the modules
+    (``check_config``), or of a family scalevec's model does not compute (its
     record's ``scalevec_format``: Gemma 3's post-norms and GeGLU, OLMo 2/3's post-norm order, Qwen2's biases, ...)."""
     info = _info(model)
     fam = FAMILIES[info.family]
+    check_config(model, fam)
     if not fam.scalevec_format:
         raise ValueError(f"scalevec's Transformer does not compute {fam.name} (see its record in "
                          f"hf_format/families.py); fold(model) gives the plain {type(model).__name__} instead")
@@ -863,6 +866,8 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
 
     out = Path(out_dir)
     sv = None
+    if not isinstance(model, Transformer):
+        check_config(model, FAMILIES[_info(model).family])  # what would be written must be what the modules compute
     if not isinstance(model, Transformer) and not FAMILIES[_info(model).family].scalevec_format:
         info = _info(model)
         fam = FAMILIES[info.family]
