@@ -10,7 +10,8 @@ formulas, values, gradients and second derivatives, by tests/test_kernels.py and
   Triton, one fused kernel each way (``triton_dnp``);
 - ``or_gamma`` / ``er_gamma``: OR / ER's ``γ = m · α / rms(α)`` (DESIGN.md §3 ``param``);
 - ``folded_linear``: ``u (diag(s) W diag(c))ᵀ`` with the fold (``scales.fold_weight``) done on the fly.
-- ``fold_grads``: the fold's chain rule, shared with the opt-in fused path (``fused.py``).
+- ``fold_grads``: the fold's chain rule, shared with the opt-in fused path (``fused.py``); on CUDA with Triton,
+  the fold and its chain rule are one fused kernel each way (``triton_fold``).
 
 Under ``create_graph`` (double backward: Hessian-vector products in training/probes.py) every backward
 here falls back to differentiating a composed form, so second derivatives stay exact.
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from scalevec.model import scales as plain
-from scalevec.model import triton_dnp
+from scalevec.model import triton_dnp, triton_fold
 from scalevec.model.device_path import autocast_dtype, on_cuda_path
 
 
@@ -266,7 +267,10 @@ def fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None,
     The one home of this chain rule (``_FoldedLinear`` and ``fused.py`` use it). ``G`` must be a fresh tensor
     the caller gives away: ∂L/∂W is made in its storage. ``G`` may also come in a matmul's lower dtype (bf16
     under autocast): the first product with W, c or s then promotes it to W's dtype exactly, in the same pass,
-    so the results are those of casting ``G`` first, to the bit, with one pass over W fewer."""
+    so the results are those of casting ``G`` first, to the bit, with one pass over W fewer. On the CUDA path
+    (``triton_fold.supported``) one fused kernel computes all three (and one ``sum`` completes ∂L/∂c)."""
+    if triton_fold.supported(w, c, s, g):
+        return triton_fold.fold_grads(g, w, c, s, need)
     need_w, need_c, need_s = need
     grad_w = grad_c = grad_s = None
     if (need_c and c is not None) or (need_s and s is not None):
@@ -291,9 +295,12 @@ def fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None,
 def fold_weight_to(w: Tensor, c: Tensor | None, s: Tensor | None, dtype: torch.dtype) -> Tensor:
     """``scales.fold_weight(w, c, s).to(dtype)`` with the cast done in the fold's last product (its result written
     in ``dtype``): the same bits, every product computed in W's dtype and rounded once, and one pass over the
-    weight fewer (a kernel on CUDA). Used without autograd (the backward passes here)."""
+    weight fewer (a kernel on CUDA). Used without autograd (the backward passes here). On the CUDA path
+    (``triton_fold.supported``) one fused kernel, its products in the same order."""
     if c is None and s is None:
         return w.to(dtype)
+    if triton_fold.supported(w, c, s):
+        return triton_fold.fold_weight(w, c, s, dtype)
     if c is not None and s is not None:
         w, last = w * c.to(w.dtype).unsqueeze(-2), s.to(w.dtype).unsqueeze(-1)
     else:
