@@ -24,9 +24,10 @@ D_OUT, D_IN = 37, 129
 SIDES = [(True, True), (True, False), (False, True)]  # (c given, s given)
 # Tolerances against the float64 formula on the same inputs. fp32: W' and ∂L/∂W are one or two float32 products
 # (relative 2 × 6e-8); ∂L/∂s and ∂L/∂c are float32 sums of <= 129 terms of O(1): 1e-5 is ~100 roundoffs. A bf16 W'
-# is rounded once to bf16: relative 2^-7 (one ulp: Triton's interpreter truncates, the GPU rounds to nearest, half).
-# ∂L/∂W, ∂L/∂c, ∂L/∂s come out in float32 whatever G's dtype (a bf16 G is exact in float32): the fp32 tolerance.
-TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2**-7, 1e-5)}
+# is rounded once to bf16: relative 2^-7 (one ulp: Triton's interpreter truncates, the GPU rounds to nearest, half);
+# fp16: 2^-10. ∂L/∂W, ∂L/∂c, ∂L/∂s come out in float32 whatever G's dtype (a bf16/fp16 G is exact in float32): the
+# fp32 tolerance.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2**-7, 1e-5), torch.float16: (2**-10, 1e-5)}
 
 
 def _inputs(has_c: bool, has_s: bool, seed: int = 0, shape=(D_OUT, D_IN)):
@@ -45,7 +46,7 @@ def _reference(w, c, s, grad):
 
 
 @pytest.mark.parametrize("has_c, has_s", SIDES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_forward_matches_plain_formula(dtype, has_c, has_s):
     """W' = diag(s) W diag(c) in the requested dtype, to that dtype's rounding of the float64 formula."""
     w, c, s = _inputs(has_c, has_s)
@@ -63,9 +64,9 @@ def test_float32_forward_is_fold_weight_to_the_bit():
 
 
 @pytest.mark.parametrize("has_c, has_s", SIDES)
-@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gradients_match_plain_formula(grad_dtype, has_c, has_s):
-    """∂L/∂W, ∂L/∂c, ∂L/∂s (float32, from a float32 or bf16 ∂L/∂W') equal the float64 formula's."""
+    """∂L/∂W, ∂L/∂c, ∂L/∂s (float32, from a float32, bf16 or fp16 ∂L/∂W') equal the float64 formula's."""
     w, c, s = _inputs(has_c, has_s)
     grad = torch.randn(D_OUT, D_IN, generator=torch.Generator().manual_seed(9)).to(grad_dtype).to(DEVICE)
     leaves = [t for t in (w, c, s) if t is not None]
@@ -139,7 +140,7 @@ def test_bad_shapes_are_refused():
 
 
 def test_cpu_float64_and_expert_banks_keep_the_composed_fold():
-    """CPU tensors, float64 and (E, d_out, d_in) banks are not served, so kernels.fold_weight_to stays composed, bitwise."""
+    """CPU tensors, float64 and (E, d_out, d_in) banks are not served: fold_weight_to stays composed, bitwise."""
     w, c, s = (t.detach().cpu() for t in _inputs(True, True))
     assert not triton_fold.supported(w, c, s)
     assert not triton_fold.supported(w.double(), c.double(), s.double())
@@ -218,8 +219,8 @@ for g_dtype in ("bf16", "fp32"):
         fwd = {"w_ptr": "*fp32", **vectors, "out_ptr": ptr(g_dtype),
                **dict.fromkeys(["d_out", "d_in", "stride_w", "stride_out"], "i32"), **dict.fromkeys(flags, "constexpr")}
         bwd = {"g_ptr": ptr(g_dtype), "w_ptr": "*fp32", **vectors, "gw_ptr": "*fp32", "gs_ptr": ptr("fp32", has_s),
-               "gc_ptr": ptr("fp32", has_c), **dict.fromkeys(["d_out", "d_in", "stride_g", "stride_w", "stride_gw"], "i32"),
-               **dict.fromkeys([*flags, "NEED_W"], "constexpr")}
+               "gc_ptr": ptr("fp32", has_c), **dict.fromkeys(["d_out", "d_in", "stride_g", "stride_w"], "i32"),
+               "stride_gw": "i32", **dict.fromkeys([*flags, "NEED_W"], "constexpr")}
         absent_grads = {"g" + name[0] + "_ptr": None for name in absent}
         for fn, sig, consts in ((k.fold_fwd, fwd, {**flags, **absent}),
                                 (k.fold_bwd, bwd, {**flags, "NEED_W": True, **absent, **absent_grads})):

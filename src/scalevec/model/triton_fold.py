@@ -84,7 +84,9 @@ def fold_grads(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None,
     return (gw if need[0] else None), grad_c, grad_s
 
 
-def _check(w: Tensor, c: Tensor | None, s: Tensor | None) -> None:
+def _check(w: Tensor, c: Tensor | None, s: Tensor | None, g: Tensor | None = None) -> None:
+    if g is not None and g.shape != w.shape:
+        raise ValueError(f"fold_weight_backward needs ∂L/∂W' of W's shape {tuple(w.shape)}, got {tuple(g.shape)}")
     if w.dim() != 2:
         raise ValueError(f"fold_weight needs a matrix W (d_out, d_in), got shape {tuple(w.shape)}")
     for name, v, n in (("c", c, w.shape[1]), ("s", s, w.shape[0])):
@@ -136,9 +138,7 @@ def _fold_weight_backward_op(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor |
     ``(d_out,)`` (``(0,)`` without s), the partial sums float32 ``(programs, d_in)`` (``(0, d_in)`` without c)."""
     from scalevec.model import triton_fold_kernels as k
 
-    _check(w, c, s)
-    if g.shape != w.shape:
-        raise ValueError(f"fold_weight_backward needs ∂L/∂W' of W's shape {tuple(w.shape)}, got {tuple(g.shape)}")
+    _check(w, c, s, g)
     g, w = _unit_stride(g), _unit_stride(w)
     d_out, d_in = w.shape
     programs = _programs(d_out)
@@ -153,7 +153,7 @@ def _fold_weight_backward_op(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor |
 
 @_fold_weight_backward_op.register_fake
 def _(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor | None, need_w: bool) -> tuple[Tensor, Tensor, Tensor]:
-    _check(w, c, s)
+    _check(w, c, s, g)
     d_out, d_in = w.shape
     return (w.new_empty((d_out, d_in) if need_w else (0,)),
             w.new_empty((d_out,) if s is not None else (0,), dtype=torch.float32),
