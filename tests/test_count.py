@@ -1,6 +1,7 @@
 """``scalevec bench --count`` (bench/count.py): the kernels and bytes of a CUDA step, counted on meta tensors.
 
-The count is checked by hand on a module small enough to derive (one RMSNorm and one linear map), by its CUDA
+The count is checked by hand on modules small enough to derive (one RMSNorm and one linear map; a folded linear
+map's fused ops), by its CUDA
 autocast rules, by a property of its per-block attribution (the same per block at any depth), and through the
 CLI: its JSON, its one-line errors and its refusal to replace a file.
 """
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from scalevec.bench.count import count, count_strategy, record_step
 from scalevec.cli import main
+from scalevec.model import kernels
 from scalevec.presets import get_preset
 
 N, D, M = 6, 8, 5  # tokens, d_in, d_out of the hand-checked module
@@ -52,6 +54,21 @@ def test_rms_norm_and_linear_counted_by_hand_in_float32():
     # forward x̂ Wᵀ reads x̂ and W, writes y; backward: g W -> grad x̂ (g: the sum's gradient, one stored number
     # broadcast); gᵀ x̂ -> grad W
     assert by_name["mm"] == f * (N * D + M * D + N * M) + f * (1 + M * D + N * D) + f * (1 + N * D + M * D)
+
+
+def test_fused_fold_is_one_kernel_each_way_counted_by_hand():
+    """A folded linear map under bf16 autocast on the CUDA path (model/triton_fold.py) is counted through the fake
+    implementations: one scalevec::fold_weight, one scalevec::fold_weight_backward and the one sum of the partials
+    of ∂L/∂c, each with the bytes of its inputs and outputs derived from the shapes."""
+    x, W, c, s = _meta(N, D), _meta(M, D), _meta(D), _meta(M)
+    ops = record_step(lambda: kernels.folded_linear(x, W, c, s).sum(), torch.bfloat16)
+    folds = [(name, b) for name, b in ops if name.startswith("scalevec::")]
+    f, h = 4, 2  # bytes per fp32 / bf16 element
+    # forward reads W, c, s and writes W' in bf16; backward reads ∂L/∂W' (bf16), W, c, s and writes ∂L/∂W, ∂L/∂s
+    # and one program's row of ∂L/∂c partial sums (M = 5 rows: one program)
+    assert folds == [("scalevec::fold_weight", f * (M * D + D + M) + h * M * D),
+                     ("scalevec::fold_weight_backward", h * M * D + f * (M * D + D + M) + f * (M * D + M + D))]
+    assert ops[-1] == ("sum", f * D + f * D)  # the partials (1, D) -> ∂L/∂c (D,), after the backward kernel
 
 
 def test_autocast_casts_a_weight_once_and_an_activation_per_call():
