@@ -1,9 +1,8 @@
 """``scalevec bench --count`` (bench/count.py): the kernels and bytes of a CUDA step, counted on meta tensors.
 
 The count is checked by hand on modules small enough to derive (one RMSNorm and one linear map; a folded linear
-map's fused ops), by its CUDA
-autocast rules, by a property of its per-block attribution (the same per block at any depth), and through the
-CLI: its JSON, its one-line errors and its refusal to replace a file.
+map's fused ops), by its CUDA autocast rules, by a property of its per-block attribution (the same per block at any
+depth), and through the CLI: its JSON, its one-line errors and its refusal to replace a file.
 """
 
 from __future__ import annotations
