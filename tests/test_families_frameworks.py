@@ -162,7 +162,7 @@ def test_olmo_core_export_has_one_home(tmp_path):
 def test_torchtitan_saves_as_an_hf_llama(titan, tmp_path):
     """``scalevec.save`` of torchtitan's debugmodel carrying unified_foldable (scales moved off 1): folded, through
     torchtitan's own HF adapter (its q/k RoPE permutation) and Llama 3 rope scaling, an HF ``LlamaForCausalLM``
-    with the same logits (LOGIT_TOL)."""
+    with the same logits (LOGIT_TOL), and so is scalevec's own model converted from it."""
     import transformers
 
     build, x, _ = titan
@@ -173,3 +173,9 @@ def test_torchtitan_saves_as_an_hf_llama(titan, tmp_path):
     assert hf.config.rope_parameters["rope_type"] == "llama3"
     with torch.no_grad():
         assert (hf(input_ids=x).logits - ref).abs().max().item() <= LOGIT_TOL
+    # scalevec's own model from the same weights (convert's path, the strategy put back): the same logits
+    from scalevec.hf_format.hf_import import import_hf
+
+    ours = import_hf(tmp_path / "hf", ScaleConfig.preset("unified_foldable"))[1].eval()
+    with torch.no_grad():
+        assert (ours(x) - ref).abs().max().item() <= LOGIT_TOL
