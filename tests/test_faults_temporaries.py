@@ -148,3 +148,21 @@ def test_a_temporary_prepared_folder_is_not_prepared_data(tmp_path, capsys):
     capsys.readouterr()
     assert main(["prepare-data", "--verify", str(tmp)]) == 2
     one_line_error(capsys, str(tmp), "temporary folder")
+
+
+def test_a_stale_token_cache_folder_is_removed_by_the_next_writer(tmp_path, capsys):
+    """The token cache's temporary folder carries its writer's PID too: one left by a killed trainer is removed,
+    with a note, when the cache entry is written again."""
+    from scalevec.config import DataConfig
+    from scalevec.data.corpus import prepare_data
+
+    cfg = DataConfig(cache_dir=str(tmp_path / "cache"), val_tokens=256)
+    prepare_data(cfg)
+    entry = next(p for p in (tmp_path / "cache").rglob("*") if p.is_dir() and (p / "meta.json").is_file())
+    shutil.rmtree(entry)
+    stale = entry.with_name(f".{entry.name}.tmp-{dead_pid()}-0badcafe")
+    stale.mkdir()
+    capsys.readouterr()
+    prepare_data(cfg)
+    assert not stale.exists() and (entry / "meta.json").is_file()
+    assert f"removed {stale}" in capsys.readouterr().err

@@ -277,19 +277,20 @@ os.register_at_fork(after_in_child=_default_sigterm_in_child)
 
 
 @contextmanager
-def temporary_folder(path: str | Path, what: str) -> Iterator[Path]:
+def temporary_folder(path: str | Path, what: str, signals: bool = True) -> Iterator[Path]:
     """A new folder beside ``path``, ``.NAME.tmp-PID-HEX``, that the caller fills and renames to ``path`` once
     whole (``what`` it holds, for the notes: "export", "prepared data"). Before it is made, the stale temporary
-    folders of ``path`` are removed with a note (``clean_stale_temporaries``). While it exists, SIGTERM raises
-    ``Terminated`` in the main thread (the previous handler is restored after); on SIGTERM or Ctrl-C the folder is
-    removed and a note says so; on any other failure it is removed silently, the error re-raised. Raises
-    ``OSError`` when the folder cannot be made."""
+    folders of ``path`` are removed with a note (``clean_stale_temporaries``). While it exists, with ``signals``,
+    SIGTERM raises ``Terminated`` in the main thread (the previous handler is restored after; without, a caller
+    that owns SIGTERM, the trainer, keeps it); on SIGTERM or Ctrl-C the folder is removed and a note says so; on
+    any other failure it is removed silently, the error re-raised. Raises ``OSError`` when the folder cannot be
+    made."""
     path = Path(path)
     clean_stale_temporaries(path, _note)
     tmp = path.with_name(f".{path.name}{TEMP_TAG}{os.getpid()}-{secrets.token_hex(4)}")
     tmp.mkdir()
     previous = None
-    if threading.current_thread() is threading.main_thread():
+    if signals and threading.current_thread() is threading.main_thread():
         def on_term(signum, frame):
             raise Terminated()
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ from scalevec.data.prepared import ShardedTokens, is_prepared, load_prepared, re
 from scalevec.data.split import split_documents
 from scalevec.data.tokenizer import Tokenizer, load_tokenizer
 from scalevec.data.tokens import TokenData, token_dtype
+from scalevec.outpath import temporary_folder
 
 
 def prepare_data(cfg: DataConfig) -> TokenData:
@@ -116,9 +115,8 @@ def check_source(cfg: DataConfig) -> None:
 def _write_cache(path: Path, train_docs: list[str], val_docs: list[str], tok: Tokenizer, meta: dict) -> None:
     """Tokenize both splits into a temporary folder beside ``path``, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.mkdir()
-    try:
+    # .NAME.tmp-PID-HEX: a stale one (its writer killed) is removed by the next writer; SIGTERM stays the trainer's
+    with temporary_folder(path, "token cache", signals=False) as tmp:
         dtype = np.dtype(meta["dtype"])
         meta["train_tokens"] = _write_stream(tmp / "train.bin", train_docs, tok, dtype)
         meta["val_tokens"] = _write_stream(tmp / "val.bin", val_docs, tok, dtype)
@@ -128,8 +126,6 @@ def _write_cache(path: Path, train_docs: list[str], val_docs: list[str], tok: To
         except OSError:
             if not (path / "meta.json").is_file():  # not a concurrent writer that finished first
                 raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _doc_starts(docs: list[str], tok: Tokenizer) -> np.ndarray:
