@@ -159,23 +159,19 @@ def test_olmo_core_export_has_one_home(tmp_path):
 
 
 @pytest.mark.slow  # torchtitan's flex attention compiles on its first forward
-def test_torchtitan_saves_as_an_hf_llama(titan, tmp_path):
-    """``scalevec.save`` of torchtitan's debugmodel carrying unified_foldable (scales moved off 1): folded, through
-    torchtitan's own HF adapter (its q/k RoPE permutation) and Llama 3 rope scaling, an HF ``LlamaForCausalLM``
-    with the same logits (LOGIT_TOL), and so is scalevec's own model converted from it."""
-    import transformers
+def test_torchtitan_export_converts_into_scalevecs_own_model(titan, tmp_path):
+    """torchtitan's debugmodel carrying unified_foldable (scales moved off 1): ``scalevec.save`` names its one export
+    (``integrations/torchtitan.export_hf``, torchtitan's own HF converter); that export, converted back into
+    scalevec's own model with the strategy (``convert``'s path), computes the framework's logits (LOGIT_TOL)."""
+    from scalevec.hf_format.hf_import import import_hf
+    from scalevec.integrations.torchtitan import export_hf
 
     build, x, _ = titan
     model = _move_scales(_apply(build(), "unified_foldable"))
     ref = titan_logits(model, x)
-    save(model, tmp_path / "hf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert hf.config.rope_parameters["rope_type"] == "llama3"
-    with torch.no_grad():
-        assert (hf(input_ids=x).logits - ref).abs().max().item() <= LOGIT_TOL
-    # scalevec's own model from the same weights (convert's path, the strategy put back): the same logits
-    from scalevec.hf_format.hf_import import import_hf
-
+    with pytest.raises(ValueError, match="scalevec.integrations.torchtitan.export_hf"):
+        save(model, tmp_path / "no")
+    export_hf(model, tmp_path / "hf")
     ours = import_hf(tmp_path / "hf", ScaleConfig.preset("unified_foldable"))[1].eval()
     with torch.no_grad():
         assert (ours(x) - ref).abs().max().item() <= LOGIT_TOL

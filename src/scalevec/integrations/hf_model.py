@@ -53,9 +53,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from scalevec.config import PRESET_NAMES, ModelConfig, RopeScalingConfig, ScaleConfig
+from scalevec.config import PRESET_NAMES, ModelConfig, ScaleConfig
 from scalevec.hf_format.families import FAMILIES, Family, family_of, module_map, supported_classes
-from scalevec.hf_format.hf_import import load_plain, model_config_from_hf, plain_from_hf_state, plain_from_model
+from scalevec.hf_format.hf_import import load_plain, model_config_from_hf, plain_from_model
 from scalevec.integrations.wd_guard import guard_weight_decay
 from scalevec.model.fold import fold_scales
 from scalevec.model.kernels import FAST
@@ -827,35 +827,14 @@ def _remove_router_scale(router: nn.Module) -> Tensor | None:
     return gamma_of(sv)
 
 
-def _torchtitan_as_llama(model: nn.Module, fam: Family) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """``(ModelConfig, state dict under HF Llama names)`` of a *plain* (folded) torchtitan Llama 3: torchtitan's own
-    ``Llama3StateDictAdapter.to_hf`` (it also permutes q/k rows from its complex RoPE layout to HF's rotate-half
-    one); RoPE θ and Llama 3 scaling read from its config. Raises ``ValueError`` for a RoPE scaling HF's Llama
-    does not have (yarn)."""
-    from torchtitan.models.llama3 import Llama3StateDictAdapter
-
-    cfg = read_shape(model, fam)
-    rope = model.config.layers[0].attention.rope
-    if rope.scaling not in ("none", "llama"):
-        raise ValueError(f"torchtitan RoPE scaling {rope.scaling!r} has no HF Llama form; scalevec exports 'none' and "
-                         f"'llama'")
-    scaling = RopeScalingConfig(factor=rope.scaling_factor, low_freq_factor=rope.low_freq_factor,
-                                high_freq_factor=rope.high_freq_factor,
-                                original_max_position_embeddings=rope.original_max_position_embeddings) \
-        if rope.scaling == "llama" else None
-    cfg = dataclasses.replace(cfg, rope_theta=float(rope.theta), rope_scaling=scaling, max_seq_len=rope.max_seq_len)
-    return cfg, Llama3StateDictAdapter(model.config, None).to_hf(model.state_dict())
-
-
 def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "float32") -> Path:
     """Write a model ``apply_strategy`` touched (or a scalevec ``Transformer``) as ``scalevec export`` does, without
     changing it. A family scalevec's model computes (``Family.scalevec_format``): a foldable strategy as a plain
     checkpoint of its family (``LlamaForCausalLM``, ...), one that cannot fold (DNP) as the custom-code
     ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)``). Another HF
-    family: a folded copy written by its own ``save_pretrained``. torchtitan's Llama 3 and OLMo-core's llama_like:
-    a folded copy as an HF ``LlamaForCausalLM`` (torchtitan: ``_torchtitan_as_llama``, then ``hf/export.py``;
-    OLMo-core is refused, naming ``integrations/olmo_core.export_hf``, its own converter's path). DNP is refused
-    for all of these: no custom code computes them.
+    family: a folded copy written by its own ``save_pretrained`` (DNP refused: no custom code computes it).
+    torchtitan and OLMo-core models are refused, naming their ``export_hf`` (``integrations/torchtitan.py``,
+    ``integrations/olmo_core.py``: the framework's own HF converter, the one home of that export).
     ``tokenizer``: a directory holding ``tokenizer.json`` or a transformers tokenizer (saved with the export), or None.
     ``dtype``: ``float32`` or ``bfloat16``. Returns ``out_dir``. Raises ``FileExistsError`` for a non-empty
     ``out_dir``, ``ValueError`` for a strategy the family cannot export, and as ``hf.export.export_model``."""
@@ -865,33 +844,25 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
     from scalevec.hf.export import export_model
 
     out = Path(out_dir)
-    sv = None
     if not isinstance(model, Transformer):
         check_config(model, FAMILIES[_info(model).family])  # what would be written must be what the modules compute
     if not isinstance(model, Transformer) and not FAMILIES[_info(model).family].scalevec_format:
         info = _info(model)
         fam = FAMILIES[info.family]
+        if fam.export_with in ("torchtitan", "olmo_core"):  # the framework's own HF converter: the one home
+            raise ValueError(f"a {fam.name} model is exported with scalevec.integrations.{fam.export_with}.export_hf("
+                             f"model, DIR) (the framework's own HF converter), not scalevec.save")
         if not info.scale.foldable:
             raise ValueError(f"scalevec.save writes {fam.name} only folded: strategy {info.strategy} cannot fold "
                              f"(DNP), and no custom code computes {fam.name}; train unified_foldable to export it")
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
-        if fam.export_with == "olmo_core":  # OLMo-core's own HF converter, the one home of that export
-            raise ValueError("an OLMo-core model is exported with scalevec.integrations.olmo_core.export_hf(model, "
-                             "DIR) (OLMo-core's own HF converter), not scalevec.save")
         plain = fold(copy.deepcopy(model))
-        if fam.export_with == "save_pretrained":
-            plain.save_pretrained(out, safe_serialization=True)
-            if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
-                tokenizer.save_pretrained(out)
-            return out
-        # torchtitan: a Llama, written through scalevec's own model and export (hf_import's plain form)
-        cfg, hf_state = _torchtitan_as_llama(plain, fam)
-        cfg.validate()
-        weights = plain_from_hf_state("llama", cfg, {k: v.detach().to(torch.float32) for k, v in hf_state.items()})
-        sv = build_model(cfg, ScaleConfig.preset("baseline"), seed=0, device=weights.matrices["embed.weight"].device)
-        load_plain(sv, weights)
-    sv = sv if sv is not None else model if isinstance(model, Transformer) else to_scalevec(model)
+        plain.save_pretrained(out, safe_serialization=True)
+        if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+            tokenizer.save_pretrained(out)
+        return out
+    sv = model if isinstance(model, Transformer) else to_scalevec(model)
     with tempfile.TemporaryDirectory(prefix="scalevec-save-") as tmp:
         tok_dir = None
         if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
