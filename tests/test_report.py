@@ -15,10 +15,13 @@ import yaml
 import fakerun
 from scalevec.cli import main
 from scalevec.config_codec import to_dict
-from scalevec.experiments.analysis import analyze
+from scalevec.experiments import stats
+from scalevec.experiments.analysis import analyze, multiplier_within
+from scalevec.experiments.labels import si
 from scalevec.experiments.records import load_runs
 from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import expand, run_sweep, spec_from_dict
+from scalevec.experiments.tables import scaling_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"train": {"batch_size": 4, "seq_len": 32, "steps": 100}}
@@ -237,6 +240,38 @@ def test_scaling_fit_recovers_compute_multiplier(tmp_path):
     assert (tmp_path / "scaling.png").is_file() and "## Scaling" in (tmp_path / "report.md").read_text()
 
 
+def test_multiplier_within_reads_the_fit_only_inside_the_measured_sizes():
+    """L = 1 + 1/N measured on [50, 400]: a loss the baseline reaches at 200 gives (200/100)² = 4; one it would
+    reach only at 1000 (or never, below E) gives the bound > (400/100)², one at 10 the bound < (50/100)²."""
+    fit = stats.PowerLawFit(E=1.0, A=1.0, alpha=1.0, E_err=0.0, A_err=0.0, alpha_err=0.0, n_points=4, rmse=0.0)
+    assert multiplier_within(fit, 1 + 1 / 200, 100, 50, 400) == pytest.approx((4.0, ""))
+    assert multiplier_within(fit, 1 + 1 / 1000, 100, 50, 400) == (16.0, ">")
+    assert multiplier_within(fit, 0.9, 100, 50, 400) == (16.0, ">")
+    assert multiplier_within(fit, 1 + 1 / 10, 100, 50, 400) == (0.25, "<")
+    assert math.isnan(multiplier_within(fit, math.nan, 100, 50, 400)[0])
+
+
+@pytest.mark.slow  # a 12-run synthetic fit: ~2 s
+def test_report_prints_no_multiplier_outside_the_measured_sizes(tmp_path):
+    """report.md's scaling table has a multiplier column for each measured size and none other; unified (planted as
+    2× the parameters) at the largest size and none (0.8×) at the smallest need the baseline's fit beyond the
+    measured sizes, so they print the bounds > 1.000 and < 1.000, not fakerun's 4 and 0.64."""
+    fabricate(tmp_path, {"base": BASE, "grid": {"size": SIZES, "strategy": ["baseline", "none", "unified"],
+                                                "seed": [0, 1, 2]}})
+    a = write_report(tmp_path, quiet=True)
+    (s,) = a.scaling
+    header, rows = scaling_rows(s, a.baseline)
+    at = [h.removeprefix("compute × at ") for h in header if h.startswith("compute × at ")]
+    assert at == [lbl for lbl, _ in s.sizes] and len(at) == len(SIZES)
+    assert [h for h in header if "compute ×" in h and not h.startswith("compute × at ")] == [
+        f"compute × (shared fit, {si(s.n_min)}–{si(s.n_max)})"]
+    row = {r[0]: dict(zip(header, r)) for r in rows}
+    assert row["unified"][f"compute × at {at[-1]}"] == "> 1.000"
+    assert row["none"][f"compute × at {at[0]}"] == "< 1.000"
+    md = (tmp_path / "report.md").read_text()
+    assert "| " + " | ".join(header) + " |" in md and "extrapolat" not in md
+
+
 @pytest.mark.slow  # a 24-run synthetic fit: ~3 s
 def test_scaling_does_not_fit_a_strategy_on_fewer_sizes_than_the_baseline(tmp_path):
     """unified's largest size waits for an unfinished tuning run: fitted on 3 sizes against the baseline's 4, its
@@ -249,7 +284,7 @@ def test_scaling_does_not_fit_a_strategy_on_fewer_sizes_than_the_baseline(tmp_pa
     (tmp_path / "runs" / name / "DONE").unlink()
     a = write_report(tmp_path, quiet=True)
     (s,) = a.scaling
-    assert "unified" not in s.fits and "unified" not in s.extrapolated and "baseline" in s.fits
+    assert "unified" not in s.fits and "unified" not in s.per_size and "baseline" in s.fits
     assert any("[scaling" in w and "unified: no result at" in w for w in a.warnings)
 
 

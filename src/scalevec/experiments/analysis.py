@@ -3,7 +3,8 @@
 A cell is the runs that differ only in strategy, tuned value and seed. In each, every strategy is taken at
 its own best value of the tuned axis (``stats.pick_lr`` on the seeds every value was run with), compared
 with the baseline by seed (``stats.paired_delta``) and by token efficiency on the seed-averaged
-validation curves; cells that differ only in size get power-law fits and compute multipliers. Numbers
+validation curves; cells that differ only in size get power-law fits and compute multipliers at the measured
+sizes only (none is extrapolated beyond them: a fit is evidence only inside the sizes it was fitted on). Numbers
 only: tables, CSV and figures are built from the ``Analysis`` elsewhere (``tables``, ``frames``, ``figures``).
 """
 
@@ -22,7 +23,6 @@ from scalevec.experiments.labels import Labeler, is_size_key, si, varying_keys
 from scalevec.experiments.records import RunRecord
 
 EXCLUDED_PREFIXES = ("strategy", "scale.", "train.seed")  # what varies inside a cell
-EXTRAPOLATE = 10.0  # extrapolated compute multiplier at 10× the largest measured size
 
 
 @dataclass
@@ -68,15 +68,23 @@ class Cell:
 
 @dataclass
 class ScalingResult:
-    """Fits of one group of cells that differ only in size (needs >= 3 sizes)."""
+    """Fits of one group of cells that differ only in size (needs >= 3 sizes).
+
+    ``per_size[strategy][i]`` is the compute multiplier at the i-th measured size: the strategy's mean loss there
+    read on the baseline's fit, ``(N_b / N)²``. Where ``N_b`` falls outside the measured sizes the fit would be
+    read beyond its data, so the value is the bound the data support instead, ``(N_max / N)²`` or
+    ``(N_min / N)²``, and ``per_size_side[strategy][i]`` says which (``">"`` or ``"<"``; ``""`` for a point
+    value). Nothing is evaluated outside ``[n_min, n_max]``, the smallest and largest measured non-embedding sizes.
+    """
 
     label: str
     sizes: list[tuple[str, Cell]]  # (size label, cell), by increasing baseline size
     fits: dict[str, stats.PowerLawFit]
     shared: dict[str, stats.SharedFit]
-    per_size: dict[str, list[float]]  # compute multiplier of each strategy at each size
-    extrapolated: dict[str, float]
-    n_extrapolated: float
+    per_size: dict[str, list[float]]  # compute multiplier of each strategy at each measured size (or its bound)
+    per_size_side: dict[str, list[str]]  # "" a point value, ">" / "<" a bound (the baseline's N_b outside the range)
+    n_min: float
+    n_max: float
 
 
 @dataclass
@@ -286,6 +294,26 @@ def analyze(runs: list[RunRecord], spec: dict | None = None,
     return Analysis(str(spec.get("name") or ""), baseline, cells, scaling, runs, warnings, waiting=waiting)
 
 
+def multiplier_within(base: stats.PowerLawFit, loss: float, n: float, n_min: float, n_max: float) -> tuple[float, str]:
+    """Compute multiplier of a strategy with ``n`` parameters at ``loss``, read on ``base`` only within
+    ``[n_min, n_max]`` (the measured sizes, non-embedding parameters).
+
+    Returns ``((N_b / n)², "")`` when the baseline's size for that loss, ``N_b = base.params_for_loss(loss)``, is
+    inside the range. Outside it the fit would be extrapolated; as ``base`` decreases in N, ``N_b > n_max`` only
+    says the multiplier exceeds ``(n_max / n)²`` (returned with ``">"``) and ``N_b < n_min`` that it is below
+    ``(n_min / n)²`` (``"<"``). ``(nan, "")`` for a nan loss (a strategy without a result at that size).
+    Definition of the multiplier: ``stats.compute_multiplier`` (DESIGN.md §9).
+    """
+    if not (math.isfinite(loss) and n > 0):
+        return math.nan, ""
+    n_base = base.params_for_loss(loss)
+    if n_base > n_max:
+        return (n_max / n) ** 2, ">"
+    if n_base < n_min:
+        return (n_min / n) ** 2, "<"
+    return (n_base / n) ** 2, ""
+
+
 def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, baseline: str,
              warnings: list[str]) -> list[ScalingResult]:
     if not any(is_size_key(k) for k in setting_keys):
@@ -320,29 +348,30 @@ def _scaling(cells: list[Cell], setting_keys: list[str], labeler: Labeler, basel
                 warnings.append(f"[scaling {label}] {strategy}: no result at {', '.join(si(n) for n in lacking)} "
                                 f"non-embedding parameters, which the baseline has; not fitted (finish its runs)")
                 del points[strategy]
-        fits, shared, per_size, extrapolated = {}, {}, {}, {}
+        fits, shared, per_size, per_size_side = {}, {}, {}, {}
         for strategy, (n, loss) in points.items():
             try:
                 fits[strategy] = stats.fit_power_law(n, loss)
             except (ValueError, RuntimeError) as e:
                 warnings.append(f"[scaling {label}] {strategy}: {e}")
-        n_x = EXTRAPOLATE * max(sizes)
         base_fit = fits.get(baseline)
         if base_fit is not None:
-            for strategy, fit in fits.items():
+            for strategy in fits:
                 if strategy == baseline:
                     continue
                 try:
                     shared[strategy] = stats.fit_shared_power_law(*points[baseline], *points[strategy])
                 except (ValueError, RuntimeError) as e:
                     warnings.append(f"[scaling {label}] {strategy}: shared fit failed: {e}")
-                per_size[strategy] = [
-                    next((stats.compute_multiplier(base_fit, r.loss_mean, r.non_embedding_params)
-                          for r in c.results if r.strategy == strategy), math.nan) for c in gcells]
-                extrapolated[strategy] = stats.compute_multiplier(base_fit, float(fit.predict(n_x)), n_x)
-        out.append(ScalingResult(label, list(zip(size_labels, gcells)), fits, shared, per_size, extrapolated, n_x))
+                at_size = [next(((r.loss_mean, r.non_embedding_params) for r in c.results if r.strategy == strategy),
+                                (math.nan, math.nan)) for c in gcells]
+                pairs = [multiplier_within(base_fit, loss, n, min(sizes), max(sizes)) for loss, n in at_size]
+                per_size[strategy] = [m for m, _ in pairs]
+                per_size_side[strategy] = [side for _, side in pairs]
+        out.append(ScalingResult(label, list(zip(size_labels, gcells)), fits, shared, per_size, per_size_side,
+                                 float(min(sizes)), float(max(sizes))))
     return out
 
 
-__all__ = ["Analysis", "Cell", "EXCLUDED_PREFIXES", "EXTRAPOLATE", "ScalingResult", "StrategyResult", "analyze",
-           "cpu_share", "mean_curve"]
+__all__ = ["Analysis", "Cell", "EXCLUDED_PREFIXES", "ScalingResult", "StrategyResult", "analyze", "cpu_share",
+           "mean_curve", "multiplier_within"]

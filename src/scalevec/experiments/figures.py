@@ -158,11 +158,11 @@ def plot_lr_sweep(a: Analysis, path: Path) -> None:
 
 
 def plot_scaling(a: Analysis, path: Path) -> None:
-    """Final loss vs non-embedding parameters (log x): every run as a point, each strategy's fit as a line."""
+    """Final loss vs non-embedding parameters (log x): every run as a point, each strategy's fit as a line drawn
+    over the measured sizes only (a fit says nothing beyond them)."""
     with panels(len(a.scaling), path) as axes:
         for ax, s in zip(axes, a.scaling):
-            n_all = [r.non_embedding_params for _, c in s.sizes for r in c.results]
-            grid = np.geomspace(min(n_all) / 1.5, s.n_extrapolated, 200)
+            grid = np.geomspace(s.n_min, s.n_max, 200)
             for strategy in s.fits:
                 n = [r.non_embedding_params for _, c in s.sizes for r in c.results if r.strategy == strategy
                      for _ in r.runs]

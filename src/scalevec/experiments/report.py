@@ -11,7 +11,7 @@ axis was tuned, which strategy is the baseline), like lingua's run folder → Da
   significance rule), bits-per-byte, token efficiency (baseline tokens / tokens the strategy needs to
   reach the baseline's final loss, on the seed-averaged validation curve), parameters and step time
   relative to the baseline; scaling fits ``L(N) = E + A·N^(-α)`` over non-embedding parameters with
-  compute multipliers; an overhead table;
+  compute multipliers at the measured sizes (none beyond them); an overhead table;
 - figures: ``loss_curves.png`` (one panel per cell), ``lr_sweep.png`` (when an lr is tuned),
   ``scaling.png`` (when a group of cells spans 3 or more sizes).
 """

@@ -206,8 +206,8 @@ def fit_shared_power_law(n_base: Sequence[float], loss_base: Sequence[float],
     """Fit ``L_base(N) = E + A·N^(-α)`` and ``L(N) = E + A·(m·N)^(-α)`` jointly (curve_fit, DESIGN.md §9).
 
     The strategy's curve is the baseline's shifted along N by the factor ``m``: with shared E and α
-    the compute multiplier ``m²`` (module docstring) is the same at every size, so it extrapolates
-    by construction; this is the single-number summary, and ``compute_multiplier`` on independent
+    the compute multiplier ``m²`` (module docstring) is the same at every size by construction: it is a
+    summary of the sizes fitted, and the report states it over that range only (no prediction beyond it); and ``compute_multiplier`` on independent
     fits shows whether the shared-exponent assumption holds. Inputs as in ``fit_power_law``; raises
     ``ValueError`` with fewer than 4 points in all or invalid values.
     """

@@ -12,7 +12,7 @@ from collections import defaultdict
 import numpy as np
 
 from scalevec.experiments import stats
-from scalevec.experiments.analysis import EXTRAPOLATE, Analysis, Cell, ScalingResult, StrategyResult
+from scalevec.experiments.analysis import Analysis, Cell, ScalingResult, StrategyResult
 from scalevec.experiments.labels import SHORT, si
 
 
@@ -122,14 +122,18 @@ SCALING_LEGEND = (
     "Fit of `L(N) = E + A·N^(-α)` to every run's final loss against non-embedding parameters N (scipy "
     "`curve_fit`, ± one sigma). Compute multiplier = (N the baseline needs for the same loss ÷ N)², i.e. the "
     "compute ratio at a fixed number of tokens per parameter (C ∝ N²); > 1 means the strategy is better. "
-    "*Shared fit*: one curve for both with the strategy acting as m× the parameters (multiplier m², constant "
-    "over size); *at size*: the strategy's measured mean loss against the baseline's fit; *at "
-    f"{EXTRAPOLATE:g}× the largest size*: the two independent fits extrapolated.")
+    "*Shared fit*: one curve for both with the strategy acting as m× the parameters (multiplier m², assumed "
+    "constant over the measured sizes, which the column names; no statement beyond them); *at size*: the "
+    "strategy's measured mean loss there against the baseline's fit, read only within the measured sizes: where "
+    "the baseline would need a size beyond them, the bound the data support, `> (N_max/N)²` or `< (N_min/N)²`. "
+    "No multiplier is given at a size that was not measured.")
 
 
 def scaling_rows(s: ScalingResult, baseline: str) -> tuple[list[str], list[list[str]]]:
-    header = ["strategy", "E", "A", "α", "points", "compute × (shared fit)",
-              *[f"compute × at {lbl}" for lbl, _ in s.sizes], f"compute × at {si(s.n_extrapolated)}"]
+    """The fit table of one size group: per strategy E, A, α, the shared-fit multiplier over the measured range,
+    and the multiplier at each measured size (a bound where the baseline's fit would be read beyond it)."""
+    header = ["strategy", "E", "A", "α", "points", f"compute × (shared fit, {si(s.n_min)}–{si(s.n_max)})",
+              *[f"compute × at {lbl}" for lbl, _ in s.sizes]]
     rows = []
     for strategy, fit in s.fits.items():
         sh = s.shared.get(strategy)
@@ -138,8 +142,9 @@ def scaling_rows(s: ScalingResult, baseline: str) -> tuple[list[str], list[list[
         rows.append([strategy, f"{fit.E:.3f} ± {_num(fit.E_err, '.3f')}", f"{fit.A:.3g} ± {_num(fit.A_err, '.2g')}",
                      f"{fit.alpha:.3f} ± {_num(fit.alpha_err, '.3f')}", str(fit.n_points), shared,
                      *(["—"] * len(s.sizes) if strategy == baseline else
-                       [_num(m, ".3f") for m in s.per_size.get(strategy, [math.nan] * len(s.sizes))]),
-                     "—" if strategy == baseline else _num(s.extrapolated.get(strategy, math.nan), ".3f")])
+                       [f"{side} {_num(m, '.3f')}".strip() if math.isfinite(m) else "—"
+                        for m, side in zip(s.per_size.get(strategy, [math.nan] * len(s.sizes)),
+                                           s.per_size_side.get(strategy, [""] * len(s.sizes)))])])
     return header, rows
 
 
