@@ -11,6 +11,7 @@ import pytest
 
 import fakerun
 from scalevec.experiments.report import write_report
+from scalevec.experiments.stats import PowerLawFit, SharedFit
 from test_report import BASE, SIZES, fabricate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,22 @@ def test_verdicts_and_compute_multiplier_recover_the_planted_effects(tmp_path):
     assert fit["shared"]["none"].multiplier == pytest.approx(fakerun.K_STRATEGY["none"] ** 2, rel=0.15)
     text = rep.generate(tmp_path)
     assert "| C6 | cpu-80k-shakespeare | unified vs baseline |" in text and "reproduced" in text
+
+
+def _c8_fit(E: float, E_err: float) -> dict:
+    base = PowerLawFit(E=E, A=5.0, alpha=0.3, E_err=E_err, A_err=0.1, alpha_err=0.02, n_points=9, rmse=0.01)
+    return {"corpus": "shakespeare", "sizes": [10, 25, 80], "status": "ok", "base": base,
+            "shared": {"unified": SharedFit(base=base, m=0.9, multiplier=0.81, multiplier_err=0.05)}}
+
+
+def test_c8_prints_its_multiplier_over_the_measured_sizes_only_when_the_fit_is_identified():
+    """C8's multiplier is labelled as holding over the row's measured sizes (no other size is named), and withheld
+    when the baseline's E sits at its bound (the first protocol's Shakespeare fit: E 0.000 ± 3.446)."""
+    rep = _script()
+    shown = "\n".join(rep.scaling_lines([_c8_fit(E=1.2, E_err=0.1)]))
+    assert "over these sizes" in shown and "| unified | 0.810 ± 0.050 |" in shown
+    withheld = "\n".join(rep.scaling_lines([_c8_fit(E=0.0, E_err=3.446)]))
+    assert "| unified | not identified" in withheld and "0.810" not in withheld
 
 
 def test_weight_decay_study_compares_setting_values_not_strategies(tmp_path):
