@@ -1,6 +1,7 @@
-"""README quotes no result by hand: every figure in its main-job section's prose is in docs/reproduction.md's
-generated section (scripts/reproduction.py) or in a results file that prose cites, and its links into
-docs/reproduction.md land on generated headings.
+"""README and docs/reproduction.md quote no result by hand: every figure in README's main-job section's prose,
+and in docs/reproduction.md's hand-written parts, is in docs/reproduction.md's generated section
+(scripts/reproduction.py) or in a results file that prose cites, and README's links into docs/reproduction.md
+land on generated headings.
 
 A *figure* is a decimal number (at least one digit after the point) in prose: fenced code blocks are left out (the
 main job's output is one, labelled as such, and commands are others), as are sizes written with a unit letter
@@ -76,6 +77,30 @@ def unbacked_figures(text: str, doc: str, root: Path) -> list[str]:
     return missing
 
 
+def without_estimates(markdown: str) -> str:
+    """``markdown`` with the cells of every table column whose header says "(est.)" emptied: a plan's estimates,
+    written before its runs, are inputs to the plan, not results."""
+    out, est = [], set()
+    for line in markdown.splitlines():
+        if not line.startswith("|"):
+            est = set()
+            out.append(line)
+            continue
+        cells = line.split("|")
+        if not est and not out[-1].startswith("|"):  # a table's header row
+            est = {i for i, c in enumerate(cells) if "(est.)" in c}
+        out.append("|".join("" if i in est else c for i, c in enumerate(cells)))
+    return "\n".join(out)
+
+
+def hand_written(doc: str) -> str:
+    """docs/reproduction.md outside its generated section, as prose: without inline code (settings and commands,
+    ``model.init_std: 0.02``) and without estimate columns (``without_estimates``); fenced blocks go in
+    ``unbacked_figures``."""
+    text = doc[:doc.index(BEGIN)] + doc[doc.index(END):]
+    return without_estimates(re.sub(r"`[^`\n]*`", "", text))
+
+
 def github_slug(heading: str) -> str:
     """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -99,6 +124,35 @@ def test_readme_links_land_on_generated_headings():
     anchors = re.findall(r"\(docs/reproduction\.md#([^)\s]+)\)", readme.replace("\n", " "))
     assert len(anchors) >= 5  # README points into the generated sections instead of quoting them
     assert set(anchors) <= slugs, f"README links to {sorted(set(anchors) - slugs)}, no generated heading"
+
+
+def test_reproduction_docs_hand_written_parts_quote_only_generated_figures():
+    """Every decimal in docs/reproduction.md's hand-written prose (outside the generated section, inline code and
+    estimate columns) is in its generated section or a results file the prose cites: a result typed by hand fails."""
+    doc = (ROOT / "docs" / "reproduction.md").read_text()
+    missing = unbacked_figures(hand_written(doc), generated(doc), ROOT)
+    assert not missing, (f"docs/reproduction.md's hand-written parts quote {missing}, which its generated section and "
+                         f"the results files they cite do not hold; move the number into scripts/reproduction.py "
+                         f"or link the generated table instead")
+
+
+def test_reproduction_docs_in_page_links_land_on_headings():
+    """Each ``(#anchor)`` link of docs/reproduction.md (the hand-written parts point into the generated tables
+    instead of quoting them) names one of its headings."""
+    doc = (ROOT / "docs" / "reproduction.md").read_text()
+    slugs = {github_slug(h) for h in re.findall(r"^#{1,6} (.+)$", doc, flags=re.M)}
+    anchors = set(re.findall(r"\]\(#([^)\s]+)\)", doc.replace("\n", " ")))
+    assert anchors and anchors <= slugs, f"docs/reproduction.md links to {sorted(anchors - slugs)}, no heading"
+
+
+def test_hand_written_leaves_out_the_generated_section_code_and_estimates_only():
+    """hand_written drops the generated block, inline code and "(est.)" columns, and keeps a figure in prose and in
+    a table's other columns, so a hand-typed result there is still checked."""
+    doc = (f"Δ was +0.0123 at `lr: 0.02`.\n\n| cell | passes | hours (est.) |\n|---|---:|---:|\n| a | 0.44 | 1.3 |\n\n"
+           f"{BEGIN}\n| +0.0456 |\n{END}\nafter: 1.96618\n")
+    text = hand_written(doc)
+    assert [n for _, n in FIGURE.findall(text)] == ["0.0123", "0.44", "1.96618"]
+    assert unbacked_figures(text, generated(doc), ROOT) == ["+0.0123", "0.44", "1.96618"]
 
 
 def test_the_checker_catches_a_hand_quoted_figure(tmp_path):
