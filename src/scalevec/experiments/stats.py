@@ -207,8 +207,9 @@ def fit_shared_power_law(n_base: Sequence[float], loss_base: Sequence[float],
 
     The strategy's curve is the baseline's shifted along N by the factor ``m``: with shared E and α
     the compute multiplier ``m²`` (module docstring) is the same at every size by construction: it is a
-    summary of the sizes fitted, and the report states it over that range only (no prediction beyond it); and ``compute_multiplier`` on independent
-    fits shows whether the shared-exponent assumption holds. Inputs as in ``fit_power_law``; raises
+    summary of the sizes fitted, and the report states it over that range only (no prediction beyond it).
+    ``compute_multiplier`` on independent fits at each measured size shows whether the shared-exponent
+    assumption holds. Inputs as in ``fit_power_law``; raises
     ``ValueError`` with fewer than 4 points in all or invalid values.
     """
     from scipy import optimize
