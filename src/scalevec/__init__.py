@@ -1,7 +1,7 @@
 """scalevec: LLM pre-training research on the learnable scale vectors of normalization layers.
 
 See DESIGN.md for the math and the layout; the public entry points are re-exported here. The integrations with
-other stacks (issue 36, docs/integrations.md: ``apply_strategy``, ``param_groups``, ``fold``, ``save``,
+other stacks (docs/integrations.md: ``apply_strategy``, ``param_groups``, ``fold``, ``save``,
 ``scale_metrics``, ``ScaleMetricsCallback``, ``add_scale_metrics``, ``to_scalevec``, ``allow_any_weight_decay``)
 are imported on first use, so that ``import scalevec`` does not import transformers.
 """

@@ -49,8 +49,8 @@ _NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse's parser whose usage errors are one line naming the problem and where the help is (issue 38:
-    `train --lr 1e-3,1e-2` printed 17 lines of usage before its error), exit 2 as every bad input."""
+    """argparse's parser whose usage errors are one line naming the problem and where the help is (argparse's
+    own printed 17 lines of usage before the error of `train --lr 1e-3,1e-2`), exit 2 as every bad input."""
 
     def error(self, message: str):
         hint = ""
@@ -64,7 +64,7 @@ LONG_WORD = 400  # an error message's word (a value quoted from a file) longer t
 
 def clip_message(text: str) -> str:
     """``text`` with every run of more than ``LONG_WORD`` non-blank characters cut to its first 200 and ``...``: a
-    message quotes at most a short prefix of a value (issue 38: a 200 KB ``strategy:`` was printed whole), while
+    message quotes at most a short prefix of a value (else a 200 KB ``strategy:`` would be printed whole), while
     the paths and names it gives stay whole."""
     return re.sub(rf"\S{{{LONG_WORD + 1},}}", lambda m: m.group()[:200] + "...", text)
 

@@ -3,7 +3,7 @@
 Generic over the schemas of ``config.py`` (DESIGN.md §12): ``to_dict`` / ``from_dict`` (typed, checked
 keys), ``apply_overrides`` (``section.field=value``), ``load_yaml`` / ``save_yaml`` (a run directory's
 ``config.yaml``, ``--config FILE``), ``config_diff`` (resume and sweep refuse a non-empty one) and
-``config_fields`` (every field with its type, default and description: ``scalevec train --help``, issue 26),
+``config_fields`` (every field with its type, default and description: ``scalevec train --help``),
 and the type tests of parsed input (``is_int``, ``is_number``: a ``bool`` is no number) that every reader of
 typed YAML or JSON shares (a Hugging Face config.json, a study section, a prepared manifest, a checkpoint's
 train state, a metrics row).
@@ -237,7 +237,7 @@ def is_number(value: Any, above: float | None = None, least: float | None = None
 # --------------------------------------------------------------------------------------------- files
 
 
-# Bounds on what one YAML document may expand to (issue 38). A config, sweep or study file is a few KB; an
+# Bounds on what one YAML document may expand to. A config, sweep or study file is a few KB; an
 # alias bomb of 369 bytes (nine levels of nine aliases) expands to 9**9 nodes, which every later walk of the
 # value (validation, an error message's repr) would visit. The bounds count the document as its readers see it:
 # every alias expanded in place.
@@ -455,7 +455,7 @@ class FieldDoc:
 
 
 def config_fields(cfg: RunConfig | None = None) -> list[FieldDoc]:
-    """Every field of ``RunConfig``, derived from the dataclasses (issue 26: what ``scalevec train --help``
+    """Every field of ``RunConfig``, derived from the dataclasses (what ``scalevec train --help``
     lists), in declaration order. A section (``model``, ``scale``, ...) is no row of its own; an optional
     one (``model.moe``, ``model.rope_scaling``: None or a section) is a row, followed by its fields.
 

@@ -1,4 +1,4 @@
-"""Inputs -> one validated ``RunConfig``: the one config resolution (DESIGN.md §12; issue 16).
+"""Inputs -> one validated ``RunConfig``: the one config resolution (DESIGN.md §12).
 
 ``scalevec train`` (preset, ``--config`` file, flags, ``key=value``), ``sweep`` / ``compare`` / ``study``
 (a grid point's flat assignments) and ``train --resume`` (the stored config plus execution flags) all
@@ -12,7 +12,7 @@ first:
 
 One rule of its own (DESIGN.md §7): ``wsd`` decays to 0. A layer that sets ``schedule.name: wsd``
 without ``schedule.min_lr_ratio``, where no layer above it sets the ratio, gets ``min_lr_ratio = 0``
-(the config default 0.1 is the cosine floor). And one default that depends on the run (issue 26): when
+(the config default 0.1 is the cosine floor). And one default that depends on the run: when
 no layer sets ``schedule.warmup`` or ``schedule.warmup_frac`` (and no ``base`` holds the run's own), the
 warmup is ``default_warmup(steps)``, 10 % of the run's steps, at most the field's default 50: every run of
 500 steps or more keeps 50 as before (so does every committed study, each of which sets its warmup), and a

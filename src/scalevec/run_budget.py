@@ -54,7 +54,7 @@ def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask): the thread count `scalevec train` and a one-job
     sweep use when ``train.threads`` is 0. Explicit rather than torch's default, which counts physical
     cores and so differs on a machine with SMT from what a parent's ``OMP_NUM_THREADS`` gives: a run's
-    numbers then depended on how it was started (issue 12)."""
+    numbers then depended on how it was started."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

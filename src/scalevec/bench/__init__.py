@@ -1,4 +1,5 @@
-"""``scalevec bench``: what each scale-vector strategy costs, and our speed against Hugging Face Llama (issue 9).
+"""``scalevec bench``: what each scale-vector strategy costs, and our speed against Hugging Face Llama
+(docs/performance.md).
 
 A measuring tool at the top (cli) layer of the package (DESIGN.md §12): the model, data and training code
 never import it, and it trains nothing and writes no run. One module per job:

@@ -1,11 +1,11 @@
-"""The models ``scalevec bench`` measures, built side by side from the same matrices (issue 9, DESIGN.md §3, §5).
+"""The models ``scalevec bench`` measures, built side by side from the same matrices (DESIGN.md §3, §5).
 
 Candidates: strategy names (DESIGN.md §3), ``NAME:activation`` / ``NAME:weight`` / ``NAME:fused`` to force
 the way a strategy applies its scales, ``hf-llama`` (``transformers.LlamaForCausalLM`` from the same shape,
 SDPA attention, holding the baseline's initial weights, trained with the same loss, clipping and a torch
 AdamW with the same settings: decay on matrices and LM head, none on embedding and norm gains), and
 ``dense-active`` (an MoE preset's dense twin with the same active matmul parameters, less the router).
-``NAME+metrics`` is candidate ``NAME`` with the per-scale-vector telemetry (``training/telemetry.py``, issue 36)
+``NAME+metrics`` is candidate ``NAME`` with the per-scale-vector telemetry (``training/telemetry.py``)
 captured and collected on every step: its cost at ``train.log_every=1``, the most it can cost.
 Every candidate starts from the same matrices, so their initial losses agree (a check on equal work).
 """
@@ -32,7 +32,7 @@ HF = "hf-llama"
 DENSE = "dense-active"  # an MoE preset's dense twin with the same active matmul parameters (less the router)
 DEFAULT_STRATEGIES = "baseline,hg,dp,or,er,iwd,unified_foldable,unified,hf-llama"
 GPU_STRATEGIES = "baseline,unified,unified_foldable,hf-llama"  # the issue's GPU set: few compilations
-METRICS = "+metrics"  # NAME+metrics: the per-vector telemetry on every step (issue 36)
+METRICS = "+metrics"  # NAME+metrics: NAME with the per-vector telemetry on every step
 
 
 @dataclass

@@ -1,10 +1,12 @@
-"""``scalevec bench --generate``: greedy generation speed, ``scalevec generate`` against transformers (issue 26).
+"""``scalevec bench --generate``: greedy generation speed, ``scalevec generate`` against transformers
+(docs/performance.md).
 
 Per strategy, a random-init model is exported as ``scalevec export`` writes it (custom code where it cannot
 fold) and loaded as ``scalevec generate`` loads an export; then three ways generate the same greedy tokens:
 ``scalevec generate`` (``hf.generate.hf_sample`` on the loaded export), transformers' own ``generate()``
 called directly on the same loaded export, and the reference loop over our ``Transformer`` with its KV cache
-(``hf.sampling.sample``, what ``scalevec generate`` ran before issue 26). They must agree on the ids.
+(``hf.sampling.sample``, what ``scalevec generate`` ran before it used transformers' ``generate()``). They
+must agree on the ids.
 """
 
 from __future__ import annotations

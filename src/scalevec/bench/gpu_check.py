@@ -1,4 +1,4 @@
-"""The GPU check (issue 34; DESIGN.md §8): every stage of the CUDA path, cheapest first, within one wall-time
+"""The GPU check (DESIGN.md §8): every stage of the CUDA path, cheapest first, within one wall-time
 budget, everything it learns written into one output folder. ``scripts/gpu_check.sh OUT`` calls this module.
 
     python -m scalevec.bench.gpu_check OUT [--device cuda|cpu] [--budget-s S]
@@ -77,7 +77,7 @@ class Plan:
     opt_in: bool = False  # run only when ``--only`` names it
 
 
-# What a training step's figures can be (issue 48: a rehearsal once reported unified 23x faster than the baseline and
+# What a training step's figures can be (a rehearsal once reported unified 23x faster than the baseline and
 # 81 % MFU of a mis-measured peak as ok). unified does the baseline's work and more: 0.5-8x its step covers load
 # noise on a shared CPU and the 3.5x a small GPU step measured (results/gpu/2026-12-04); no training step reaches
 # 75 % of the matmul peak (the best large runs report 40-60 %).

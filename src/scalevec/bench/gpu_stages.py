@@ -1,4 +1,4 @@
-"""The in-process stages of ``scripts/gpu_check.sh`` (issue 34; DESIGN.md §8): each measures one thing about the
+"""The in-process stages of ``scripts/gpu_check.sh`` (DESIGN.md §8): each measures one thing about the
 CUDA path and writes its figures as ``WORK/NAME.json``. ``scalevec.bench.gpu_check`` runs each in its own process
 (under a timeout, ``torchrun`` for ``resume``) so that a crash or a hang in one never stops the next.
 

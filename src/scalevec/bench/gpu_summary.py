@@ -1,4 +1,4 @@
-"""What ``scripts/gpu_check.sh`` reports (issue 34): a training run's speed figures, and the check's summary files.
+"""What ``scripts/gpu_check.sh`` reports (DESIGN.md §8): a training run's speed figures, and the check's summary files.
 
 ``run_figures`` reads a finished run directory (config.yaml, summary.json, metrics.jsonl) and computes what a
 GPU check prints of it: step time, tokens/s, FLOPs per token (``model.flops``), achieved TFLOP/s and MFU against

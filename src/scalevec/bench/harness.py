@@ -1,4 +1,4 @@
-"""How ``scalevec bench`` times: interleaved rounds, paired ratios, and the peak MFU divides by (issue 9, 17).
+"""How ``scalevec bench`` times: interleaved rounds, paired ratios, and the peak MFU divides by (docs/performance.md).
 
 After warm-up the candidates run interleaved (A B C, B C A, ...) so that load from other processes falls on
 all of them alike; each candidate's ratio to the first is taken round by round, then the median is reported

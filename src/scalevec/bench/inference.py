@@ -1,4 +1,4 @@
-"""Forward-only speed before and after ``fold_scales`` (issue 9, DESIGN.md §4, §10).
+"""Forward-only speed before and after ``fold_scales`` (DESIGN.md §4, §10).
 
 Every candidate's forward under ``inference_mode``, and the model ``fold_scales`` makes from each foldable
 strategy, timed interleaved (``harness``) against the first candidate's unfolded forward; the folded

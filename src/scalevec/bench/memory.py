@@ -1,4 +1,4 @@
-"""Peak memory of one training step, as ``scalevec bench`` reports it (issue 9; method in docs/performance.md).
+"""Peak memory of one training step, as ``scalevec bench`` reports it (method in docs/performance.md).
 
 Peak = the candidate's persistent tensors (parameters, buffers, optimizer state) plus the highest level of
 what the step allocates on top. On CUDA the step's part is ``max_memory_allocated`` minus the level before

@@ -1,4 +1,4 @@
-"""The training-step benchmark of ``scalevec bench`` (issue 9, 17): step time, MFU, peak memory, the targets.
+"""The training-step benchmark of ``scalevec bench`` (docs/performance.md): step time, MFU, peak memory, the targets.
 
 For one preset and batch shape it builds every candidate side by side in one process (``candidates``) and
 measures

@@ -1,4 +1,4 @@
-"""Prepared data: a corpus tokenized once into memory-mapped shards and a manifest (DESIGN.md §8, issue 14).
+"""Prepared data: a corpus tokenized once into memory-mapped shards and a manifest (DESIGN.md §8).
 
 ``scalevec prepare-data SOURCE --tokenizer T --out DIR`` streams the documents of SOURCE
 (``documents.iter_documents``, the reader of every format that ``train --data FILE`` also uses; a Hugging Face
@@ -31,7 +31,7 @@ shards as they are, documents cut after each EOS, with the tokenizer that wrote 
 start-up; the manifest is checked (``check_manifest``: fields, types, paths inside DIR, the dtype, file
 sizes) and each shard's max token id is taken in one vectorized pass, so an id outside the vocabulary is
 an error before the run rather than an IndexError in the embedding. ``prepare-data --verify DIR`` checks
-every SHA-256 and the max ids (issue 24). ``ShardedTokens`` presents the shards of a split as one 1-D
+every SHA-256 and the max ids. ``ShardedTokens`` presents the shards of a split as one 1-D
 array to ``TrainSampler`` and ``val_batches`` without concatenating them, and asks ``TrainSampler`` for
 its ``feistel`` order (a permutation computed per index, so memory does not grow with the number of
 windows either).
@@ -268,7 +268,7 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
-        # a full disk mid-write was a bare "[Errno 28] No space left on device" (issue 38): say where and what to do
+        # a full disk mid-write was a bare "[Errno 28] No space left on device": say where and what to do
         raise OSError(f"cannot write the prepared data for {out} ({e.filename or out.parent}: {e.strerror}); free "
                       f"space there or choose another --out (nothing was left: the partial folder was "
                       f"removed)") from None
@@ -548,7 +548,7 @@ def check_manifest(root: Path, m: object) -> dict:
                 raise bad(name, f"is {_show(s)}, not an object")
             for key, kind in _SHARD_FIELDS.items():
                 field(s, key, kind, f"{name}.{key}")
-            if "max_id" in s:  # written since issue 24; older manifests lack it
+            if "max_id" in s:  # older manifests lack it (written only since the id check)
                 field(s, "max_id", int, f"{name}.max_id")
             sizes.append((name, inside(s["file"], f"{name}.file"), s["tokens"]))
             inside(s["offsets"], f"{name}.offsets")
@@ -626,7 +626,7 @@ def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
     problem = next(filter(None, problems), None)
     if problem:
         raise ValueError(f"prepared data {root}: {problem}")
-    record = m.get("split") if isinstance(m.get("split"), dict) else {}  # absent from manifests before issue 26
+    record = m.get("split") if isinstance(m.get("split"), dict) else {}  # absent from older manifests
     note = record.get("note") or f"{m['split_rule']} (val_frac {m['val_frac']})"
     meta = {"format": m["version"], "source": str(path), "prepared_from": m["source"], "tokenizer": m["tokenizer"],
             "vocab_size": m["vocab_size"], "dtype": m["dtype"], "val_frac": m["val_frac"],

@@ -265,7 +265,7 @@ def train_bpe(vocab_size: int, docs: Iterable[str], length: int | None = None, p
     """A byte-level BPE of ``vocab_size`` tokens (``<|bos|>`` = 0, ``<|eos|>`` = 1) trained on ``docs``,
     which may be a generator (HF ``tokenizers`` keeps word counts, not the documents; DESIGN.md §8).
 
-    ``progress`` (issue 26): on a terminal (``stream``, default stderr) tokenizers' own progress bars; elsewhere
+    ``progress``: on a terminal (``stream``, default stderr) tokenizers' own progress bars; elsewhere
     (a log) ``_BPEProgress``'s one-line reports every ``every`` seconds and a last one. The result does not
     depend on it."""
     stream = stream if stream is not None else sys.stderr

@@ -7,7 +7,7 @@ directories. The same seed gives every strategy the same data order, validation 
 matrices (the trainer guarantees it), which is what makes the per-seed differences paired.
 
 ``scalevec compare`` with no arguments is the project's main job; its settings are ``DEFAULTS`` below
-(the one place to change them). A fair comparison puts every strategy at its own best lr (issue 12):
+(the one place to change them). A fair comparison puts every strategy at its own best lr (DESIGN.md §9):
 with ``--lr tuned`` (the default) each strategy trains at the lr that the committed reproduction study
 found for this preset, corpus, tokenizer, optimizer, schedule and budget (``TUNED``: the study's cell it reads
 them from, ``RESULTS/ladder-<rung>-<corpus>/results.csv`` with ``--results RESULTS``, default ``results`` in the

@@ -1,5 +1,5 @@
 """``scalevec plot RUN``: how each scale vector moves during training, and the same per strategy in ``report``
-(issue 36; DESIGN.md §3, §8).
+(DESIGN.md §3, §8).
 
 The figure is rms(γ) of every scale vector over the steps of ``metrics.jsonl``, one panel per role (``input_scale``:
 foldable, ``output_scale``: QK-norm, peri, DNP's gate scale; DESIGN.md §5), one line per vector coloured by its

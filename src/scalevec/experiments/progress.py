@@ -1,4 +1,4 @@
-"""Live progress of a sweep or comparison: which runs train, their step and loss, an ETA for the grid (issue 14).
+"""Live progress of a sweep or comparison: which runs train, their step and loss, an ETA for the grid (DESIGN.md §9).
 
 ``GridProgress`` watches the ``metrics.jsonl`` of the runs it is told have started (the trainer appends
 a row every ``train.log_every`` steps; ``rundir.last_row`` reads the last one), so it needs nothing from
@@ -13,13 +13,13 @@ collide with the status line.
 The ETA weights each run by its training FLOPs (6 · params · tokens, as ``sweep --dry-run``) and
 extrapolates the rate of this session's work (a resumed run counts from the step it resumed at), measured
 up to the newest metrics row seen: ``ETA = remaining work / rate - time since that row``. Between rows the
-ETA so falls by a second per second (issue 26: computed from the elapsed time alone it climbed between rows,
+ETA so falls by a second per second (computed from the elapsed time alone it climbed between rows,
 a staircase, since the work done only moves when a row arrives), for at most the longest gap seen between
 rows, after which it holds: a run that stopped writing rows is not counted down to 0. It is ``?`` until this
 session has done 1 % of the grid's work (before that, start-up time dominates the rate).
 
 Inside ``scalevec study`` each phase is a sub-sweep, so the grid's ETA covers one phase; a ``StudyScope`` adds the
-whole study's bound after it (issue 26)::
+whole study's bound after it::
 
     [0/6 done] none_lr0.002_s0 step 700/2241 | none_lr0.002_s1 step 690/2241 | 10% · ETA 12m05s · study ≤ 3h10m
 

@@ -1,4 +1,4 @@
-"""``scalevec study``: learning-rate tuning a reviewer accepts, on top of ``sweep`` (issue 12, DESIGN.md §9).
+"""``scalevec study``: learning-rate tuning a reviewer accepts, on top of ``sweep`` (DESIGN.md §9).
 
 A study file is a sweep file (``sweep_spec.py``) whose grid has an ``lr`` axis and a ``seed`` axis (the
 tuning seeds, usually ``[0]``), plus a ``study`` section::
@@ -26,9 +26,9 @@ results):
 4. with ``target_halfwidth`` h: per cell, while some strategy's paired differences to the baseline (at each
    one's tuned lr, over the seeds run so far) say that more seeds are needed for a 95 % half-width of h
    (``stats.seeds_for_halfwidth``), every strategy gets the next seeds up to that count, at most ``max_seeds``
-   (issue 23: a ladder whose rungs can resolve the paper's 0.015-0.03 nats); with ``halfwidth_on: held-out``
+   (a ladder whose rungs can resolve the paper's 0.015-0.03 nats); with ``halfwidth_on: held-out``
    the differences and the count are those of the held-out seeds, the seeds after the tuning seeds, on
-   which protocol v3 reports Δ (issue 35: the tuning seeds' Δ carries the winner's curse); the default,
+   which protocol v3 reports Δ (the tuning seeds' Δ carries the winner's curse); the default,
    ``all``, plans over every seed.
 
 The report (``report.py``) picks each strategy's lr on the tuning seeds (the seeds every lr value has)
@@ -455,7 +455,7 @@ def seeds_needed(finals: dict[str, list[float]], baseline: str, seeds: list[int]
     final loss per seed, in the order of ``seeds``; the baseline's under ``baseline``). Each other strategy's
     paired differences to the baseline plan ``plan.target_halfwidth`` (``stats.seeds_for_halfwidth``); with
     ``plan.halfwidth_on == "held-out"`` only the seeds outside ``tuning`` are differences, and the tuning seeds
-    are added to the count they plan (issue 35). At most ``plan.max_seeds``; at least the tuning seeds + 2."""
+    are added to the count they plan. At most ``plan.max_seeds``; at least the tuning seeds + 2."""
     counted = [i for i, s in enumerate(seeds) if plan.halfwidth_on == "all" or s not in tuning]
     skipped = len(seeds) - len(counted)
     need = skipped + 2

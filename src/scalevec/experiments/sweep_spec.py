@@ -178,7 +178,7 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
                              f"one place (per-strategy lrs of a study: study.lr_grids)")
     varying = {k for k, v in axes if len(v) > 1}
     # lrs set inside bundles (each strategy at its own lr, like compare) vary just as an lr axis does: without
-    # `tune` the report would make a cell per lr and find no baseline in most of them (issue 26)
+    # `tune` the report would make a cell per lr and find no baseline in most of them
     lr_in_bundles = len({repr(v.get("optim.lr", base.get("optim.lr"))) for _, values in axes
                          if any(isinstance(v, dict) and "optim.lr" in v for v in values) for v in values}) > 1
     tune = data.get("tune")

@@ -3,7 +3,7 @@
 A sweep folder ``OUT/`` holds ``runs/NAME/`` (ordinary run directories, see ``rundir``) and the spec
 of every sweep that trained into it: ``OUT/sweep.yaml`` for the first one (and any rerun of it, under
 the same ``name``), ``OUT/sweeps/NAME.yaml`` for each further sweep of another name (several sweeps
-may share a folder, e.g. the lr grid of a study and its added seeds, issue 12). ``scalevec report``
+may share a folder, e.g. the lr grid of a study and its added seeds). ``scalevec report``
 reads them all with ``load_specs``: the tuned axis and the baseline must agree, and the strategy order
 is the order of first appearance.
 """
@@ -109,7 +109,7 @@ def load_specs(out: Path) -> dict | None:
         values = {p: s.get(key) for p, s in specs if s.get(key) is not None}
         if key == "tune" and any(values.values()):
             # a sweep that tunes nothing does not contradict one that tunes: `tune` is how the report reads the
-            # runs, not part of their configs, so it may be added later to a folder whose runs stay (issue 26)
+            # runs, not part of their configs, so it may be added later to a folder whose runs stay
             values = {p: v for p, v in values.items() if v}
         if len({repr(v) for v in values.values()}) > 1:
             listed = ", ".join(f"{p.name}: {v}" for p, v in values.items())

@@ -1,4 +1,4 @@
-"""``scalevec convert``: a Hugging Face model or a run, turned into another strategy with no training (issue 26).
+"""``scalevec convert``: a Hugging Face model or a run, turned into another strategy with no training (DESIGN.md §10).
 
 ``SRC`` is what ``train --init-from`` takes (DESIGN.md §10): a Hugging Face model directory (Llama, Qwen3,
 Mixtral, Qwen3-MoE: ``config.json`` + safetensors) or a scalevec run (``RUN`` or ``RUN/checkpoints/step_N``).

@@ -1,4 +1,4 @@
-"""``scalevec eval``: downstream evaluation through lm-evaluation-harness (DESIGN.md §10, issue 15).
+"""``scalevec eval``: downstream evaluation through lm-evaluation-harness (DESIGN.md §10).
 
 Any model scalevec trains is scored with the tool the field uses: a run directory is first exported
 (``export.export_run``, float32, into a temporary directory: a plain Llama-family checkpoint, or the
@@ -23,7 +23,7 @@ test of the pipeline, not a benchmark.
 
 Needs the optional dependency ``lm-eval`` (``pip install 'scalevec[eval]'``).
 
-``--text FILE`` (issue 26) needs no lm-eval and no hub: held-out perplexity, nats/token and bits-per-byte of a
+``--text FILE`` needs no lm-eval and no hub: held-out perplexity, nats/token and bits-per-byte of a
 local UTF-8 text file, or of the validation split of a ``scalevec prepare-data`` folder, computed by scalevec
 (``training.perplexity``: the trainer's validation windows and definitions) with the model's own tokenizer
 (``tokenizer/`` of a run, the tokenizer files of an export; both are ``data.tokenizer.Tokenizer``, so a run
@@ -113,7 +113,7 @@ def _import_lm_eval():
 
 
 def fit_tokenizer_limit(lm) -> None:
-    """Let ``lm``'s tokenizer warn only about what lm-eval will cut (issue 26's "257 > 256" during eval).
+    """Let ``lm``'s tokenizer warn only about what lm-eval will cut (not a "257 > 256" for every document).
 
     A loglikelihood request is encoded whole (context + continuation) and lm-eval feeds its last
     ``max_length + 1`` tokens minus the last one, a target only: ``max_length + 1`` tokens fit without a cut,
@@ -241,7 +241,7 @@ def evaluate(path: str | Path, tasks: list[str], num_fewshot: int | None = None,
 def check_eval_file(directory: str | Path) -> None:
     """Refuse, before an evaluation runs, an ``eval.json`` in ``directory`` that the scores could not be merged
     into: not a regular file, larger than ``MAX_EVAL_JSON_BYTES``, not JSON, or not ``{"tasks": {...}}`` as
-    ``write_eval`` writes it (issue 38: ``[]`` failed after the whole evaluation, with a traceback). Raises
+    ``write_eval`` writes it (checked first: ``[]`` would fail after the whole evaluation, with a traceback). Raises
     ``ValueError`` naming the file and the fix; an absent file passes."""
     from scalevec.config_codec import read_bounded
 
@@ -345,7 +345,7 @@ def text_perplexity(path: str | Path, text: str | Path, seq_len: int | None = No
                   file=sys.stderr, flush=True)
         return loss
 
-    n_bytes = None if prepared else len(content.encode("utf-8"))  # a text's own bytes, as issue 26 defines
+    n_bytes = None if prepared else len(content.encode("utf-8"))  # a text's own bytes (DESIGN.md §8's bits per byte)
     out = perplexity(nll, stream, seq_len, tok.token_bytes(), batch_size, n_bytes)
     if not all(math.isfinite(out[k]) for k in ("nats_per_token", "perplexity", "bits_per_byte")):
         raise ValueError(f"{path} scores {text} with a non-finite loss (nats/token {out['nats_per_token']}, "

@@ -1,4 +1,5 @@
-"""scalevec's own sampling loop: the reference ``scalevec generate`` ran before issue 26 (DESIGN.md §10).
+"""scalevec's own sampling loop: what ``scalevec generate`` ran before it used transformers' ``generate()``, kept
+as the reference (DESIGN.md §10).
 
 ``sample`` decodes from any ``(1, T) -> (1, T, V)`` logits function, with or without a KV cache; ``export
 --verify`` compares an export's greedy tokens with it, ``bench --generate`` times it against transformers'

@@ -21,10 +21,10 @@ from torch import Tensor
 from scalevec.model.fold import fold_scales
 from scalevec.model.transformer import Transformer
 
-VERIFY_ATOL = 1e-4  # fp32 logits: ours vs transformers (issue 7), per unit of the largest |logit|
-# the custom architecture: fp32 logits within 1e-5 per unit of the largest |logit| (issue 15; measured ~1e-7 on the
+VERIFY_ATOL = 1e-4  # fp32 logits: ours vs transformers, per unit of the largest |logit|
+# the custom architecture: fp32 logits within 1e-5 per unit of the largest |logit| (measured ~1e-7 on the
 # tiny test models at init). float32 rounding grows with the size of the numbers rounded: a trained `unified` model
-# (`small`, 600 steps) differed by 1.144e-05 with logits of tens, loss and greedy ids equal (issue 38), so the logit
+# (`small`, 600 steps) differed by 1.144e-05 with logits of tens, loss and greedy ids equal, so the logit
 # tolerance is atol x max(1, max |logit|), the loss's atol x max(1, |loss|).
 VERIFY_ATOL_REMOTE = 1e-5
 

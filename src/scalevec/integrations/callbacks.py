@@ -1,4 +1,4 @@
-"""The research object on an ``apply_strategy`` user's dashboard (issue 36): the per-scale-vector metrics of
+"""The research object on an ``apply_strategy`` user's dashboard (DESIGN.md §8): the per-scale-vector metrics of
 ``training/telemetry.py`` as an HF ``TrainerCallback`` and as a function for any training loop.
 
 - ``scale_metrics(model, optimizer, every=N)``: a ``telemetry.ScaleTelemetry`` hooked to ``optimizer`` (step

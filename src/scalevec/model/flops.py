@@ -1,4 +1,4 @@
-"""Training FLOPs per token from a model config, a matmul peak, and MFU (issue 17): the one home of these figures.
+"""Training FLOPs per token from a model config, a matmul peak, and MFU (DESIGN.md §8): the one home of these figures.
 
 ``flops_per_token`` is PaLM's estimate (Chowdhery et al. 2022, appendix B): ``6 · N + 12 · n_layers ·
 seq_len · n_heads · head_dim``, where N counts the matmul weights one token passes through (every
@@ -113,7 +113,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, given: float = 0.0) -> 
     dtype, thread count and torch version (first call: one ``matmul_peak``, about 0.3 s)."""
     if given > 0:
         return float(given), "train.peak_flops"
-    # the spec table holds dense bf16/fp16 figures: an fp32 run is measured in fp32 (its own peak, issue 34)
+    # the spec table holds dense bf16/fp16 figures: an fp32 run is measured in fp32 (its own peak, not the bf16 one)
     spec = gpu_spec_peak(device) if dtype in (torch.bfloat16, torch.float16) else None
     if spec is not None:
         return spec, "spec"

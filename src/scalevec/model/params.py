@@ -63,7 +63,7 @@ def param_roles(model: nn.Module) -> dict[str, str]:
 
 
 def draw(t: Tensor, init: Callable[[Tensor], None]) -> None:
-    """Run initializer ``init`` on ``t`` with the CPU generator, whatever ``t``'s device (issue 34): in place on the
+    """Run initializer ``init`` on ``t`` with the CPU generator, whatever ``t``'s device: in place on the
     CPU (and on meta, where nothing is drawn), else into a CPU buffer of ``t``'s shape and dtype that is then
     copied to ``t``. The CUDA RNG is never used, so the same seed draws the same numbers on every device."""
     if t.device.type in ("cpu", "meta"):

@@ -372,7 +372,7 @@ def build_model(cfg: ModelConfig, scfg: ScaleConfig, seed: int | None = None,
                 device: str | torch.device | None = None) -> Transformer:
     """Build a ``Transformer``; with ``seed`` its matrices come from ``torch.manual_seed(seed)`` (fork of the
     global RNG, which is left untouched), drawn on the CPU generator whatever ``device`` (``params.draw``), so seed
-    k is the same model on CPU and GPU (issue 34). ``device='meta'`` builds it without memory and draws nothing
+    k is the same model on CPU and GPU. ``device='meta'`` builds it without memory and draws nothing
     (parameter counts)."""
     with torch.device(device or "cpu"):
         if seed is None:

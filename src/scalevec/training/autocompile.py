@@ -1,4 +1,4 @@
-"""``train.compile: auto | true | false``: when the trainer compiles its blocks with ``torch.compile`` (issue 17).
+"""``train.compile: auto | true | false``: when the trainer compiles its blocks with ``torch.compile`` (DESIGN.md §8).
 
 ``true`` compiles every block (``distributed.wrap``), ``false`` runs eager, ``auto`` (the default) decides
 from the device and the run length with the rule below, derived from measurements in docs/performance.md
@@ -8,11 +8,11 @@ from the device and the run length with the rule below, derived from measurement
   and the reproduction study and tests/test_golden.py are eager CPU runs that must stay bitwise
   reproducible. Measured on the 2-core EPYC (1 thread, under load): compiling costs 23-80 s and a compiled
   step 0.73-0.84x the eager CPU time at tiny/small (``benchmarks/compile_cost.py``); on one whole main-job
-  run (cpu-80k, ``unified``, 1,054 steps; docs/performance.md "Issue 17, second pass") a compiled step took
-  0.70-0.77x the eager CPU time, but compiling these shapes with an empty inductor cache cost ~60 s of
-  CPU, so the run took 161-169 s of CPU compiled against 117-141 s eager (break-even ~2,500 steps at that
-  size); with the cache warm, 104.5 s. So on CPU compiling gains nothing dependable for a single run at
-  the study's run lengths, and ``auto`` keeps eager, which also keeps the bits.
+  run (cpu-80k, ``unified``, 1,054 steps; docs/performance.md "One run of the first protocol's main job end to
+  end") a compiled step took 0.70-0.77x the eager CPU time, but compiling these shapes with an empty inductor
+  cache cost ~60 s of CPU, so the run took 161-169 s of CPU compiled against 117-141 s eager (break-even
+  ~2,500 steps at that size); with the cache warm, 104.5 s. So on CPU compiling gains nothing dependable for
+  a single run at the study's run lengths, and ``auto`` keeps eager, which also keeps the bits.
 - **CUDA: compiled when the run has at least ``CUDA_MIN_STEPS`` steps**, eager below (a short check run
   would spend most of its time compiling). The threshold is the break-even ``compile seconds / (eager step
   seconds · fractional gain)`` for an assumed minute of compilation and 20-30 % gain per step on a ~0.1B

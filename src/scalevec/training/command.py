@@ -50,7 +50,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def fields_help() -> str:
     """Every config field as ``section.field  type  default  [--flag] description``, derived from the
-    dataclasses (``config_codec.config_fields``; issue 26), one block per section. Defaults are those of a run
+    dataclasses (``config_codec.config_fields``), one block per section. Defaults are those of a run
     with no options (preset small, strategy baseline); an optional section's (``model.moe``,
     ``model.rope_scaling``) are its class's."""
     flags = {key: "--" + name.replace("_", "-") for name, key in FLAG_FIELDS.items()}
@@ -145,7 +145,7 @@ def config_from_args(args, base: dict | None = None) -> RunConfig:
 def absolute_paths(cfg: RunConfig) -> RunConfig:
     """``cfg`` with a relative ``data.source`` / ``data.tokenizer`` that names an existing file or folder made
     absolute, as ``config.yaml`` stores it: ``train --resume`` then finds the data from any working directory
-    (issue 38; ``sweep`` and ``study`` already resolved theirs). Names (``shakespeare``, ``kjv``, ``hf:NAME``,
+    (``sweep`` and ``study`` resolve theirs too). Names (``shakespeare``, ``kjv``, ``hf:NAME``,
     ``bytes``, ``bpe:N``) and paths that do not exist (refused later, naming them) are kept as written."""
     import os
     from pathlib import Path
@@ -167,8 +167,8 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
     return replace(cfg, data=replace(data, **changes)) if changes else cfg
 
 
-# a model whose weights alone pass this machine's memory fails in the allocator with a traceback (issue 38:
-# model.d_model 10^9 in a run's config on resume); refused first, one line
+# a model whose weights alone pass this machine's memory fails in the allocator with a traceback (e.g.
+# model.d_model 10^9 in a run's config.yaml on resume); refused first, one line
 def check_fits_memory(cfg: RunConfig) -> None:
     """Raise ``ValueError`` when ``cfg``'s model cannot exist here: its matrices and embedding alone (a lower
     bound on its parameters, ``flops.matmul_params_per_token`` + the embedding) in float32 need more bytes than

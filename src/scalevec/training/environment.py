@@ -2,8 +2,8 @@
 
 Versions (scalevec, torch, Python), the code's git commit, host, platform, start time, command line,
 processes and threads, the CPU model and the instruction set its fp32 kernels use (the thread count and
-the instruction set change the last bits of fp32 sums: issue 12). The CPU's name is ``flops.cpu_name``,
-the one reader of /proc/cpuinfo.
+the instruction set change the last bits of fp32 sums, so a run is reproduced with the same ones). The CPU's
+name is ``flops.cpu_name``, the one reader of /proc/cpuinfo.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``train --init-from``: start a run from a Hugging Face model, or branch an existing run (issue 14; DESIGN.md §8).
+"""``train --init-from``: start a run from a Hugging Face model, or branch an existing run (DESIGN.md §8).
 
 A source is one of
 
@@ -127,7 +127,7 @@ def base_sections(init: InitFrom, preset: str | None, strategy: str | None, toke
 
 def tokenizer_note(init: InitFrom, cfg: RunConfig) -> str | None:
     """The console line for a Hugging Face source without ``tokenizer.json`` whose run takes the default
-    tokenizer (issue 26: it trained silently with bytes on Shakespeare): which tokenizer and data the run
+    tokenizer (without it the run would train on bytes of Shakespeare unannounced): which tokenizer and data the run
     uses and how to choose others; ``None`` otherwise (a run source, the model's own tokenizer, or one the
     user chose)."""
     from scalevec.config import DataConfig

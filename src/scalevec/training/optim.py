@@ -200,7 +200,7 @@ def param_groups(model: nn.Module, cfg: OptimConfig, scfg: ScaleConfig,
         muon = cfg.name == "muon" and role == "matrix"
         lr = (cfg.muon_lr or cfg.lr) if muon else cfg.lr
         if role in SCALE_ROLES and scfg.lr_mult != 1.0:
-            lr *= scfg.lr_mult  # scale.lr_mult (issue 23's switch); 1 leaves every lr bitwise as it was
+            lr *= scfg.lr_mult  # scale.lr_mult, a switch: 1 leaves every lr bitwise as it was
         groups.append(Group(role, "muon" if muon else "adamw", lr, role_weight_decay(role, cfg, scfg), names,
                             [named[n] for n in names]))
     covered = [n for g in groups for n in g.names]

@@ -1,4 +1,4 @@
-"""Held-out perplexity and bits-per-byte of a token stream, as the trainer's validation defines them (issue 26).
+"""Held-out perplexity and bits-per-byte of a token stream, as the trainer's validation defines them (DESIGN.md §8).
 
     text_stream(text, tok)          -> the ids of one document: [start token] + encode(text) + [EOS]
     perplexity(nll, stream, T, tb)  -> {"nats_per_token", "perplexity", "bits_per_byte", "tokens", "bytes"}

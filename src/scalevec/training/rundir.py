@@ -496,7 +496,7 @@ class RunLock:
     releases it when the holder exits, however it dies. The lock file is never deleted (deleting it
     would let two writers lock two different files). It is opened without following a symbolic link and must
     be a regular file (``RunDirError`` otherwise, ``_open_lock``): a ``.lock`` linking to a user's file would be
-    truncated, a FIFO would hang (issue 38).
+    truncated, a FIFO would hang.
     """
 
     def __init__(self, run_dir: str | Path):

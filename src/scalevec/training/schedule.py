@@ -55,9 +55,9 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
 
 
 def warmup_warning(total_steps: int, cfg: ScheduleConfig) -> str | None:
-    """A one-line warning when the warmup does not fit the run, else None (issue 12): ``lr_multiplier`` then
+    """A one-line warning when the warmup does not fit the run, else None: ``lr_multiplier`` then
     ramps over the run's own steps (the warmup is cut to the run: from 1/steps of the peak to the peak at the
-    last step) and never decays, and the warning names that ramp, not only the setting (issue 26)."""
+    last step) and never decays, and the warning names that ramp, not only the setting."""
     warmup = cfg.warmup_steps(total_steps)
     if cfg.name != "constant" and warmup >= total_steps:
         setting = (f"schedule.warmup_frac={cfg.warmup_frac:g} ({warmup} steps)" if cfg.warmup_frac is not None

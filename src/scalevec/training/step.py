@@ -3,7 +3,8 @@
 ``accumulate_gradients`` runs forward and backward over one rank's micro-batches so that the gradient is
 that of the token-mean loss of the *whole* global batch, however it is split over micro-batches and
 ranks. The optimizer step, clipping and the health guard are the trainer's (``trainer.Trainer.train_step``).
-``accumulate_gradients`` copies nothing to the host: the step's one host sync is the health guard's (issue 34).
+``accumulate_gradients`` copies nothing to the host: the step's one host sync is the health guard's
+(DESIGN.md §8, host syncs).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a run logs about its own state, besides the loss: per-scale-vector, per-layer and MoE statistics
-(DESIGN.md §8, issue 36).
+(DESIGN.md §8).
 
 Every ``train.log_every`` steps the trainer puts into its ``metrics.jsonl`` row, from a ``ScaleTelemetry``:
 

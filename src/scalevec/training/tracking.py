@@ -1,4 +1,4 @@
-"""Experiment trackers: TensorBoard or Weights & Biases mirrors of ``metrics.jsonl`` (DESIGN.md §8, issue 14).
+"""Experiment trackers: TensorBoard or Weights & Biases mirrors of ``metrics.jsonl`` (DESIGN.md §8).
 
 ``train.tracker`` (``--tracker``) is ``none`` (default), ``tensorboard`` or ``wandb``; both are optional
 dependencies (``pip install tensorboard`` / ``pip install wandb``). ``metrics.jsonl`` stays the record
@@ -7,7 +7,7 @@ every numeric top-level field as ``<kind>/<field>`` (``train/loss``, ``train/lr`
 ``train/tok_per_s``, ``train/mfu`` when the row holds it, ``eval/val_loss``, ``eval/val_bpb``,
 ``probe/sharpness``, ...) plus a summary of the scale vectors (``scales/mean`` of their means,
 ``scales/std`` of their stds, ``scales/min``, ``scales/max``), at the row's ``step``. Each scale vector is also
-a series of its own (issue 36), grouped by its role so that a dashboard keeps one section per role:
+a series of its own, grouped by its role so that a dashboard keeps one section per role:
 ``scales.<role>/<stat>/<vector>`` for the stats ``rms``, ``min``, ``max``, ``grad_norm``, ``update_norm``
 (``scales.input_scale/rms/layers.0.attn.proj.branches.q.in_scale``; TensorBoard and W&B both group panels by
 the part before the first ``/``), and each layer's matrix gradient norm as ``grad_norm.layers/<layer>``

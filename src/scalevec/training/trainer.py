@@ -60,7 +60,7 @@ from scalevec.training.schedule import lr_multiplier, warmup_warning
 from scalevec.training.step import accumulate_gradients, evaluate
 from scalevec.training.telemetry import ScaleTelemetry
 
-# Periodic checkpoints by wall time too (issue 38): with train.ckpt_every > 0, a checkpoint is also written
+# Periodic checkpoints by wall time too: with train.ckpt_every > 0, a checkpoint is also written
 # after the first step that ends CKPT_MINUTES of training after the last one, so a slow run (a big model, a
 # loaded machine) never loses more than that to a kill. 0 turns both off (a checkpoint at the end only).
 CKPT_MINUTES = 30.0
@@ -267,7 +267,7 @@ class Trainer:
     def train_step(self, step: int) -> tuple[float, float, float]:
         """One optimizer step; returns (loss in nats/token over the global batch, aux loss, grad norm).
 
-        One host sync (issue 34): the guard's three scalars, copied together; the batch is copied without
+        One host sync (DESIGN.md §8): the guard's three scalars, copied together; the batch is copied without
         waiting (pinned on CUDA) and the target count stays on the device (``step.accumulate_gradients``)."""
         set_lr(self.optimizers, lr_multiplier(step, self.steps, self.cfg.schedule))
         x, y = self.sampler.batch(step, self.rank, self.world)
