@@ -231,7 +231,7 @@ class ScaleConfig:
     weight_decay: float | None = None
     """The decayed scales' weight-decay coefficient; null: optim.weight_decay, the matrices' (our choice, §3)."""
     lr_mult: float = 1.0
-    """Peak lr of every scale parameter over optim.lr (AdamW groups of the scale roles; our choice, DESIGN.md §5).
+    """Peak lr of every scale parameter over optim.lr (AdamW groups of the scale roles; our choice).
 
     A switch because a scale vector's Adam step of about lr per step is a relative change of lr, unlike a
     matrix entry's of size 0.02-0.1."""
