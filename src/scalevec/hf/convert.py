@@ -1,4 +1,5 @@
-"""``scalevec convert``: a Hugging Face model or a run, turned into another strategy with no training (DESIGN.md §10).
+"""``scalevec convert``: a Hugging Face model or a run, turned into another strategy with no training (docs/guide.md,
+"Convert a model into another strategy").
 
 ``SRC`` is what ``train --init-from`` takes (DESIGN.md §10): a Hugging Face model directory (Llama, Qwen3,
 Mixtral, Qwen3-MoE: ``config.json`` + safetensors) or a scalevec run (``RUN`` or ``RUN/checkpoints/step_N``).

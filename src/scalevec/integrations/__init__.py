@@ -1,4 +1,4 @@
-"""The strategies where researchers already train (DESIGN.md §10): Hugging Face models and any training loop.
+"""The strategies where researchers already train (docs/integrations.md): Hugging Face models and any training loop.
 
 - ``hf_model``: ``apply_strategy`` (a strategy's scale vectors, in place, into a model of a family recorded in
   ``hf_format/families.py``: transformers, torchtitan, OLMo-core), ``fold`` (back to the plain model), ``save``

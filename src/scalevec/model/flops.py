@@ -1,4 +1,5 @@
-"""Training FLOPs per token from a model config, a matmul peak, and MFU (DESIGN.md §8): the one home of these figures.
+"""Training FLOPs per token from a model config, a matmul peak, and MFU: the one home of these figures
+(docs/performance.md).
 
 ``flops_per_token`` is PaLM's estimate (Chowdhery et al. 2022, appendix B): ``6 · N + 12 · n_layers ·
 seq_len · n_heads · head_dim``, where N counts the matmul weights one token passes through (every
