@@ -134,7 +134,7 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
     pick, common = None, set()
     if tune_key is not None:
         # The value is picked on the seeds that every value was run with (a study tunes on seed 0, then adds
-        # seeds at the picked value only: those confirm the pick and must not re-choose it, issue 12).
+        # seeds at the picked value only: those confirm the pick and must not re-choose it).
         seeds_of: dict[float, set[int]] = defaultdict(set)
         for r in runs:
             seeds_of[float(r.flat[tune_key])].add(r.seed)
@@ -200,7 +200,7 @@ def _compare_to_baseline(results: list[StrategyResult], label: str, warnings: li
     base_curve = mean_curve(base.runs)
     t_base = stats.tokens_to_reach(*base_curve, base.loss_mean) if base_curve[0].size else math.nan
     base_by_seed = {r.seed: r.final_loss for r in base.runs}
-    # one clock for the cell: CPU (process) time per step where every run logged it (issue 17: wall clock on a
+    # one clock for the cell: CPU (process) time per step where every run logged it (wall clock on a
     # shared machine measures the neighbours too, it showed `none` 0.35x); else the wall clock (older runs)
     clock = next((c for c in ("cpu", "wall") if all(r.step_times.get(c, math.nan) > 0 for r in results)), "")
     for res in results:

@@ -189,7 +189,7 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
         write_atomic(root / "results.csv", to_csv(results_frame(a)))
         write_atomic(root / "report.md", render_markdown(a, root, figures))
         a.files = ["report.md", "results.csv", "runs.csv", *figures]
-    except OSError as e:  # a full disk was a bare "[Errno 28]" and left a 0-byte figure (issue 38)
+    except OSError as e:  # a full disk was a bare "[Errno 28]" and left a 0-byte figure
         raise OSError(f"cannot write the report into {root} ({e.filename or root}: {e.strerror or e}); free space "
                       f"there (or make it writable) and rerun scalevec report {root}; every file it holds is whole "
                       f"(the report's files are written whole or not at all)") from None

@@ -273,7 +273,7 @@ class LrPick:
 def seeds_needed(differences: Sequence[float], confidence: float = 0.95, max_seeds: int = 1000) -> int | None:
     """Seeds a paired comparison needs before its interval would exclude 0, if the mean and spread of the
     per-seed ``differences`` seen so far held: the smallest n >= 2 with ``t_(1+c)/2,n-1 · sd / √n < |mean|``
-    (a planning figure at about 50 % power, not a power analysis; issue 12). None when the mean is 0 or
+    (a planning figure at about 50 % power, not a power analysis). None when the mean is 0 or
     more than ``max_seeds`` would be needed. Raises ``ValueError`` for fewer than 2 differences.
     """
     from scipy import stats as scipy_stats
@@ -320,7 +320,7 @@ class LineFit:
 def fit_line(x: Sequence[float], y: Sequence[float], se: Sequence[float] | None = None) -> LineFit:
     """Weighted least squares of ``y`` on ``x`` (weights ``1/se²``; equal weights without ``se``).
 
-    Our choice of interval (issue 23's trend of Δ across the ladder): the covariance ``(XᵀWX)⁻¹`` is scaled by
+    Our choice of interval (for the trend of Δ across a ladder): the covariance ``(XᵀWX)⁻¹`` is scaled by
     the reduced χ² when that exceeds 1 (points scattered more than their ``se`` say: a model that is not a line,
     or under-estimated errors), never shrunk below what the ``se`` give, and the interval uses t with
     points - 2 dof; without ``se`` it is ordinary least squares with the residual variance. Raises
@@ -359,7 +359,7 @@ def seeds_for_halfwidth(differences: Sequence[float], halfwidth: float, confiden
                         max_seeds: int = 1000) -> int | None:
     """Seeds a paired comparison needs for its interval's half-width ``t_(1+c)/2,n-1 · sd / √n`` to reach
     ``halfwidth`` (nats), if the spread of the per-seed ``differences`` seen so far held: the smallest n >= 2
-    that does (issue 23's ±0.015 target; a planning figure: the sd itself is estimated). None when more than
+    that does (e.g. a ladder's ±0.015 nats; a planning figure: the sd itself is estimated). None when more than
     ``max_seeds`` would be needed. Raises ``ValueError`` for fewer than 2 differences or ``halfwidth <= 0``.
     """
     from scipy import stats as scipy_stats

@@ -55,7 +55,7 @@ LOAD_MARK = "‡"
 def load_made_implausible(r: StrategyResult, is_baseline: bool = False) -> bool:
     """Whether ``r``'s step-time ratio contradicts the work its strategy does: more parameters than the baseline
     (scale vectors on the same matrices: never less work per step) and yet faster by more than ``STEP_NOISE``.
-    Such a ratio measured the machine's load, which changed between the runs (issue 38: the main job printed
+    Such a ratio measured the machine's load, which changed between the runs (the main job once printed
     ``unified 0.56×`` after its last runs ran alone), not the model."""
     return (not is_baseline and math.isfinite(r.step_time_ratio) and r.extra_params > 0
             and r.step_time_ratio < 1 - STEP_NOISE)
@@ -66,7 +66,7 @@ LOAD_SHARE_TOL = 0.2  # CPU shares (analysis.cpu_share) of one code on one machi
 
 def measured_under_other_load(r: StrategyResult, is_baseline: bool = False) -> bool:
     """Whether ``r``'s runs and the baseline's ran under different loads: their CPU seconds per wall second
-    (``analysis.cpu_share``) differ by more than ``LOAD_SHARE_TOL`` (issue 48: `none` showed 1.51× the baseline
+    (``analysis.cpu_share``) differ by more than ``LOAD_SHARE_TOL`` (`none` once showed 1.51× the baseline
     from load alone, which ``load_made_implausible`` cannot see in a slower ratio)."""
     change = getattr(r, "cpu_share_change", math.nan)
     return not is_baseline and math.isfinite(change) and abs(change) > LOAD_SHARE_TOL
