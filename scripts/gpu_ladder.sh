@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The ladder continued upward on one GPU (issue 23): the CPU ladder's protocol (the 0.12B init regime,
+# The ladder continued upward on one GPU (issue 23; the packages-corpus ladder in slices: scripts/gpu_slice.sh):
+# the CPU ladder's protocol (the 0.12B init regime,
 # warmup 5 %, 20 tokens per parameter, baseline / none / unified, bytes) on cpu-1m, gpu-3m, gpu-6m, ... with
 # several runs at once on the one GPU. Each rung's study file is written here by scripts/ladder_plan.py from
 # the committed smaller rungs (a line in log lr against log N, × √(batch ratio) for the GPU's 8× larger
@@ -50,7 +51,8 @@ for rung in "${RUNGS[@]}"; do
   fi
   echo "== $(date -u +%H:%M:%S) $rung -> $out ($JOBS at once on $DEVICE)"
   # a hard deadline: SIGTERM stops the study where it is (resumable), so the whole fits the window it was given
-  timeout --signal=TERM --kill-after=30 "$(( BUDGET_S - elapsed ))" "$PY" -m scalevec study "$spec" --out "$out" \
-    --jobs "$JOBS" || status=1
+  # (the study's own --budget-s first: it starts no run it cannot finish and checkpoints the running ones)
+  timeout --signal=TERM --kill-after=30 "$(( BUDGET_S - elapsed + 30 ))" "$PY" -m scalevec study "$spec" --out "$out" \
+    --jobs "$JOBS" --budget-s "$(( BUDGET_S - elapsed ))" || status=1
 done
 exit $status

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,7 +56,7 @@ from scalevec.config_codec import is_int, is_number, load_yaml, short
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.study_grid import LR, SEED, STRATEGY, cell_of, grid_cells, narrowed, phase1_runs
-from scalevec.experiments.sweep import check_sources, dry_run_text, run_sweep
+from scalevec.experiments.sweep import check_sources, dry_run_text, measured_rate, run_sweep
 from scalevec.experiments.sweep_grid import Run, expand, run_params, run_status
 from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label, yaml_number
 from scalevec.run_budget import run_tokens, total_steps
@@ -217,29 +218,6 @@ def _grow(lrs: list[float], losses: dict[float, list[float | None]], factor: flo
     return min(lrs) / factor if pick.lr == min(lrs) else max(lrs) * factor
 
 
-def measured_rate(runs_dir: Path) -> tuple[float, int]:
-    """Seconds per training FLOP (6·N·D) over the finished runs in ``runs_dir``, and how many runs that is;
-    ``(nan, 0)`` when none has finished. A run's seconds are what its sweep waited for, start-up included:
-    from its ``NAME.yaml`` (written by the sweep as it starts the trainer) to its ``DONE``, or the summary's
-    ``wall_time_s`` (the trainer's own loop) when that span is shorter (files copied, e.g. by git)."""
-    seconds = flops = 0.0
-    n = 0
-    for d in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
-        if not d.is_dir() or rundir.state(d) != "done":
-            continue
-        try:
-            s = rundir.read_json(d / rundir.SUMMARY)
-            wall, work = float(s["wall_time_s"]), 6.0 * float(s["params"]) * float(s["tokens"])
-            started = runs_dir / f"{d.name}.yaml"
-            if started.is_file():
-                wall = max(wall, (d / rundir.DONE).stat().st_mtime - started.stat().st_mtime)
-        except (rundir.RunDirError, KeyError, TypeError, ValueError, OSError):
-            continue
-        if math.isfinite(wall) and wall > 0 and work > 0:
-            seconds, flops, n = seconds + wall, flops + work, n + 1
-    return (seconds / flops, n) if n else (math.nan, 0)
-
-
 def _phases(spec: SweepSpec, plan: StudyPlan, runs_dir: Path):
     """``(phase 1's runs, their statuses on disk, phases, cells)`` where each phase is ``(label, runs to train at
     most, FLOPs at 6·N·D, is an upper bound)``: phase 1 as it stands on disk, later phases at their worst case
@@ -330,10 +308,13 @@ def plan_text(spec: SweepSpec, plan: StudyPlan, out: str | Path, step_time: floa
 
 def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, jobs: int = 1,
               dry_run: bool = False, train_cmd: tuple[str, ...] | None = None, quiet: bool = False,
-              step_time: float | None = None) -> int:
+              step_time: float | None = None, deadline: float | None = None) -> int:
     """Run the phases of the module docstring into ``out``; returns 0, or 1 if a run failed or was skipped. ``dry_run``
     prints the whole plan (``plan_text``, with ``step_time`` for its time estimate) and trains nothing. The study
-    holds ``out/.lock`` while it trains: ``rundir.RunLocked`` (naming the holder's PID) when another study holds it."""
+    holds ``out/.lock`` while it trains: ``rundir.RunLocked`` (naming the holder's PID) when another study holds it.
+    Each step of a phase trains every strategy's runs in one sweep (in turn by strategy, ``sweep.interleaved``).
+    ``deadline`` (``time.time()`` seconds; ``--budget-s``, a GPU slice): no run starts that would end after it,
+    the running ones checkpoint at it (``run_sweep``), and a rerun of the same command resumes."""
     out = Path(out)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
@@ -349,9 +330,10 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     lock = rundir.RunLock(out).acquire()
     scope = None
 
-    def train(sub: SweepSpec) -> int:  # one step of a phase, trained into the study's folder
-        return run_sweep(sub, out, jobs=jobs, train_cmd=train_cmd, report=False, tables=True, quiet=quiet,
-                         record_spec=False, scope=scope)
+    def train(subs: list[SweepSpec]) -> int:  # one step of a phase, every strategy's runs at once, into the folder
+        runs = [r for sub in subs for r in expand(sub)]
+        return run_sweep(spec, out, jobs=jobs, train_cmd=train_cmd, report=False, tables=True, quiet=quiet,
+                         record_spec=False, scope=scope, runs=runs, deadline=deadline)
 
     def phases() -> int:
         nonlocal scope
@@ -360,33 +342,44 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
         scope = study_scope(spec, plan, out, jobs)
         sweepdir.write_spec(out, stored)
         runs_dir = out / "runs"
-        rc = 0
-        if plan.lr_grids is None:
-            rc = train(spec)
         tuning = list(dict(spec.axes)[SEED])
         groups, examples, axis_value = grid_cells(spec)
-        if plan.lr_grids is not None:  # phase 1, each strategy on its own lrs
-            for cell, by_strategy in groups.items():
+        if plan.lr_grids is None:
+            rc = train([spec])
+        else:  # phase 1, each strategy on its own lrs, all in one step
+            for by_strategy in groups.values():
                 for label in by_strategy:
                     by_strategy[label] = list(plan.lr_grids[label])
-                    rc |= train(narrowed(spec, examples[cell], axis_value[label], by_strategy[label], tuning))
+            rc = train([narrowed(spec, examples[cell], axis_value[label], lrs, tuning)
+                        for cell, by_strategy in groups.items() for label, lrs in by_strategy.items()])
+        # phase 2 in rounds: each round adds, to every strategy and cell whose best lr is at an edge, the next lr
+        # past it, and trains all of them at once; a strategy's choices depend on its own runs alone, so they are
+        # the ones a strategy-by-strategy order makes
+        growing = [(cell, label) for cell, by_strategy in groups.items() for label in by_strategy]
+        for _ in range(plan.max_extensions):
+            steps = []
+            for cell, label in list(growing):
+                lrs = groups[cell][label]
+                losses = {lr: [] for lr in lrs}
+                for run in expand(narrowed(spec, examples[cell], axis_value[label], lrs, tuning)):
+                    losses[run.values[LR]].append(_final(runs_dir, run.name))
+                nxt = _grow(lrs, losses, plan.extend)
+                if nxt is None:
+                    growing.remove((cell, label))
+                    continue
+                nxt = float(f"{nxt:.6g}")
+                say(f"study: {label} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
+                    f"{nxt:g}")
+                lrs.append(nxt)
+                steps.append(narrowed(spec, examples[cell], axis_value[label], [nxt], tuning))
+            if not steps:
+                break
+            rc |= train(steps)
         tuned: dict[tuple, dict[str, float]] = defaultdict(dict)  # cell -> strategy label -> its tuned lr
+        confirm = []
         for cell, by_strategy in groups.items():
             for label, lrs in by_strategy.items():
                 strategy = axis_value[label]
-                for _ in range(plan.max_extensions):
-                    sub = narrowed(spec, examples[cell], strategy, lrs, tuning)
-                    losses = {lr: [] for lr in lrs}
-                    for run in expand(sub):
-                        losses[run.values[LR]].append(_final(runs_dir, run.name))
-                    nxt = _grow(lrs, losses, plan.extend)
-                    if nxt is None:
-                        break
-                    nxt = float(f"{nxt:.6g}")
-                    say(f"study: {label} in {dict(cell) or 'the cell'}: best lr at the edge of {sorted(lrs)}; adding "
-                        f"{nxt:g}")
-                    lrs.append(nxt)
-                    rc |= train(narrowed(spec, examples[cell], strategy, [nxt], tuning))
                 losses = {lr: [_final(runs_dir, r.name)
                                for r in expand(narrowed(spec, examples[cell], strategy, [lr], tuning))]
                           for lr in lrs}
@@ -398,7 +391,9 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
                     continue
                 tuned[cell][label] = best
                 if plan.confirm_seeds:
-                    rc |= train(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds))
+                    confirm.append(narrowed(spec, examples[cell], strategy, [best], plan.confirm_seeds))
+        if confirm:
+            rc |= train(confirm)
         if plan.target_halfwidth is not None:
             seeds = list(dict.fromkeys(tuning + plan.confirm_seeds))
             for cell, lr_of in tuned.items():
@@ -424,7 +419,7 @@ def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of:
     differences to the baseline plan a half-width of ``plan.target_halfwidth`` or ``plan.max_seeds`` is reached;
     with ``plan.halfwidth_on == "held-out"`` only the differences on seeds outside ``tuning`` count, and the
     tuning seeds are added to the count they plan.
-    ``train(sub_spec)`` trains a step into the study's folder (``run_study``'s). Deterministic from the results on
+    ``train(sub_specs)`` trains a step, every strategy at once, into the study's folder (``run_study``'s). Deterministic from the results on
     disk, so a rerun makes the same decisions. Returns ``run_sweep``'s rc."""
     if spec.baseline not in lr_of or len(lr_of) < 2:
         return 0
@@ -443,8 +438,7 @@ def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of:
         which = "held-out seeds" if plan.halfwidth_on == "held-out" else "seeds"
         say(f"study: the {which} so far plan a half-width above {plan.target_halfwidth:g} nats; adding seeds "
             f"{new[0]}-{new[-1]} ({need} in all)")
-        for label, lr in lr_of.items():
-            rc |= train(narrowed(spec, example, value_of[label], [lr], new))
+        rc |= train([narrowed(spec, example, value_of[label], [lr], new) for label, lr in lr_of.items()])
         seeds = seeds + new
     return rc
 
@@ -505,6 +499,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-time", type=float, metavar="SECONDS",
                    help="seconds per optimizer step of the first run, for the time estimate (default: measured "
                         "from the folder's finished runs)")
+    p.add_argument("--budget-s", type=float, metavar="SECONDS",
+                   help="a slice: start no run that would end after this many seconds (at the folder's measured "
+                        "rate) and checkpoint the running ones then; rerun to resume (scripts/gpu_ladder.sh)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -512,8 +509,11 @@ def run(args: argparse.Namespace) -> int:
     spec = replace(spec, file=str(args.spec))  # its relative data paths resolve beside it (sweep_spec.spec_paths)
     if args.step_time is not None and not args.step_time > 0:
         raise ValueError(f"--step-time {args.step_time} must be > 0 (seconds per optimizer step, e.g. 0.1)")
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise ValueError(f"--budget-s {args.budget_s} must be > 0 (the slice's seconds, e.g. 480)")
+    deadline = None if args.budget_s is None else time.time() + args.budget_s
     return run_study(spec, plan, stored, args.out or f"runs/{spec.name}", jobs=args.jobs, dry_run=args.dry_run,
-                     step_time=args.step_time)
+                     step_time=args.step_time, deadline=deadline)
 
 
 __all__ = ["StudyPlan", "measured_rate", "parse", "plan_text", "run_study", "seeds_needed"]

@@ -21,6 +21,7 @@ sweep exits 1 so that a rerun of the same command retries it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -129,7 +130,8 @@ def dry_run_text(runs: list[Run], statuses: list[str]) -> str:
 
 def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = False,
               train_cmd: tuple[str, ...] | None = None, report: bool = True, quiet: bool = False,
-              record_spec: bool = True, scope=None, tables: bool | None = None) -> int:
+              record_spec: bool = True, scope=None, tables: bool | None = None, runs: list[Run] | None = None,
+              deadline: float | None = None) -> int:
     """Expand ``spec``, skip finished runs, train the rest ``jobs`` at a time, then write the report.
 
     ``tables`` (default: ``report``): rewrite ``runs.csv`` and ``results.csv`` each time a run finishes or
@@ -146,13 +148,20 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     spec, a config mismatch with an existing run, or ``jobs < 1``. ``train_cmd`` (default: the spec's
     ``command``, else ``python -m scalevec train``) gets ``--config FILE --out DIR`` appended; its output
     goes to ``OUT/runs/NAME.log``, and unless ``quiet`` a live status (``live_progress``) shows on stdout.
+
+    ``runs``: train these (a study's step over every strategy at once) instead of ``expand(spec)``. The runs to
+    train start in turn by strategy (``interleaved``), so every strategy has runs in flight from the start.
+    ``deadline`` (``time.time()`` seconds; a GPU slice's budget, ``gpu_ladder.sh``): a run whose expected time
+    (the folder's measured seconds per FLOP, ``measured_rate``, × its 6·N·D; unknown before one has
+    finished) ends after it is not started, and at the deadline the running ones checkpoint and stop
+    (``run_jobs``); both are said, neither counts as failed, and a rerun resumes them.
     """
     train_cmd = tuple(train_cmd or spec.command or DEFAULT_TRAIN_CMD)
     if jobs < 1:
         raise ValueError(f"--jobs {jobs} must be >= 1")
     out = Path(out)
     sweepdir.check_folder(out, spec.file)
-    runs = expand(spec)
+    runs = expand(spec) if runs is None else runs
     runs_dir = out / "runs"
     statuses = [run_status(r, runs_dir) for r in runs]
     check_sources([r for r, s in zip(runs, statuses) if s not in ("done", "diverged")])
@@ -166,7 +175,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             sweepdir.write_spec(out, spec.to_dict())
     except OSError as e:
         raise unwritable(out, e) from None
-    todo = [(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")]
+    todo = interleaved([(r, s) for r, s in zip(runs, statuses) if s not in ("done", "diverged", "locked")])
     n_div, n_resume = statuses.count("diverged"), statuses.count("resume")
     say(f"sweep {spec.name}: {len(runs)} runs, {statuses.count('done')} already done, "
         f"{f'{n_div} diverged before (not retried; --overwrite or delete the run to retry), ' if n_div else ''}"
@@ -197,8 +206,17 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             except (ValueError, FileNotFoundError, OSError) as e:
                 say(f"runs.csv not refreshed: {e}")
 
+    seconds_per_flop = measured_rate(runs_dir)[0] if deadline is not None else math.nan
+
     def one(item: tuple[int, tuple[Run, str]]) -> None:
         i, (run, status) = item
+        if deadline is not None:
+            need = seconds_per_flop * 6.0 * run_params(run.cfg) * run_tokens(run.cfg)  # nan: not known yet
+            left = deadline - time.time()
+            if left <= 0 or need > left:
+                say(f"[{i + 1}/{len(todo)}] {run.name}: not started, the slice has {max(left, 0):.0f} s left"
+                    f"{f' and it needs ~{need:.0f} s' if math.isfinite(need) else ''}; the next slice trains it")
+                return
         t0 = time.perf_counter()
         if progress:
             progress.started(run.name, resumed=status == "resume")
@@ -227,7 +245,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
             cause = failure_cause(log, log_start)
             say(f"{head} FAILED (exit {rc}){f': {cause}' if cause else ''}; see {log}")
 
-    run_jobs(one, list(enumerate(todo)), jobs, runs_dir, on_stop=progress.stop if progress else None)
+    run_jobs(one, list(enumerate(todo)), jobs, runs_dir, on_stop=progress.stop if progress else None,
+             deadline=deadline)
     if progress:
         progress.stop()
     if report:
@@ -243,6 +262,39 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     if failed:
         say(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun the same command to retry them")
     return 1 if failed or skipped else 0
+
+
+def interleaved(todo: list[tuple[Run, str]]) -> list[tuple[Run, str]]:
+    """``todo`` in turn by strategy (the first of each, then the second of each, ...), each strategy's runs in
+    their order: with ``jobs`` at a time every strategy trains from the start, not the last one alone at the end."""
+    by_strategy: dict[str, list[tuple[Run, str]]] = {}
+    for item in todo:
+        by_strategy.setdefault(str(item[0].cfg.strategy), []).append(item)
+    queues = list(by_strategy.values())
+    return [q[k] for k in range(max(map(len, queues), default=0)) for q in queues if k < len(q)]
+
+
+def measured_rate(runs_dir: Path) -> tuple[float, int]:
+    """Seconds per training FLOP (6·N·D) over the finished runs in ``runs_dir``, and how many runs that is;
+    ``(nan, 0)`` when none has finished. A run's seconds are what its sweep waited for, start-up included:
+    from its ``NAME.yaml`` (written by the sweep as it starts the trainer) to its ``DONE``, or the summary's
+    ``wall_time_s`` (the trainer's own loop) when that span is shorter (files copied, e.g. by git)."""
+    seconds = flops = 0.0
+    n = 0
+    for d in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        if not d.is_dir() or rundir.state(d) != "done":
+            continue
+        try:
+            s = rundir.read_json(d / rundir.SUMMARY)
+            wall, work = float(s["wall_time_s"]), 6.0 * float(s["params"]) * float(s["tokens"])
+            started = runs_dir / f"{d.name}.yaml"
+            if started.is_file():
+                wall = max(wall, (d / rundir.DONE).stat().st_mtime - started.stat().st_mtime)
+        except (rundir.RunDirError, KeyError, TypeError, ValueError, OSError):
+            continue
+        if math.isfinite(wall) and wall > 0 and work > 0:
+            seconds, flops, n = seconds + wall, flops + work, n + 1
+    return (seconds / flops, n) if n else (math.nan, 0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -274,6 +326,7 @@ __all__ = [
     "failure_cause",
     "live_progress",
     "load_spec",
+    "measured_rate",
     "run_status",
     "run_sweep",
     "same_path",

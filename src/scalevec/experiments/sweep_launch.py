@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -142,13 +143,15 @@ T = TypeVar("T")
 
 
 def run_jobs(work: Callable[[T], None], items: Sequence[T], jobs: int, runs_dir: Path,
-             on_stop: Callable[[], None] | None = None) -> None:
+             on_stop: Callable[[], None] | None = None, deadline: float | None = None) -> None:
     """Call ``work(item)`` for every item, ``jobs`` at a time in threads (``work`` trains one run with
     ``train_one``). SIGINT / SIGTERM, when called from the main thread: the trainers get SIGTERM (they checkpoint
     and stop), no new run starts, the running ones are waited for, ``on_stop`` is called, and the signal is
     raised on: ``Preempted`` after SIGTERM (exit 75, resumable; its message names ``runs_dir``),
     ``KeyboardInterrupt`` after Ctrl-C; the previous signal handlers are restored in any case. An exception
-    raised by ``work`` propagates as it is."""
+    raised by ``work`` propagates as it is. ``deadline`` (``time.time()`` seconds, a GPU slice's end): then the
+    running trainers get SIGTERM (they checkpoint and exit 75, resumable) and no run starts after it
+    (``work`` sees ``stopping()``); the items are still all called and this returns normally."""
     stopped_by: list[int] = []  # the first signal decides the exit code: 75 for SIGTERM, 130 for Ctrl-C
 
     def on_signal(signum, frame):  # SIGINT / SIGTERM: the trainers checkpoint and stop, then the sweep stops
@@ -162,6 +165,11 @@ def run_jobs(work: Callable[[T], None], items: Sequence[T], jobs: int, runs_dir:
     for s in old:
         signal.signal(s, on_signal)
     _stopping.clear()
+    timer = None
+    if deadline is not None:  # the slice's end: checkpoint what trains, start nothing more
+        timer = threading.Timer(max(deadline - time.time(), 0.0), stop_trainers)
+        timer.daemon = True
+        timer.start()
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         for future in [pool.submit(work, item) for item in items]:
@@ -176,6 +184,8 @@ def run_jobs(work: Callable[[T], None], items: Sequence[T], jobs: int, runs_dir:
                             f"to resume ({runs_dir})") from None
         raise
     finally:
+        if timer is not None:
+            timer.cancel()
         for s, h in old.items():
             signal.signal(s, h)
     pool.shutdown()
