@@ -14,6 +14,7 @@ from scalevec.experiments import slices
 from scalevec.experiments.study import parse
 from scalevec.experiments.sweep import interleaved, run_sweep
 from scalevec.experiments.sweep_grid import expand
+from scalevec.run_budget import run_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_STEPS = {"train.steps": 6, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 6,
@@ -60,13 +61,14 @@ def test_cpu_rehearsal_of_a_slice_writes_its_runs_into_out(tmp_path):
     """DEVICE=cpu gpu_slice.sh on a tiny plan: the three strategies train at once, and OUT/results/NAME holds them in
     results/ format (DONE, summary.json, config.yaml, runs.csv; no checkpoints or metrics) with slice.json."""
     out, work = tmp_path / "OUT", tmp_path / "work"
-    env = {**os.environ, "DEVICE": "cpu", "JOBS": "3", "BUDGET_S": "50", "OUT": str(out), "WORK": str(work),
+    env = {**os.environ, "DEVICE": "cpu", "JOBS": "3", "BUDGET_S": "240", "OUT": str(out), "WORK": str(work),
            "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable}
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_slice.sh"), str(plan(tmp_path))], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # ~21 CPU-seconds in all (five interpreters' start-up, 3 x 6 steps, the report's figures): under a minute on
-    # CI's 2 idle cores; no wall-clock bound is asserted, since a loaded machine stretches the start-ups many-fold
+    # CI's 2 idle cores. The budget (240 s) leaves room for a loaded machine, which stretches the start-ups many-fold:
+    # a run cut by the budget would be checkpointed, not DONE (the deadline itself: test_no_run_starts_past_...)
     home = out / "results" / "ladder-tiny-rehearsal"
     runs = sorted(p.name for p in (home / "runs").iterdir())
     assert [n.split("_")[0] for n in runs] == ["baseline", "none", "unified"]
@@ -83,3 +85,18 @@ def test_cpu_rehearsal_of_a_slice_writes_its_runs_into_out(tmp_path):
     assert max(started) < min(done)
     rec = json.loads((out / "slice.json").read_text())
     assert rec["runs_finished"] == 3 and rec["plans"][0]["finished_before"] == 0 and rec["gpu_busy_fraction"] is None
+
+
+def test_the_packages_plans_are_the_issues_ladder_under_one_pass():
+    """sweeps/ladder-packages: cpu-1m, gpu-3m, gpu-6m at 20 tokens/parameter and cpu-1m, gpu-3m at 100, three
+    strategies, >= 8 held-out seeds, per_document validation, each run's tokens under the corpus's train split."""
+    recipe = json.loads((ROOT / "data" / "packages-corpus.json").read_text())
+    got = set()
+    for path in sorted((ROOT / "sweeps" / "ladder-packages").glob("study-*.yaml")):
+        spec, study, _ = parse(yaml.safe_load(path.read_text()))
+        run = expand(spec)[0]
+        got.add((run.cfg.preset, spec.base["tokens_per_param"]))
+        assert run.cfg.data.val_windows == "per_document" and run.cfg.data.source.endswith("data/packages/prepared")
+        assert sorted(study.lr_grids) == ["baseline", "none", "unified"] and len(study.confirm_seeds) >= 8
+        assert run_tokens(run.cfg) < recipe["result"]["train_tokens"]  # one pass at most: no token seen twice
+    assert got == {("cpu-1m", 20), ("gpu-3m", 20), ("gpu-6m", 20), ("cpu-1m", 100), ("gpu-3m", 100)}
