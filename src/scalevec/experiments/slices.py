@@ -1,4 +1,4 @@
-"""The end of a GPU-ladder slice (``scripts/gpu_slice.sh``, issue 47): its runs brought home, and its record.
+"""The end of a GPU-ladder slice (``scripts/gpu_slice.sh``): its runs brought home, and its record.
 
     python -m scalevec.experiments.slices OUT --work WORK --results RESULTS --budget-s S --seconds T --jobs J PLAN...
 
