@@ -154,3 +154,32 @@ def test_olmo_core_files_of_a_large_vocabulary_are_uint32(tmp_path):
     data = prepare_data(DataConfig(source=f"olmo-core:{folder}", tokenizer=str(tok_path), val_frac=0.1))
     assert data.train.dtype == np.uint32 and data.vocab_size == 70_001
     assert np.array_equal(np.concatenate([np.asarray(data.train), np.asarray(data.val)]), ids)
+
+
+def test_a_fifo_or_folder_in_place_of_a_token_file_is_named_not_read(tmp_path, tokenizer_json, capsys):
+    """A FIFO (whose open would block forever) or a folder where a token file belongs is refused in one line before
+    anything opens it, in each layout; a FIFO in an OLMo-core folder is not skipped silently."""
+    import os
+
+    from scalevec.data.token_files import files, parse
+
+    write_olmo_core(tmp_path / "dolma", tokenizer_json)
+    os.mkfifo(tmp_path / "dolma" / "part-99.npy")
+    os.mkfifo(tmp_path / "alone.npy")
+    write_nanogpt(tmp_path / "owt", tokenizer_json)
+    (tmp_path / "owt" / "val.bin").unlink()
+    os.mkfifo(tmp_path / "owt" / "val.bin")
+    (tmp_path / "dirbin").mkdir()
+    (tmp_path / "dirbin" / "train.bin").mkdir()
+    (tmp_path / "dirbin" / "val.bin").write_bytes(b"\x01\x00")
+    for source, bad in ((f"olmo-core:{tmp_path / 'dolma'}", "part-99.npy"), (f"olmo-core:{tmp_path / 'alone.npy'}",
+                        "alone.npy"), (f"nanogpt:{tmp_path / 'owt'}", "val.bin"),
+                        (f"nanogpt:{tmp_path / 'dirbin'}", "train.bin")):
+        with pytest.raises(ValueError, match=f"{bad} is not a regular file"):
+            files(parse(source))
+    argv = ["prepare-data", f"olmo-core:{tmp_path / 'dolma'}", "--tokenizer", tokenizer_json, "--out",
+            str(tmp_path / "never"), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "part-99.npy is not a regular file" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "never").exists()

@@ -67,22 +67,30 @@ def olmo_core_dtype(vocab_size: int) -> np.dtype:
 
 def files(tf: TokenFiles) -> dict[str, list[Path]]:
     """``{"train": [...], "val": [...]}``: the files of each split (OLMo-core's all in ``train``: the split is cut
-    from its tail). Raises ``FileNotFoundError`` / ``ValueError`` naming what is missing."""
+    from its tail), each a regular file (or a link to one). Raises ``FileNotFoundError`` / ``ValueError`` naming
+    what is missing or not a regular file (a FIFO would block the read)."""
     p = tf.path
     if not p.exists():
         raise FileNotFoundError(f"data source {tf.source!r}: {p} does not exist")
     if tf.layout == "nanogpt":
         if not p.is_dir():
             raise ValueError(f"data source {tf.source!r}: nanogpt: takes the folder holding train.bin and val.bin")
-        missing = [n for n in ("train.bin", "val.bin") if not (p / n).is_file()]
+        missing = [n for n in ("train.bin", "val.bin") if not (p / n).exists()]
         if missing:
             raise FileNotFoundError(f"data source {tf.source!r}: {p} has no {' or '.join(missing)} (nanoGPT's "
                                     f"prepare.py writes both)")
-        return {"train": [p / "train.bin"], "val": [p / "val.bin"]}
-    found = sorted(f for f in p.glob("*.npy") if f.is_file()) if p.is_dir() else [p]
-    if not found:
-        raise ValueError(f"data source {tf.source!r}: folder {p} has no .npy token files")
-    return {"train": found, "val": []}
+        split_files = {"train": [p / "train.bin"], "val": [p / "val.bin"]}
+    else:
+        found = sorted(f for f in p.glob("*.npy") if not f.is_dir()) if p.is_dir() else [p]
+        if not found:
+            raise ValueError(f"data source {tf.source!r}: folder {p} has no .npy token files")
+        split_files = {"train": found, "val": []}
+    for f in (f for fs in split_files.values() for f in fs):
+        # opening a FIFO blocks until something writes to it, and a device or socket is no token file: name it
+        if not f.is_file():
+            raise ValueError(f"data source {tf.source!r}: {f} is not a regular file (a folder, FIFO, socket or device); "
+                             f"give the token file itself")
+    return split_files
 
 
 def _memmap(path: Path, dtype: np.dtype, fix: str) -> np.ndarray:
