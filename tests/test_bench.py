@@ -133,6 +133,21 @@ def test_bench_cli_user_error_exits_2(capsys):
     assert len(err) == 1 and "bogus" in err[0]
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--batch-size", "0"], "--batch-size 0 / --seq-len 128"),
+    (["--seq-len", "0"], "--batch-size 16 / --seq-len 0"),
+    (["--steps", "0"], "--steps 0 / --warmup 3"),
+    (["--generate", "--steps", "0"], "--steps 0: use 1 or more"),
+    (["--generate", "--threads", "0"], "--threads 0: use 1 or more"),
+])
+def test_bench_zero_is_refused_not_read_as_the_default(argv, words, capsys):
+    """A 0 asked for (batch, sequence length, rounds, threads) is refused in one line with exit 2, never replaced by
+    the default and benchmarked."""
+    assert main(["bench", "--preset", "tiny", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
 def test_bench_refuses_a_dangling_link_above_save(tmp_path, capsys, monkeypatch):
     """--save below a symbolic link that leads nowhere was open()'s bare '[Errno 2] No such file or directory',
     after the whole benchmark: one line (exit 2) naming the link, where it leads and the fix, before the benchmark

@@ -105,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(r, indent=1) if args.json == "-" else format_count(r))
         return 0
     if args.generate:
-        r = bench_generate(args.preset, args.strategies, args.new_tokens, rounds=args.steps or 3,
-                           threads=args.threads or 1, seed=args.seed, log=log)
+        # `is None`, not `or`: an asked-for 0 is refused by the benchmark, never turned into the default
+        r = bench_generate(args.preset, args.strategies, args.new_tokens,
+                           rounds=3 if args.steps is None else args.steps,
+                           threads=1 if args.threads is None else args.threads, seed=args.seed, log=log)
     else:
-        r = bench(args.preset, args.strategies, args.batch_size, args.seq_len, args.steps or 20, args.warmup,
+        r = bench(args.preset, args.strategies, args.batch_size, args.seq_len,
+                  20 if args.steps is None else args.steps, args.warmup,
                   args.compile, args.dtype or "float32", args.device, inference=not args.no_inference,
                   memory=not args.no_memory, seed=args.seed, peak=args.peak_tflops, threads=args.threads, log=log)
     for _, path in targets:

@@ -312,7 +312,8 @@ def count(preset: str = "llama-0.12b", strategies: str | None = None, batch_size
     if any(n in (HF, DENSE) or n.endswith(METRICS) for n in names):
         raise ValueError("--count counts scalevec strategies (STRATEGY or STRATEGY:APPLY); drop hf-llama, "
                          "dense-active and +metrics from --strategies")
-    batch_size, seq_len = batch_size or 16, seq_len or cfg.max_seq_len
+    batch_size = 16 if batch_size is None else batch_size  # `or` would turn an asked-for 0 into the default
+    seq_len = cfg.max_seq_len if seq_len is None else seq_len
     if batch_size < 1 or not 1 <= seq_len <= cfg.max_seq_len:
         raise ValueError(f"--batch-size {batch_size} / --seq-len {seq_len}: use a batch >= 1 and a sequence length "
                          f"in 1..{cfg.max_seq_len} (preset {preset}'s context)")

@@ -64,8 +64,9 @@ def bench(preset: str = "small", strategies: str | None = None, batch_size: int 
         raise ValueError(f"--dtype {dtype} is unknown; use float32 or bfloat16")
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps {steps} / --warmup {warmup}: use steps >= 1 and warmup >= 0")
-    batch_size = batch_size or 16
-    seq_len = seq_len or (cfg.max_seq_len if dev.type == "cuda" else 128)
+    batch_size = 16 if batch_size is None else batch_size  # `or` would turn an asked-for 0 into the default
+    if seq_len is None:
+        seq_len = cfg.max_seq_len if dev.type == "cuda" else 128
     if batch_size < 1 or not 1 <= seq_len <= cfg.max_seq_len:
         raise ValueError(f"--batch-size {batch_size} / --seq-len {seq_len}: use a batch >= 1 and a sequence length "
                          f"in 1..{cfg.max_seq_len} (preset {preset}'s context)")
