@@ -156,3 +156,19 @@ def test_folded_torchtitan_checkpoint_exports_to_a_plain_hf_llama(plain, tokens,
         convert_model(unified, "unified")
     with pytest.raises(ValueError, match="cannot fold"):
         export_hf(unified, tmp_path / "never")
+
+
+def test_weight_decay_guard_judges_the_optimizers_inside_torchtitans_container():
+    """``ScalevecOptimizers`` steps a model converted to ``unified`` (its container's own flat group, which carries no
+    weight decay, is not judged), while a wrong decay in the optimizer inside it is still refused at its step."""
+    from scalevec.integrations import WeightDecayMismatch
+
+    spec = llama3.model_registry("debugmodel", converters=[ScalevecConverter.Config(strategy="unified")])
+    conv = build(spec.model)
+    opts = ScalevecOptimizers.Config(weight_decay=0.1, implementation="for-loop").build(model_parts=[conv])
+    opts.step()  # no gradients yet: a step that changes nothing, after the guard's check
+    wrong = ScalevecOptimizers.Config(weight_decay=0.1, implementation="for-loop").build(model_parts=[conv])
+    (opt,) = wrong.optimizers
+    next(g for g in opt.param_groups if any("in_scale.magnitude" in n for n in g["param_names"]))["weight_decay"] = 0.0
+    with pytest.raises(WeightDecayMismatch, match="in_scale.magnitude"):
+        wrong.step()

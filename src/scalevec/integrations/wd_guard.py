@@ -83,8 +83,17 @@ def weight_decay_mismatch(optimizer: torch.optim.Optimizer, model: nn.Module) ->
     return None
 
 
+def _steps_inner_optimizers(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a container whose step steps optimizers of its own (torchtitan's
+    ``OptimizersContainer``: its own param groups are one flat group without the inner groups' weight decay). Each
+    inner optimizer's step passes this check itself, so the container is not judged by its flat group."""
+    inner = getattr(optimizer, "optimizers", None)
+    return isinstance(inner, (list, tuple)) and bool(inner) and all(
+        isinstance(o, torch.optim.Optimizer) for o in inner)
+
+
 def _check_before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    if optimizer in _passed:
+    if optimizer in _passed or _steps_inner_optimizers(optimizer):
         return
     for model in list(_guarded):
         if model.__dict__.get(OPT_OUT):
