@@ -9,11 +9,12 @@
 #   DEVICE=cpu bash scripts/gpu_check.sh OUT      # the rehearsal: every stage at tiny sizes on CPU, ~5 minutes
 #   ONLY=bench,bench_compiled DEVICE=cpu bash scripts/gpu_check.sh OUT   # a short rehearsal of some stages
 #
-# Knobs (environment): DEVICE=cuda|cpu, BUDGET_S=<wall seconds, default 360>, ONLY=<stages;
+# Knobs (environment): DEVICE=cuda|cpu, BUDGET_S=<wall seconds, default 360>, ONLY=<stages; torchtitan and
 #   ladder_rung only when named>, PYTHON=<interpreter; default .venv/bin/python if there is one, else python3>.
-# Exit status: 0 when every stage is ok, 1 when one failed, was skipped or gave an implausible figure, 2 for bad
-# input (no CUDA device, an OUT that is not empty, a PYTHON without torch), 130 after Ctrl-C, 75 after SIGTERM (the
-# running stage and all it started killed, the summary of the stages so far written); never 0 without a summary.
+# Exit status: 0 when every stage is ok (or "not run": torchtitan absent), 1 when one failed, was skipped or gave an
+# implausible figure, 2 for bad input (no CUDA device, an OUT that is not empty, a PYTHON without torch), 130 after
+# Ctrl-C, 75 after SIGTERM (the running stage and all it started killed, the summary of the stages so far written);
+# never 0 without a summary.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 if [ $# -ne 1 ]; then

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalevec.bench import gpu_check
+from scalevec.bench import gpu_check, gpu_torchtitan
 from scalevec.bench.gpu_summary import Stage, run_figures, write_summary
 from scalevec.model import flops
 from scalevec.model.flops import flops_per_token
@@ -228,7 +228,7 @@ def test_the_benches_come_first_and_the_ladder_only_when_named():
         argv = " ".join(p.argv)
         assert "--preset llama-0.12b" in argv and "--dtype bfloat16" in argv and "baseline,unified" in argv
     assert "--compile" in plans[2].argv and "--compile" not in plans[1].argv
-    assert [p.name for p in plans if p.opt_in] == ["ladder_rung"]
+    assert [p.name for p in plans if p.opt_in] == ["torchtitan", "ladder_rung"]
     assert gpu_check.BUDGET_S["cuda"] * 2 + 180 <= 15 * 60  # two runs and a machine's start in 15 GPU minutes
 
 
@@ -311,3 +311,45 @@ def test_script_passes_sigterm_to_the_check(tmp_path):
     time.sleep(0.5)
     assert not alive(int(pid_file.read_text()))
     assert json.loads((out / "summary.json").read_text())["header"]["interrupted"] == "SIGTERM"
+
+
+def test_torchtitan_stage_is_not_run_without_torchtitan(monkeypatch, tmp_path):
+    """Where torchtitan does not import, the torchtitan stage reports "not run" with the install line: a status of its
+    own in the summary, neither ok nor one that fails the check."""
+    monkeypatch.setitem(sys.modules, "torchtitan", None)  # import torchtitan raises ModuleNotFoundError
+    figures = gpu_torchtitan.torchtitan_stage("cpu")
+    assert figures == {"not_run": gpu_torchtitan.NOT_INSTALLED}
+    (tmp_path / "torchtitan.json").write_text(json.dumps(figures))
+    plan = next(p for p in gpu_check.plans("cuda", tmp_path, "py") if p.name == "torchtitan")
+    stage = gpu_check.stage_result(plan, 0, 2.0, "", tmp_path, "cuda")
+    assert (stage.status, stage.note) == (
+        "not run", "not run: torchtitan 0.3.0 not installed (pip install torchtitan==0.3.0 --no-deps)")
+    assert stage.status != "ok" and stage.status in gpu_check.PASSING
+    write_summary(tmp_path, [Stage("env", "ok"), stage], {})
+    assert "| torchtitan | not run |" in (tmp_path / "summary.md").read_text()
+    broken = ModuleNotFoundError("No module named 'tyro'", name="tyro")  # installed --no-deps without a dependency
+    assert gpu_torchtitan.not_run_reason(broken) == \
+        "torchtitan does not import here: ModuleNotFoundError: No module named 'tyro'"
+
+
+def test_torchtitan_groups_check_sees_a_different_group():
+    """``groups_equal`` fails on an optimizer whose groups differ from the wanted ones in decay, lr or tensors."""
+    a, b, c = (torch.nn.Parameter(torch.ones(2)) for _ in range(3))
+    want = [{"params": [a], "lr": 1e-3, "weight_decay": 0.1}, {"params": [b], "lr": 1e-3, "weight_decay": 0.0}]
+    assert gpu_torchtitan.groups_equal(torch.optim.AdamW([dict(g) for g in want]), want)
+    for key, value in (("weight_decay", 0.0), ("lr", 2e-3), ("params", [c])):
+        assert not gpu_torchtitan.groups_equal(torch.optim.AdamW([{**want[0], key: value}, want[1]]), want)
+
+
+@pytest.mark.slow  # builds and trains torchtitan's debugmodel twice on the CPU (~20 s on the shared 2 cores)
+def test_torchtitan_stage_trains_the_converted_debugmodel_on_cpu():
+    """The stage's CPU rehearsal (SDPA attention: flex has no CPU backward): torchtitan's training step of the
+    debugmodel converted to unified, stepped by ScalevecOptimizers (its container passes the weight-decay guard),
+    lowers the loss on its fixed batch; the optimizer's groups are param_groups' (unified decays the input scales,
+    not the embedding); both step times are measured."""
+    fig = gpu_torchtitan.torchtitan_stage("cpu", steps=3)
+    assert fig["ok"] and fig["loss_falls"] and fig["groups_equal_param_groups"], fig
+    assert fig["attention"].startswith("sdpa") and len(fig["unified_losses"]) == len(fig["baseline_losses"]) == 3
+    assert fig["unified_loss_last"] < fig["unified_loss_first"]
+    assert fig["groups"]["input_scale"]["weight_decay"] == 0.1 and fig["groups"]["embedding"]["weight_decay"] == 0.0
+    assert fig["optimizer_groups"] == len(fig["groups"]) and fig["unified_step_ms"] > 0 and fig["baseline_step_ms"] > 0

@@ -2,13 +2,14 @@
 CUDA path and writes its figures as ``WORK/NAME.json``. ``scalevec.bench.gpu_check`` runs each in its own process
 (under a timeout, ``torchrun`` for ``resume``) so that a crash or a hang in one never stops the next.
 
-    python -m scalevec.bench.gpu_stages env|parity|busy|resume --work DIR --device cuda|cpu
+    python -m scalevec.bench.gpu_stages env|parity|busy|resume|torchtitan --work DIR --device cuda|cpu
 
 The sizes depend on the device: on CUDA the stages measure at the sizes the issue names (a GPU-ladder rung,
 ``llama-0.12b``); on CPU (the rehearsal, ``DEVICE=cpu``) the same code runs at tiny sizes in seconds.
 
 - ``env``: torch / CUDA / GPU, bf16 support, ``torch.nn.functional.grouped_mm``, and that every scalevec module
-  imports (an import error names its module).
+  imports (an import error names its module; the torchtitan and OLMo-core adapters, whose frameworks are optional,
+  are listed apart in ``optional_not_importable``).
 - ``parity``: every strategy's fp32 logits on the device against CPU from the same initial matrices (drawn on
   CPU), at init and after 5 AdamW steps on one fixed batch; TF32 off. Tolerances, and why, in ``PARITY_TOL``.
 - ``busy``: eager bf16 training steps of baseline and unified at a ladder-rung size (``scalevec bench``'s step:
@@ -22,6 +23,7 @@ The sizes depend on the device: on CUDA the stages measure at the sizes the issu
   (``resume_ok``: the first logged step after the checkpoint within ``RESUME_TOL`` of the drift at the checkpoint,
   every later one within 0.05 nats; on CPU both must be 0). Its step time, tokens/s and MFU are the median of the
   steps that log nothing (``quiet_step_times``); the logged steps' median is kept as ``step_ms_log_steps``.
+- ``torchtitan``: torchtitan's Llama3 debugmodel converted to ``unified`` trains a few steps (``gpu_torchtitan.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from scalevec.bench.gpu_torchtitan import torchtitan_stage
 from scalevec.training.monitors import Monitor
 
 # fp32 parity CUDA vs CPU: same matrices, TF32 off. At init the only difference is the order of fp32 sums
@@ -55,6 +58,10 @@ PARITY_LR = 1e-3
 # optimizer state or schedule step moves it by far more (AdamW restarting from zero moments: > 0.1).
 RESUME_TOL = 5e-3
 
+# the adapters of frameworks scalevec does not need (the ``frameworks`` extra): without the framework they cannot
+# import, which the env stage records beside the failures, not as one (the torchtitan stage says "not run")
+OPTIONAL_ADAPTERS = ("scalevec.integrations.torchtitan", "scalevec.integrations.olmo_core")
+
 SIZES = {  # per device: (preset, batch, seq) of each stage
     "cuda": {"parity": ("cpu-200k", 4, 64), "busy": ("gpu-6m", 64, 256), "resume": ("llama-0.12b", 16, 1024)},
     "cpu": {"parity": ("cpu-10k", 2, 32), "busy": ("cpu-25k", 8, 64), "resume": ("tiny", 4, 64)},
@@ -65,18 +72,19 @@ def env_report(device: str) -> dict:
     """Versions, the device, bf16 and grouped-GEMM support, and every scalevec module's import (name -> error)."""
     import scalevec
 
-    failed = {}
+    failed, optional = {}, {}
     # __main__ modules run the CLI when imported: they are the entry points, not libraries
     modules = [m.name for m in pkgutil.walk_packages(scalevec.__path__, "scalevec.") if not m.name.endswith("__main__")]
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception as e:  # an import error of any kind is what this stage reports
-            failed[name] = f"{type(e).__name__}: {e}"[:300]
+            (optional if name in OPTIONAL_ADAPTERS and isinstance(e, ImportError) else failed)[name] = \
+                f"{type(e).__name__}: {e}"[:300]
     out = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
            "scalevec_from": str(Path(scalevec.__file__).parent),
            "cuda_available": torch.cuda.is_available(), "grouped_mm": hasattr(torch.nn.functional, "grouped_mm"),
-           "modules": len(modules), "import_failures": failed}
+           "modules": len(modules), "import_failures": failed, "optional_not_importable": optional}
     for lib in ("transformers", "numpy", "scipy", "safetensors", "tokenizers", "yaml"):
         try:
             out[lib] = importlib.import_module(lib).__version__
@@ -296,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m scalevec.bench.gpu_stages NAME --work DIR --device D``: run a stage, write ``DIR/NAME.json``.
     Exit 0 when the stage's own check passed (``ok``), 1 when it did not; an exception propagates (exit 1)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=["env", "parity", "busy", "resume"])
+    p.add_argument("stage", choices=["env", "parity", "busy", "resume", "torchtitan"])
     p.add_argument("--work", required=True)
     p.add_argument("--device", choices=["cuda", "cpu"], required=True)
     args = p.parse_args(argv)
@@ -305,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))
     fn = {"env": lambda: env_report(args.device), "parity": lambda: parity(args.device),
-          "busy": lambda: busy(args.device), "resume": lambda: resume(args.device, work)}[args.stage]
+          "busy": lambda: busy(args.device), "resume": lambda: resume(args.device, work),
+          "torchtitan": lambda: torchtitan_stage(args.device)}[args.stage]
     result = fn()
     if result:  # the rank-0 process of a distributed stage writes
         (work / f"{args.stage}.json").write_text(json.dumps(result, indent=1, default=str))

@@ -6,7 +6,7 @@ the peak *of the run's matmul dtype* (bf16 spec figure for a bf16 run on a known
 an fp32 run), the trainer's own logged MFU, losses, and the peak GPU memory when the trainer logged it.
 
 ``Stage`` is one line of the summary; ``write_summary`` writes ``summary.json`` (one entry per stage: name,
-status ok / failed / skipped, seconds, key figures) and ``summary.md`` (the same as a table) atomically, so a
+status ok / failed / skipped / not run, seconds, key figures) and ``summary.md`` (the same as a table) atomically, so a
 check killed between stages still leaves a readable summary of the stages it finished.
 """
 
@@ -24,7 +24,9 @@ from scalevec.model.flops import flops_per_token, peak_flops
 from scalevec.run_budget import tokens_per_step
 from scalevec.training.rundir import load_config, read_metrics, read_summary
 
-STATUSES = ("ok", "failed", "skipped")
+# "not run": a stage that needs something this machine lacks by choice (torchtitan): neither ok nor a failure
+STATUSES = ("ok", "failed", "skipped", "not run")
+PASSING = ("ok", "not run")  # the statuses that leave the check's exit status 0
 
 
 def run_figures(run: str | Path) -> dict:
@@ -62,7 +64,7 @@ def run_figures(run: str | Path) -> dict:
 
 @dataclass
 class Stage:
-    """One stage of the check: ``status`` one of ok / failed / skipped; ``seconds`` wall time; ``figures`` its key
+    """One stage of the check: ``status`` one of ``STATUSES``; ``seconds`` wall time; ``figures`` its key
     numbers; ``note`` one line (why it failed or was skipped, what it saw)."""
 
     name: str
@@ -106,4 +108,4 @@ def write_summary(out: str | Path, stages: list[Stage], header: dict) -> None:
     _atomic_write(out / "summary.md", summary_markdown(stages, header))
 
 
-__all__ = ["run_figures", "Stage", "summary_markdown", "write_summary", "STATUSES"]
+__all__ = ["run_figures", "Stage", "summary_markdown", "write_summary", "STATUSES", "PASSING"]
