@@ -219,3 +219,35 @@ def test_step_line_reads_speed_mfu_memory_and_the_sessions_eta(monkeypatch):
     ev = StepEvent(5, 6, 2.5, 0.0, 0.5, 1e-3, 1000, 0.5, 0.5, elapsed=40.0, logged=True, evaluates=False)
     assert progress.line(ev) == ("step      5/10 loss 2.5000 lr 1.00e-03 grad 0.500 2,000 tok/s mfu 20.00% "
                                  "mem 3.00 GiB elapsed 40s eta 8s")
+
+
+def test_monitor_state_json_would_change_is_refused_at_the_checkpoint(tmp_path):
+    """A monitor state that a checkpoint's JSON would not give back as it is (an int key comes back a str, a tensor
+    not at all) fails the checkpoint with a TypeError naming the monitor, instead of a resumed run reading other
+    keys or json's bare error."""
+
+    class PerStep(Monitor):
+        def __init__(self, value):
+            self.name, self.value, self.seen = f"PerStep{type(value).__name__}", value, {}
+
+        def after_step(self, ev):
+            self.seen[ev.step] = self.value
+
+        def state_dict(self):
+            return {"seen": self.seen}
+
+    keyed = PerStep(1.0)
+    keyed.seen = {1: 1.0}
+    with pytest.raises(TypeError, match=r"'PerStepfloat': state_dict\(\) has the key 1 \(int\) in state\['seen'\]"):
+        monitors.checkpoint_state(keyed)
+    tensor = PerStep(torch.ones(2))
+    tensor.seen = {"1": tensor.value}
+    with pytest.raises(TypeError, match=r"monitor 'PerStepTensor': state_dict\(\) holds a Tensor at state\['seen'\]"):
+        monitors.checkpoint_state(tensor)
+    plain = PerStep(2.5)
+    plain.seen = {"1": [2.5, None, True, "x"]}
+    assert monitors.checkpoint_state(plain) == {"seen": {"1": [2.5, None, True, "x"]}}
+    cfg = tiny_run(tmp_path, **{"train.ckpt_every": 2})
+    with pytest.raises(TypeError, match="monitor 'PerStepfloat'"):
+        train(cfg, tmp_path / "run", quiet=True, monitors=[*monitors.default(), PerStep(1.0)])
+    assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))

@@ -4,7 +4,8 @@ A monitor is one object with up to five hooks: ``start(RunContext)`` once before
 resumed run's too), ``after_step(StepEvent)`` after every optimizer step, ``after_eval(EvalEvent)`` after every
 evaluation, ``on_row(row)`` for every row written to ``metrics.jsonl`` (rank 0) and ``close()`` once at the end
 (closing twice is safe). A monitor with state that a resume must keep (a running mean, a spike detector) returns
-it from ``state_dict()`` as JSON-ready values; every checkpoint stores it under the monitor's ``name``, beside the
+it from ``state_dict()`` as JSON-ready values (``checkpoint_state`` refuses others at the checkpoint); every
+checkpoint stores it under the monitor's ``name``, beside the
 health guard's, and a resumed run hands it back to ``load_state_dict`` before ``start`` (OLMo-core's callbacks,
 without the zoo). A monitor with no state returns ``{}`` and stores nothing, so checkpoints of runs without
 one are those of a trainer without monitor state: either kind resumes under the other.
@@ -131,6 +132,32 @@ class Monitor:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict``'s output from the checkpoint a run resumes (only when it stored some)."""
+
+
+def checkpoint_state(monitor: Monitor) -> dict:
+    """``monitor.state_dict()``, checked to come back from a checkpoint's JSON as it is: dicts with ``str`` keys,
+    lists, ``str``, ``int``, ``float``, ``bool`` and ``None`` only. Raises ``TypeError`` naming the monitor and the
+    first other value (an ``int`` key would come back a ``str``, a tuple a list, a tensor or set not at all)."""
+    state = monitor.state_dict()
+
+    def check(value, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"monitor {monitor.name!r}: state_dict() has the key {k!r} "
+                                    f"({type(k).__name__}) in {where}, which a checkpoint's JSON turns into a str; "
+                                    f"use str keys")
+                check(v, f"{where}[{k!r}]")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                check(v, f"{where}[{i}]")
+        elif value is not None and not isinstance(value, (str, int, float, bool)):
+            raise TypeError(f"monitor {monitor.name!r}: state_dict() holds a {type(value).__name__} at {where}, "
+                            f"which a checkpoint's JSON does not keep as it is; return dicts with str keys, lists, "
+                            f"str, int, float, bool or None (.tolist() / .item() for tensors and arrays)")
+
+    check(state, "state")
+    return state
 
 
 def speed(ctx: RunContext, ev: StepEvent) -> dict[str, float | None]:
@@ -306,4 +333,4 @@ def run_summary(ctx: RunContext, wall: float, compiled: bool, world: int) -> dic
 
 
 __all__ = ["EvalEvent", "MetricsRows", "Monitor", "Probes", "Progress", "RunContext", "StepEvent", "Trackers",
-           "default", "memory_fields", "run_summary", "speed"]
+           "checkpoint_state", "default", "memory_fields", "run_summary", "speed"]

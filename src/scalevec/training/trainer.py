@@ -235,7 +235,7 @@ class Trainer:
         state and, under ``monitors``, each monitor's that has one (by name). Pruning keeps the checkpoint that
         ``DIVERGED`` would name (``HealthGuard.keep_window``)."""
         extra = {"best_val": self.best_val, "elapsed_s": self.elapsed, "guard": self.guard.state_dict()}
-        states = {m.name: s for m in self.monitors if (s := m.state_dict())}
+        states = {m.name: s for m in self.monitors if (s := monitors_mod.checkpoint_state(m))}
         save_checkpoint(self.out, self.step, self.model, self.optimizers, {**extra, **({"monitors": states}
                                                                                        if states else {})},
                         tag=self.tmp_tag, keep_window=self.guard.keep_window(self.step))
