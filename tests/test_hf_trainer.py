@@ -171,3 +171,25 @@ def test_scalevec_trainer_checkpoints_a_strategy_and_resumes_it(tmp_path):
     assert all(torch.equal(p, want[n]) for n, p in _state(resumed).items())
     with pytest.raises(ValueError, match="Unrecognized model"):  # no config.json, no model.safetensors: loud
         transformers.AutoModelForCausalLM.from_pretrained(ckpt)
+
+
+def test_a_passed_optimizer_is_checked_again_after_a_new_group_or_opting_back_in():
+    """An optimizer that passed (or stepped while its model was opted out) is checked again at its next step after
+    ``add_param_group`` adds a wrongly decayed scale vector, or after ``allow_any_weight_decay(model, False)``."""
+    model = tiny_llama()
+    ids = Blocks().ids[:2]
+    groups = param_groups(model, lr=1e-3, weight_decay=0.1)
+    scales = {id(p) for n, p in model.named_parameters() if "norm" in n}
+    no_norm = [{**g, "params": [p for p in g["params"] if id(p) not in scales]} for g in groups]
+    opt = torch.optim.AdamW([g for g in no_norm if g["params"]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()  # holds no scale vector: passes
+    opt.add_param_group({"params": [p for p in model.parameters() if id(p) in scales], "weight_decay": 0.1})
+    with pytest.raises(WeightDecayMismatch, match="never decays"):
+        opt.step()
+    wrong = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    allow_any_weight_decay(model)
+    wrong.step()
+    allow_any_weight_decay(model, False)
+    with pytest.raises(WeightDecayMismatch, match="never decays"):
+        wrong.step()

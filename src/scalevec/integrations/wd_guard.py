@@ -9,7 +9,8 @@ torch optimizer that holds one of the model's scale vectors (torch's public glob
 ``torch.optim.optimizer.register_optimizer_step_pre_hook``, so every loop is covered: HF ``Trainer``, accelerate,
 Lightning, a hand-written one), the optimizer's groups are checked against the strategy and a wrong one raises
 ``WeightDecayMismatch`` naming the first wrong tensor and the fix. The check runs once per optimizer (a passing
-optimizer is remembered, weakly), so a step costs one set lookup after that.
+optimizer is remembered, weakly), so a step costs one lookup after that; it runs again after ``add_param_group``
+and after any model is guarded or opted out or back in (``_epoch``).
 
 The opt-out, for a user who means it: ``allow_any_weight_decay(model)``. A model without a strategy (never applied,
 or ``fold``-ed) is not checked. Not covered: an optimizer that holds flattened copies of the parameters instead of
@@ -32,7 +33,9 @@ from scalevec.model.scales import decayed_scale_roles
 OPT_OUT = "_scalevec_any_weight_decay"  # the model attribute allow_any_weight_decay sets
 
 _guarded: weakref.WeakSet = weakref.WeakSet()  # models carrying a strategy
-_passed: weakref.WeakSet = weakref.WeakSet()  # optimizers already checked and found right
+# optimizers already checked and found right -> (_epoch, their group count) at that check
+_passed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_epoch = 0  # bumped when the guarded models or their opt-outs change: every optimizer is checked again
 _hook = None  # the one global step pre-hook, registered on the first guard_weight_decay
 
 
@@ -43,16 +46,20 @@ class WeightDecayMismatch(ValueError):
 def guard_weight_decay(model: nn.Module) -> None:
     """Check every optimizer that steps ``model``'s scale vectors against its strategy (``model.scalevec_info``)
     before its first step (module docstring). Idempotent; holds ``model`` weakly."""
-    global _hook
+    global _hook, _epoch
     _guarded.add(model)
+    _epoch += 1
     if _hook is None:
         _hook = register_optimizer_step_pre_hook(_check_before_step)
 
 
 def allow_any_weight_decay(model: nn.Module, allow: bool = True) -> nn.Module:
     """Opt ``model`` out of the check (``allow=True``) or back in; returns ``model``. For a user who decays the scale
-    vectors differently from the strategy on purpose."""
+    vectors differently from the strategy on purpose; an optimizer that stepped while opted out is checked again
+    at its next step once opted back in."""
+    global _epoch
     model.__dict__[OPT_OUT] = bool(allow)
+    _epoch += 1
     return model
 
 
@@ -93,7 +100,7 @@ def _steps_inner_optimizers(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def _check_before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    if optimizer in _passed or _steps_inner_optimizers(optimizer):
+    if _passed.get(optimizer) == (_epoch, len(optimizer.param_groups)) or _steps_inner_optimizers(optimizer):
         return
     for model in list(_guarded):
         if model.__dict__.get(OPT_OUT):
@@ -101,7 +108,7 @@ def _check_before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         problem = weight_decay_mismatch(optimizer, model)
         if problem is not None:
             raise WeightDecayMismatch(problem)
-    _passed.add(optimizer)
+    _passed[optimizer] = (_epoch, len(optimizer.param_groups))
 
 
 __all__ = ["WeightDecayMismatch", "guard_weight_decay", "allow_any_weight_decay", "weight_decay_mismatch"]
