@@ -100,3 +100,18 @@ def test_the_packages_plans_are_the_issues_ladder_under_one_pass():
         assert sorted(study.lr_grids) == ["baseline", "none", "unified"] and len(study.confirm_seeds) >= 8
         assert run_tokens(run.cfg) < recipe["result"]["train_tokens"]  # one pass at most: no token seen twice
     assert got == {("cpu-1m", 20), ("gpu-3m", 20), ("gpu-6m", 20), ("cpu-1m", 100), ("gpu-3m", 100)}
+
+
+def test_the_deadline_stops_the_running_run_and_starts_no_other(tmp_path, capsys, monkeypatch):
+    """At the deadline the trainer in flight gets SIGTERM (a real one checkpoints and exits 75) and is said to be
+    stopped, the next run is not started, and neither counts as failed: the fake trainer (tests/fakerun.py)
+    finishes the first run at once and sleeps 60 s in the second."""
+    monkeypatch.setenv("FAKE_SLEEP", "60")
+    spec, _, _ = parse(yaml.safe_load(plan(tmp_path).read_text()))
+    fake = (sys.executable, str(ROOT / "tests" / "fakerun.py"))
+    t0 = time.time()
+    rc = run_sweep(spec, tmp_path / "out", jobs=1, train_cmd=fake, report=False, deadline=t0 + 8)
+    out = capsys.readouterr().out
+    assert rc == 0 and time.time() - t0 < 40  # stopped at the deadline, not after the 60-s sleep
+    assert len(list((tmp_path / "out" / "runs").glob("*/DONE"))) == 1
+    assert "none_lr0.003_s0: stopped with the sweep" in out and "unified_lr0.003_s0: not started" in out
