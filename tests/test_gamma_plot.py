@@ -110,3 +110,19 @@ def test_plot_creates_missing_folders_of_out_and_refuses_a_folder_before_drawing
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--out {folder} is not a figure file" in err and "Errno" not in err
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_plot_replaces_a_link_at_out_instead_of_writing_through_it(tmp_path):
+    """A symbolic or hard link at the figure's path is replaced by the new figure as a name (outpath's link rule):
+    the user's file it named keeps its bytes; the figure is a regular PNG (``.svg``: an SVG, the suffix's format)."""
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious")
+    (tmp_path / "sym.png").symlink_to(victim)
+    os.link(victim, tmp_path / "hard.png")
+    for name in ("sym.png", "hard.png", "g.svg"):
+        assert plot_runs([("unified", rows())], tmp_path / name)
+        out = tmp_path / name
+        assert not out.is_symlink() and out.stat().st_nlink == 1
+    assert victim.read_text() == "precious"
+    assert (tmp_path / "sym.png").read_bytes().startswith(b"\x89PNG")
+    assert b"<svg" in (tmp_path / "g.svg").read_bytes()[:2000]

@@ -184,6 +184,17 @@ def replace_file(path: str | Path, data: str | bytes) -> None:
         raise
 
 
+def write_figure(fig, path: str | Path, dpi: int = 110) -> None:
+    """Write the matplotlib figure ``fig`` to ``path`` in the format its suffix names (``.png`` when it has none),
+    through ``replace_file``: a symbolic or hard link at ``path`` is replaced as a name, never written through
+    (``savefig(path)`` opens ``path`` and writes into whatever file it names)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".").lower() or "png", dpi=dpi)
+    replace_file(path, buf.getvalue())
+
+
 def read_regular(path: str | Path, fix: str = "delete it and retry") -> bytes:
     """The bytes of ``path``, read only when it is a regular file (a symbolic link to one is fine): opened without
     blocking, so a FIFO never hangs the command. The one check for every file a command reads from a run directory

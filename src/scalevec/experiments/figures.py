@@ -16,6 +16,7 @@ import numpy as np
 
 from scalevec.experiments.analysis import Analysis, Cell, mean_curve
 from scalevec.experiments.records import RunRecord
+from scalevec.outpath import write_figure
 from scalevec.training import rundir
 
 
@@ -45,7 +46,7 @@ def panels(n: int, path: Path):
         for ax in list(axes.flat)[n:]:
             ax.axis("off")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        write_figure(fig, path, dpi=110)
     finally:
         plt.close(fig)
 

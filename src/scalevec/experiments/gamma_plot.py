@@ -98,7 +98,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], path: Path) -> bool:
                     ax.axis("off")
         fig.tight_layout()
         Path(path).parent.mkdir(parents=True, exist_ok=True)  # as every --out: savefig would fail with "[Errno 2]"
-        fig.savefig(path, dpi=110)
+        outpath.write_figure(fig, path, dpi=110)
     finally:
         plt.close(fig)
     return True

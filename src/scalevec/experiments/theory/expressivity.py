@@ -24,6 +24,7 @@ from scalevec.experiments.theory.toys import figure, generator
 from scalevec.model.fold import fold_scales
 from scalevec.model.params import SCALE_ROLES
 from scalevec.model.transformer import Transformer, build_model
+from scalevec.outpath import write_figure
 
 CFG = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, vocab_size=64, max_seq_len=16)
 BATCH, SEQ, SPREAD, RESCALE = 2, 12, 0.5, 3.0
@@ -137,4 +138,4 @@ def plot(r: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set(title="max |Δlogit|: fold_scales per strategy (pre) and γ rescaling", ylabel="max |Δlogit| (fp32)")
     ax.tick_params(axis="x", rotation=45)
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)

@@ -29,6 +29,7 @@ from scalevec.experiments.theory.toys import DTYPE, figure, generator
 from scalevec.model.kernels import FAST
 from scalevec.model.params import init_params
 from scalevec.model.scales import SCALE_KINDS, ScaleVector
+from scalevec.outpath import write_figure
 
 DIMS = (2, 4, 16, 64, 256)
 PARAMS = ("direct", "magdir", "magdir_exp")
@@ -142,4 +143,4 @@ def plot(r: dict, path: str) -> None:
         ax.set(title=f"eigenvalues of J Jᵀ ({'at init' if where == 'init' else 'random point'})", xlabel="d",
                ylabel="eigenvalue")
         ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)

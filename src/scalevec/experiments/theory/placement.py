@@ -31,6 +31,7 @@ from scalevec.experiments.theory.toys import (
     randn,
     steps_to_target,
 )
+from scalevec.outpath import write_figure
 
 N, D_IN, D_OUT, N_POINTS = 64, 8, 6, 200
 CURVE_N, CURVE_D_IN, CURVE_D_OUT, TEACHER_STD, INIT_STD = 256, 16, 8, 1.0, 0.1
@@ -124,4 +125,4 @@ def plot(r: dict, path: str) -> None:
     b.axhline(c["target"], color="gray", ls=":", label="target")
     b.set(title="least squares, same start", xlabel="GD step", ylabel="loss")
     b.legend()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)

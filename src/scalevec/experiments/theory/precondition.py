@@ -42,6 +42,7 @@ from scalevec.experiments.theory.toys import (
     rms_normalize,
     steps_to_target,
 )
+from scalevec.outpath import write_figure
 
 # Least-squares toy: the teacher's columns (‖v*_j‖ ≈ 2.8) are much larger than the student's at init
 # (‖w_j‖ ≈ 0.28), so the columns must grow, the regime where the scale vector amplifies itself.
@@ -215,4 +216,4 @@ def plot(r: dict, path: str) -> None:
         ax.axhline(res["target"], color="gray", ls=":", label="target")
         ax.set(title=f"(d) {name}: speedup {_fmt(res['speedup'])}×", xlabel="GD step", ylabel="loss")
         ax.legend()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)

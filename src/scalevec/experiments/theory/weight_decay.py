@@ -38,6 +38,7 @@ from scalevec.experiments.theory.toys import (
     rms_normalize,
     steps_to_target,
 )
+from scalevec.outpath import write_figure
 from scalevec.training.probes import top_hessian_eigenvalue
 
 # Input-Norm toy: small teacher columns (‖v*_j‖ ≈ 0.28) and noisy targets (loss floor > 0).
@@ -171,4 +172,4 @@ def plot(r: dict, path: str) -> None:
     c.axhline(out["floor"], color="gray", ls=":", label="floor with wd (exact W)")
     c.set(title="Output-Norm: x + γ ⊙ n(Wx)", xlabel="GD step", ylabel="loss")
     c.legend()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
