@@ -19,6 +19,7 @@ fi
 .venv/bin/python -m pip install -q -e ".[dev]" -c "$constraints"
 # torchtitan and OLMo-core (with its cached-path) declare pins that conflict with transformers 5.25's (pyproject's
 # frameworks extra says which); their own imports are in that extra, so they go in without their declared deps
+# (`pip check` then reports those five pins of theirs: expected, harmless for what scalevec calls)
 .venv/bin/python -m pip install -q --no-deps torchtitan ai2-olmo-core cached-path -c "$constraints"
 .venv/bin/scalevec info --preset small --strategy unified
 echo "ready: activate with 'source .venv/bin/activate'"
