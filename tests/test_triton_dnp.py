@@ -251,3 +251,20 @@ def test_cuda_op_matches_plain_formula_at_llama_width(dtype):
     for i, (got, want) in enumerate(zip(grads, ref_grads)):
         # ∂L/∂s sums 4096 float32 terms of O(10) in a different order than float64: 1e-4 relative
         torch.testing.assert_close(got.double(), want, rtol=rtol if i < 2 else 1e-4, atol=atol if i < 2 else 1e-3)
+
+
+def test_strided_scale_vectors_are_read_by_their_stride():
+    """s_g, s_u given as strided views (every other element of a longer tensor) give the output and gradients of
+    the same values made contiguous (the kernels index s at unit stride: they read the wrong elements otherwise)."""
+    d_ff = 37
+    yg, yu, _, _ = _inputs(d_ff, torch.float32, False, False)
+    base = (1 + 0.5 * torch.randn(2, 2 * d_ff, generator=torch.Generator().manual_seed(3))).to(DEVICE)
+    base.requires_grad_()
+    sg, su = base[0, ::2], base[1, ::2]
+    grad = torch.randn(N_TOKENS, d_ff, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    out = triton_dnp.dnp_swiglu(yg, yu, sg, su, EPS)
+    ref, ref_grads = _reference(yg, yu, sg, su, grad)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)  # TOL's fp32 bound
+    grads = torch.autograd.grad(out, [sg, su], grad)
+    for got, want in zip(grads, ref_grads[2:]):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

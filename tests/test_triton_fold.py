@@ -260,3 +260,20 @@ def test_cuda_op_matches_plain_formula_at_llama_widths(d_out, d_in):
     for got, want in zip(grads, ref):
         # ∂L/∂c, ∂L/∂s sum up to 1706 float32 terms of O(1) in another order than float64: 1e-4 relative
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
+
+
+def test_strided_vectors_are_read_by_their_stride():
+    """c and s given as strided views (every other element of a longer tensor) fold and differentiate as the same
+    values made contiguous (the kernels index them at unit stride: they read the wrong elements otherwise)."""
+    w, _, _ = _inputs(False, False)
+    base = (1 + 0.5 * torch.randn(2 * D_IN + 2 * D_OUT, generator=torch.Generator().manual_seed(4))).to(DEVICE)
+    base.requires_grad_()
+    c, s = base[: 2 * D_IN : 2], base[2 * D_IN :: 2]
+    assert c.shape == (D_IN,) and s.shape == (D_OUT,) and c.stride(0) == s.stride(0) == 2
+    grad = torch.randn(D_OUT, D_IN, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    out = triton_fold.fold_weight(w, c, s, torch.float32)
+    ref, ref_grads = _reference(w, c, s, grad)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)  # TOL's fp32 bound
+    grads = torch.autograd.grad(out, [w, c, s], grad)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

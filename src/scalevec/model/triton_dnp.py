@@ -81,6 +81,11 @@ def _rows(t: Tensor) -> Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
+def _unit_stride(s: Tensor | None) -> Tensor | None:
+    """A scale vector with unit stride (the kernels read ``s[j]`` at ``s + j``; a strided view gave wrong values)."""
+    return s if s is None or s.stride(-1) == 1 else s.contiguous()
+
+
 def _geometry(d_ff: int) -> tuple[int, int, int]:
     """``(BLOCK_N, BLOCK_F, num_warps)``: a program holds ``BLOCK_N`` whole rows, ``BLOCK_F`` = d_ff rounded up to
     a power of two; short rows share a program up to a 1024-element tile; one warp per 128 elements (4 per
@@ -104,7 +109,7 @@ def _dnp_swiglu_op(yg: Tensor, yu: Tensor, sg: Tensor | None, su: Tensor | None,
     from scalevec.model import triton_dnp_kernels as k  # at first launch: Triton picks compiled or interpreted then
 
     _check(yg, yu, sg, su)
-    yg2, yu2 = _rows(yg), _rows(yu)
+    yg2, yu2, sg, su = _rows(yg), _rows(yu), _unit_stride(sg), _unit_stride(su)
     n, d_ff = yg2.shape
     out = torch.empty((n, d_ff), dtype=yg.dtype, device=yg.device)
     block_n, block_f, warps = _geometry(d_ff)
@@ -127,7 +132,7 @@ def _dnp_swiglu_backward_op(grad: Tensor, yg: Tensor, yu: Tensor, sg: Tensor | N
     """``(∂L/∂y_g, ∂L/∂y_u, ∂L/∂s)``: ∂L/∂s float32 ``(k, d_ff)``, a row for each of ``s_g``, ``s_u`` that is given."""
     from scalevec.model import triton_dnp_kernels as k
 
-    g2, yg2, yu2 = _rows(grad), _rows(yg), _rows(yu)
+    g2, yg2, yu2, sg, su = _rows(grad), _rows(yg), _rows(yu), _unit_stride(sg), _unit_stride(su)
     n, d_ff = yg2.shape
     dyg, dyu = (torch.empty((n, d_ff), dtype=y.dtype, device=y.device) for y in (yg, yu))
     block_n, block_f, warps = _geometry(d_ff)

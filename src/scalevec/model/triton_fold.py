@@ -115,7 +115,7 @@ def _fold_weight_op(w: Tensor, c: Tensor | None, s: Tensor | None, dtype: torch.
     from scalevec.model import triton_fold_kernels as k  # at first launch: Triton picks compiled or interpreted then
 
     _check(w, c, s)
-    w = _unit_stride(w)
+    w, c, s = (_unit_stride(t) if t is not None else None for t in (w, c, s))  # the kernels read c, s at stride 1
     d_out, d_in = w.shape
     out = torch.empty((d_out, d_in), dtype=dtype, device=w.device)
     block_n = _block_n(d_in)
@@ -139,7 +139,7 @@ def _fold_weight_backward_op(g: Tensor, w: Tensor, c: Tensor | None, s: Tensor |
     from scalevec.model import triton_fold_kernels as k
 
     _check(w, c, s, g)
-    g, w = _unit_stride(g), _unit_stride(w)
+    g, w, c, s = (_unit_stride(t) if t is not None else None for t in (g, w, c, s))
     d_out, d_in = w.shape
     programs = _programs(d_out)
     gw = torch.empty((d_out, d_in) if need_w else (0,), dtype=w.dtype, device=w.device)
