@@ -183,3 +183,16 @@ def test_a_fifo_or_folder_in_place_of_a_token_file_is_named_not_read(tmp_path, t
     err = capsys.readouterr().err.strip()
     assert "part-99.npy is not a regular file" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "never").exists()
+
+
+def test_train_refuses_a_split_rule_token_files_would_ignore(tmp_path, tokenizer_json, capsys):
+    """``train --data nanogpt:DIR data.val_split=random`` stops with exit 2 and one line, as ``prepare-data
+    --val-split random`` does, instead of training on nanoGPT's own split while the config says random."""
+    write_nanogpt(tmp_path / "owt", tokenizer_json)
+    for split in ("random", "strided"):
+        argv = ["train", "--preset", "tiny", "--steps", "1", "--data", f"nanogpt:{tmp_path / 'owt'}", "--tokenizer",
+                tokenizer_json, "--out", str(tmp_path / "never"), "--quiet", f"data.val_split={split}"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"data.val_split {split}: token files keep nanoGPT's own split" in err and err.count("\n") == 0, err
+        assert not (tmp_path / "never").exists()

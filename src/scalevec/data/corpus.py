@@ -77,11 +77,13 @@ def prepare_data(cfg: DataConfig) -> TokenData:
 def load_token_files(tf: token_files.TokenFiles, cfg: DataConfig) -> TokenData:
     """``TokenData`` over nanoGPT's or OLMo-core's token files (``token_files``), memory-mapped as they are and read
     with ``cfg.tokenizer`` (a tokenizer.json: the one that wrote them; recorded in ``meta``). Raises
-    ``ValueError`` for ``bpe:N`` (it would be trained on text these files do not hold) and what
+    ``ValueError`` for ``bpe:N`` (it would be trained on text these files do not hold), a ``data.val_split`` other
+    than ``tail`` (``token_files.check_split``) and what
     ``token_files.open_token_files`` and ``load_tokenizer`` raise."""
     if cfg.tokenizer.startswith("bpe:"):
         raise ValueError(f"--data {tf.source} holds token ids, not text: give --tokenizer the tokenizer.json that "
                          f"wrote them, not {cfg.tokenizer}")
+    token_files.check_split(cfg.val_split, "data.val_split")
     tok = load_tokenizer(cfg.tokenizer)
     train, val = token_files.open_token_files(tf, tok, cfg.val_frac)
     train_docs = sum(token_files.documents(a, tok.eos_id) for a in train)

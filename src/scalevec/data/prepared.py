@@ -250,9 +250,7 @@ def prepare_shards(source: str, tokenizer: str, out: str | Path, workers: int = 
         raise ValueError(f"{source} is already prepared data (it holds {MANIFEST}); train on it with --data {source}")
     tf = token_files.parse(source)
     if tf is not None:
-        if val_split != "tail":
-            raise ValueError(f"--val-split {val_split}: token files keep nanoGPT's own split or cut OLMo-core's tail; "
-                             f"drop --val-split")
+        token_files.check_split(val_split)
         if tokenizer.startswith("bpe:"):
             raise ValueError(f"{source} holds token ids, not text: give --tokenizer the tokenizer.json that wrote "
                              f"them, not {tokenizer}")

@@ -60,6 +60,14 @@ def parse(source: str) -> TokenFiles | None:
     return TokenFiles(layout, Path(rest).expanduser())
 
 
+def check_split(val_split: str, flag: str = "--val-split") -> None:
+    """Refuse a validation split rule other than ``tail`` (``ValueError`` naming ``flag``): token files keep
+    nanoGPT's own split or cut OLMo-core's tail (module docstring), so another rule would be ignored silently."""
+    if val_split != "tail":
+        raise ValueError(f"{flag} {val_split}: token files keep nanoGPT's own split or cut OLMo-core's tail; "
+                         f"drop {flag}")
+
+
 def olmo_core_dtype(vocab_size: int) -> np.dtype:
     """OLMo-core's default token dtype: the smallest unsigned type holding ``vocab_size - 1``."""
     return next(np.dtype(d) for d in OLMO_DTYPES if vocab_size - 1 <= np.iinfo(d).max)
@@ -88,8 +96,8 @@ def files(tf: TokenFiles) -> dict[str, list[Path]]:
     for f in (f for fs in split_files.values() for f in fs):
         # opening a FIFO blocks until something writes to it, and a device or socket is no token file: name it
         if not f.is_file():
-            raise ValueError(f"data source {tf.source!r}: {f} is not a regular file (a folder, FIFO, socket or device); "
-                             f"give the token file itself")
+            raise ValueError(f"data source {tf.source!r}: {f} is not a regular file (a folder, FIFO, socket or "
+                             f"device); give the token file itself")
     return split_files
 
 
@@ -180,5 +188,5 @@ def documents(ids: np.ndarray, eos_id: int | None) -> int:
     return n + int(ids[-1] != eos_id)
 
 
-__all__ = ["LAYOUTS", "TokenFiles", "check_ids", "documents", "files", "iter_documents", "olmo_core_dtype",
-           "open_token_files", "parse"]
+__all__ = ["LAYOUTS", "TokenFiles", "check_ids", "check_split", "documents", "files", "iter_documents",
+           "olmo_core_dtype", "open_token_files", "parse"]
