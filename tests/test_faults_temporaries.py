@@ -166,3 +166,17 @@ def test_a_stale_token_cache_folder_is_removed_by_the_next_writer(tmp_path, caps
     prepare_data(cfg)
     assert not stale.exists() and (entry / "meta.json").is_file()
     assert f"removed {stale}" in capsys.readouterr().err
+
+
+def test_a_temporary_name_with_an_impossible_pid_is_kept_not_a_crash(tmp_path):
+    """A folder named like a temporary one but with a PID too large for the system (os.kill's OverflowError) is
+    left alone: the next writer neither crashes on it nor removes it."""
+    from scalevec.outpath import clean_stale_temporaries
+
+    odd = tmp_path / f".model.tmp-{2**70}-ab"
+    odd.mkdir()
+    gone = tmp_path / ".model.tmp-999999999-cd"  # above Linux's pid_max (4194304): no such process
+    gone.mkdir()
+    notes = []
+    assert clean_stale_temporaries(tmp_path / "model", notes.append) == [gone.name]
+    assert odd.is_dir() and not gone.exists() and len(notes) == 1

@@ -250,6 +250,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's live process
         return True
+    except OverflowError:  # no PID this machine gives: not a writer's folder, so never judged gone and removed
+        return True
     return True
 
 
