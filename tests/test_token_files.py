@@ -196,3 +196,26 @@ def test_train_refuses_a_split_rule_token_files_would_ignore(tmp_path, tokenizer
         err = capsys.readouterr().err.strip()
         assert f"data.val_split {split}: token files keep nanoGPT's own split" in err and err.count("\n") == 0, err
         assert not (tmp_path / "never").exists()
+
+
+def test_documents_are_counted_in_chunks_of_flat_memory():
+    """``documents`` counts EOS a chunk at a time (never a boolean array of the whole memory map) and gets the same
+    count at any chunk size, a document split across chunks or an unterminated tail included."""
+    from scalevec.data.token_files import documents
+
+    ids = np.array([5, 1, 9, 9, 1, 7, 1, 3, 3], dtype=np.uint16)  # EOS 1: three documents and an open tail
+    assert [documents(ids, 1, chunk=c) for c in (1, 2, 4, 100)] == [4, 4, 4, 4]
+    assert documents(ids[:-2], 1, chunk=3) == 3 and documents(ids, None) == 0
+
+    class Chunked(np.ndarray):
+        """Records the largest slice read."""
+        widest = 0
+
+        def __getitem__(self, key):
+            if isinstance(key, slice):
+                Chunked.widest = max(Chunked.widest, len(range(*key.indices(len(self)))))
+            return super().__getitem__(key)
+
+    big = np.resize(ids, 1000).view(Chunked)
+    documents(big, 1, chunk=64)
+    assert Chunked.widest == 64

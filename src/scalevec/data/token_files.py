@@ -156,12 +156,21 @@ def _tail_split(tf: TokenFiles, streams: list[np.ndarray], tok: Tokenizer,
     last = streams[-1]
     total = sum(len(s) for s in streams)
     cut = len(last) - int(round(val_frac * total))
-    ends = np.flatnonzero(np.asarray(last[max(cut, 0) - 1:]) == tok.eos_id) if cut > 0 else np.zeros(0, np.int64)
-    if cut <= 0 or not len(ends) or max(cut, 0) + int(ends[0]) >= len(last):
+    first = _first_index(last, tok.eos_id, cut - 1) if cut > 0 else None  # the EOS at or past the cut point
+    if first is None or first + 1 >= len(last):
         raise ValueError(f"data source {tf.source!r}: the last file ({len(last):,} tokens) has no document boundary "
                          f"leaving {val_frac:g} of the tokens for validation; lower --val-frac or add a file")
-    at = cut + int(ends[0])  # one past the EOS that ends the last training document of this file
+    at = first + 1  # one past the EOS that ends the last training document of this file
     return [*streams[:-1], last[:at]], [last[at:]]
+
+
+def _first_index(ids: np.ndarray, value: int, start: int, chunk: int = 1 << 24) -> int | None:
+    """The first index ``>= start`` of ``value`` in ``ids`` (``None``: none), read ``chunk`` ids at a time."""
+    for lo in range(start, len(ids), chunk):
+        hits = np.flatnonzero(np.asarray(ids[lo:lo + chunk]) == value)
+        if len(hits):
+            return lo + int(hits[0])
+    return None
 
 
 def iter_documents(ids: np.ndarray, eos_id: int | None, chunk: int = 1 << 24):
@@ -179,12 +188,13 @@ def iter_documents(ids: np.ndarray, eos_id: int | None, chunk: int = 1 << 24):
         yield ids[start:]
 
 
-def documents(ids: np.ndarray, eos_id: int | None) -> int:
+def documents(ids: np.ndarray, eos_id: int | None, chunk: int = 1 << 24) -> int:
     """Documents in a stream that ends each with EOS: its EOS count, plus one for an unterminated tail; 0 without
-    an EOS token."""
+    an EOS token. Counts ``chunk`` ids at a time: ``ids == eos_id`` over a whole memory map would allocate a byte
+    per token (20 GB for a 20B-token file)."""
     if eos_id is None or not len(ids):
         return 0
-    n = int(np.count_nonzero(np.asarray(ids) == eos_id))
+    n = sum(int(np.count_nonzero(np.asarray(ids[lo:lo + chunk]) == eos_id)) for lo in range(0, len(ids), chunk))
     return n + int(ids[-1] != eos_id)
 
 
