@@ -120,6 +120,16 @@ def test_two_monitors_with_one_name_are_refused(tmp_path):
     assert [m.name for m in (RunningLoss(), second)] == ["RunningLoss", "RunningLoss2"]
 
 
+def test_a_monitor_name_is_a_non_empty_str():
+    """A name that is not a str (a checkpoint's JSON would give it back as one, so a resumed run would find no state
+    under it) or is empty is refused when set."""
+    m = RunningLoss()
+    for bad in (3, "", None):
+        with pytest.raises(TypeError, match="a monitor's name is a non-empty str"):
+            m.name = bad
+    assert m.name == "RunningLoss"
+
+
 def test_health_guard_state_round_trips():
     """The guard's state survives ``state_dict`` -> JSON -> ``load_state_dict``; a step-0 checkpoint is a fresh
     start (the reference is the first loss again)."""

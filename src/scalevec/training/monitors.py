@@ -108,6 +108,9 @@ class Monitor:
 
     @name.setter
     def name(self, value: str) -> None:
+        # the checkpoint's JSON key: any other type comes back a str and the resumed monitor would find no state
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"a monitor's name is a non-empty str (its checkpoint key), got {value!r}")
         self._name = value
 
     def start(self, ctx: RunContext) -> None:
