@@ -15,7 +15,8 @@ and after any model is guarded or opted out or back in (``_epoch``).
 The opt-out, for a user who means it: ``allow_any_weight_decay(model)``. A model without a strategy (never applied,
 or ``fold``-ed) is not checked. Not covered: an optimizer that holds flattened copies of the parameters instead of
 the parameters (FSDP1 without ``use_orig_params``, DeepSpeed ZeRO): nothing of the model is found in it, so it
-passes unchecked.
+passes unchecked; a ``copy.deepcopy`` of a guarded model (it carries the strategy but is not in ``_guarded``: call
+``guard_weight_decay`` on the copy).
 """
 
 from __future__ import annotations
