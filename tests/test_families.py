@@ -233,3 +233,24 @@ def test_save_refuses_a_config_edited_after_apply(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"model.config.{field}="):
         to_scalevec(model)
     assert not (tmp_path / "out").exists()
+
+
+def test_save_refuses_an_embedding_resized_after_apply(tmp_path):
+    """``resize_token_embeddings`` after ``apply_strategy`` (config and modules agree, the recorded vocabulary does
+    not) is refused by ``save`` and ``to_scalevec`` in one line naming the fix, not load_state_dict's size report,
+    before anything is written."""
+    import transformers as tf
+
+    from scalevec.integrations import to_scalevec
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=96))
+    apply_strategy(model, "baseline")
+    model.resize_token_embeddings(272, mean_resizing=False)
+    for call in (lambda: save(model, tmp_path / "out"), lambda: to_scalevec(model)):
+        with pytest.raises(ValueError, match="the embedding has 272 rows but LlamaForCausalLM carried a vocabulary "
+                                             "of 256") as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()

@@ -731,14 +731,20 @@ def to_scalevec(model: nn.Module) -> Transformer:
     of a model ``apply_strategy`` touched (``scalevec_name``), on the model's device, in float32. It computes the
     same function (fp32 rounding: the HF attention and MoE dispatch differ from ours in summation order).
     Raises ``ValueError`` for a model without a strategy, a ``model.config`` edited to disagree with the modules
-    (``check_config``), or of a family scalevec's model does not compute (its
-    record's ``scalevec_format``: Gemma 3's post-norms and GeGLU, OLMo 2/3's post-norm order, Qwen2's biases, ...)."""
+    (``check_config``), an embedding resized since ``apply_strategy``, or of a family scalevec's model does not
+    compute (its record's ``scalevec_format``: Gemma 3's post-norms and GeGLU, OLMo 2/3's post-norm order, Qwen2's
+    biases, ...)."""
     info = _info(model)
     fam = FAMILIES[info.family]
     check_config(model, fam)
     if not fam.scalevec_format:
         raise ValueError(f"scalevec's Transformer does not compute {fam.name} (see its record in "
                          f"hf_format/families.py); fold(model) gives the plain {type(model).__name__} instead")
+    rows = model.get_submodule(fam.embed).weight.shape[0]
+    if rows != info.cfg.vocab_size:  # resize_token_embeddings after apply_strategy: the recorded shape is stale
+        raise ValueError(f"the embedding has {rows} rows but {type(model).__name__} carried a vocabulary of "
+                         f"{info.cfg.vocab_size} when apply_strategy ran (resize_token_embeddings since?); resize "
+                         f"the plain model first, then apply the strategy")
     ref = next(model.parameters())
     sv = build_model(info.cfg, info.scale, seed=0, device=ref.device)
     state = {}
