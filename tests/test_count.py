@@ -153,10 +153,13 @@ def test_count_json_schema(tmp_path, capsys):
     (["--generate"], "--count and --generate are two different benchmarks"),
     (["--batch-size", "0"], "--batch-size 0 / --seq-len 256: use a batch >= 1"),
     (["--seq-len", "0"], "--batch-size 16 / --seq-len 0: use a batch >= 1"),
+    (["--compile"], "does not use --compile; drop it"),
+    (["--device", "cuda", "--steps", "3"], "does not use --steps, --device; drop them"),
 ])
 def test_count_bad_input_is_one_line_exit_2(argv, words, capsys):
-    """An unknown strategy, a candidate that is not a strategy, a bad dtype, --generate too, or a batch or sequence
-    length of 0 (never read as the default): one line, exit 2."""
+    """An unknown strategy, a candidate that is not a strategy, a bad dtype, --generate too, a batch or sequence
+    length of 0 (never read as the default), or a flag --count does not read (--compile: never ignored silently):
+    one line, exit 2."""
     try:
         code = main(["bench", "--count", "--preset", "tiny", *argv])
     except SystemExit as e:  # argparse's own refusals (a --dtype outside its choices) exit from the parser

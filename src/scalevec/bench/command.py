@@ -99,6 +99,16 @@ def run(args: argparse.Namespace) -> int:
     if args.count:
         from scalevec.bench.count import count, format_count
 
+        # what --count never reads (it counts the eager CUDA path on the meta device): refused, not ignored silently
+        unread = [flag for flag, given in (("--compile", args.compile), ("--steps", args.steps is not None),
+                                           ("--device", args.device != "auto"), ("--threads", args.threads is not None),
+                                           ("--peak-tflops", args.peak_tflops is not None),
+                                           ("--no-inference", args.no_inference), ("--no-memory", args.no_memory))
+                  if given]
+        if unread:
+            raise ValueError(f"--count counts the eager CUDA path on the meta device and does not use "
+                             f"{', '.join(unread)}; drop {'it' if len(unread) == 1 else 'them'}")
+
         r = count(args.preset, args.strategies, args.batch_size, args.seq_len, args.dtype or "bfloat16")
         for _, path in targets:
             write_json(path, r)
