@@ -178,3 +178,39 @@ def test_wsd_verdict_says_a_gain_remains_only_where_the_equal_lr_interval_is_bel
     assert "a gain remains at equal lr (0.0089)" in v
     v = controls.wsd_verdict([row(True, 0, gain), row(False, 0.0089, flat)])
     assert "not distinguishable from 0" in v and "a gain remains at equal lr" not in v
+
+
+def test_a_cell_read_from_its_runs_csv_pairs_with_control_run_directories(tmp_path):
+    """A committed cell is often its runs.csv alone: the picks and the tuned Δ (+0.05) come from it, and the
+    control's run directories give Δ at the baseline's lr (−0.02) on the same held-out seeds, seeds 0-1 never."""
+    import csv
+
+    cols = ["run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss", "tokens",
+            "params", "non_embedding_params", "wall_time_s", "cpu", "cpu_capability"]
+    rows = []
+
+    def add(s, lr, seed, loss):
+        rows.append({"run": f"{s}_lr{lr:g}_s{seed}", "status": "done", "preset": "cpu-25k", "strategy": s,
+                     "optimizer": "adamw", "schedule": "cosine", "lr": lr, "seed": seed, "final_val_loss": loss,
+                     "tokens": 820480, "params": 41056, "non_embedding_params": 24672, "wall_time_s": 9.0,
+                     "cpu": AMD[0], "cpu_capability": AMD[1]})
+
+    for s, curve in CURVES.items():
+        for lr in LRS:
+            for seed in (0, 1):
+                add(s, lr, seed, curve[lr] + 0.001 * seed)
+    for k in (2, 3, 4):
+        add("baseline", 0.02, k, 2.0 + k / 100)
+        add("unified", 0.01, k, 2.05 + k / 100)
+    cell = tmp_path / "ladder-cpu-25k-prose"
+    cell.mkdir()
+    with (cell / "runs.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    control = controls.control_folder(tmp_path, cell.name)
+    for k in (0, 1, 2, 3, 4):  # seeds 0-1 here would be tuning seeds: they must not enter the held-out Δ
+        add_run(control, "unified", 0.02, k, 2.0 + k / 100 - 0.02 + (1.0 if k < 2 else 0.0), kind=AMD)
+    a = controls.read_control(tmp_path, cell.name, draws=0).arms["unified"]
+    assert a.tuned.delta == pytest.approx(0.05, abs=1e-12) and a.tuned.n == 3
+    assert a.at_base.delta == pytest.approx(-0.02, abs=1e-12) and [p.seed for p in a.pairs] == [2, 3, 4]
