@@ -139,10 +139,12 @@ def test_bench_cli_user_error_exits_2(capsys):
     (["--steps", "0"], "--steps 0 / --warmup 3"),
     (["--generate", "--steps", "0"], "--steps 0: use 1 or more"),
     (["--generate", "--threads", "0"], "--threads 0: use 1 or more"),
+    (["--generate", "--device", "cuda"], "--generate times greedy generation on CPU and does not use --device"),
+    (["--generate", "--compile", "--batch-size", "4"], "does not use --batch-size, --compile; drop them"),
 ])
 def test_bench_zero_is_refused_not_read_as_the_default(argv, words, capsys):
-    """A 0 asked for (batch, sequence length, rounds, threads) is refused in one line with exit 2, never replaced by
-    the default and benchmarked."""
+    """A 0 asked for (batch, sequence length, rounds, threads), or a flag --generate does not read, is refused in one
+    line with exit 2, never replaced by the default or ignored and benchmarked."""
     assert main(["bench", "--preset", "tiny", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err

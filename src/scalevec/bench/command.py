@@ -88,6 +88,22 @@ def write_json(path: Path, results: dict) -> None:
     write_atomic(path, json.dumps(results, indent=1))
 
 
+def _refuse_unread(args: argparse.Namespace, mode: str, what: str, flags: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` naming the ``flags`` given that ``mode`` never reads (they are not ignored silently: a
+    --count --compile would print the eager count as if compiled). A flag is given when it is set away from its
+    default (``--device``: other than auto or cpu)."""
+    given = {"--batch-size": args.batch_size is not None, "--seq-len": args.seq_len is not None,
+             "--compile": args.compile, "--dtype": args.dtype is not None,
+             "--device": args.device not in ("auto", "cpu"),
+             "--steps": args.steps is not None, "--threads": args.threads is not None,
+             "--peak-tflops": args.peak_tflops is not None, "--no-inference": args.no_inference,
+             "--no-memory": args.no_memory}
+    unread = [f for f in flags if given[f]]
+    if unread:
+        raise ValueError(f"{mode} {what} and does not use {', '.join(unread)}; drop "
+                         f"{'it' if len(unread) == 1 else 'them'}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark ``args`` ask for, print its tables (or JSON) and return 0; ``--save`` and ``--json FILE``
     write the JSON to their files, creating missing folders above them (as every ``--out`` is created). Raises
@@ -99,22 +115,18 @@ def run(args: argparse.Namespace) -> int:
     if args.count:
         from scalevec.bench.count import count, format_count
 
-        # what --count never reads (it counts the eager CUDA path on the meta device): refused, not ignored silently
-        unread = [flag for flag, given in (("--compile", args.compile), ("--steps", args.steps is not None),
-                                           ("--device", args.device != "auto"), ("--threads", args.threads is not None),
-                                           ("--peak-tflops", args.peak_tflops is not None),
-                                           ("--no-inference", args.no_inference), ("--no-memory", args.no_memory))
-                  if given]
-        if unread:
-            raise ValueError(f"--count counts the eager CUDA path on the meta device and does not use "
-                             f"{', '.join(unread)}; drop {'it' if len(unread) == 1 else 'them'}")
-
+        _refuse_unread(args, "--count", "counts the eager CUDA path on the meta device",
+                       ("--compile", "--steps", "--device", "--threads", "--peak-tflops", "--no-inference",
+                        "--no-memory"))
         r = count(args.preset, args.strategies, args.batch_size, args.seq_len, args.dtype or "bfloat16")
         for _, path in targets:
             write_json(path, r)
         print(json.dumps(r, indent=1) if args.json == "-" else format_count(r))
         return 0
     if args.generate:
+        _refuse_unread(args, "--generate", "times greedy generation on CPU",
+                       ("--batch-size", "--seq-len", "--compile", "--dtype", "--device", "--peak-tflops",
+                        "--no-inference", "--no-memory"))
         # `is None`, not `or`: an asked-for 0 is refused by the benchmark, never turned into the default
         r = bench_generate(args.preset, args.strategies, args.new_tokens,
                            rounds=3 if args.steps is None else args.steps,
