@@ -50,7 +50,7 @@ def os_error_line(e: OSError) -> str:
         return one_line(e)
     where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None) or "a file"
     fix = _ERRNO_FIXES.get(e.errno, "check the path and its file system")
-    return f"{where}: {one_line(e).lower()} ({errno.errorcode.get(e.errno, e.errno)}); {fix}"
+    return f"{where}: {one_line(e)} ({errno.errorcode.get(e.errno, e.errno)}); {fix}"
 
 
 def _named(path: str) -> str:
