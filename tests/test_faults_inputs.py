@@ -377,22 +377,26 @@ def test_full_disk_in_prepare_data_names_the_place_and_leaves_nothing(tmp_path, 
 
 
 def test_full_disk_in_report_leaves_no_truncated_figure(tmp_path, capsys, monkeypatch):
-    import matplotlib.figure
 
     spec = spec_from_dict(FAKE_SWEEP)
     out = tmp_path / "out"
     assert run_sweep(spec, out, train_cmd=FAKE, report=False, quiet=True) == 0
-    real = matplotlib.figure.Figure.savefig
+    real = os.fdopen
 
-    def full(self, path, *a, **k):
-        Path(path).write_bytes(b"")  # what a full disk leaves: the file created, nothing in it
-        raise _enospc(path)
+    def full(fd, mode="r", *a, **k):
+        # a figure is written whole into a new file beside its name (outpath.replace_file); a full disk fails that
+        # write, leaving the new file created and empty
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if "w" in mode and ".png." in name:
+            os.close(fd)
+            raise _enospc(name)
+        return real(fd, mode, *a, **k)
 
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    monkeypatch.setattr(os, "fdopen", full)
     assert main(["report", str(out)]) == 2
     one_line_error(capsys, "No space left on device", "free space", str(out))
     assert not list(out.glob("*.png")) and not list(out.glob(".*tmp*"))
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", real)
+    monkeypatch.setattr(os, "fdopen", real)
     assert main(["report", str(out)]) == 0
     assert (out / "loss_curves.png").stat().st_size > 0
 
