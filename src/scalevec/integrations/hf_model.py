@@ -824,6 +824,24 @@ def fold(model: nn.Module) -> nn.Module:
     return model
 
 
+def folded_copy(model: nn.Module, out: Path) -> nn.Module:
+    """A folded copy of a framework model (torchtitan's, OLMo-core's) for export to ``out``, the model itself left
+    as it is (DESIGN.md §10). Raises ``ValueError`` for a strategy that cannot fold (DNP) and ``FileExistsError``
+    when ``out`` holds anything, before any copy is made."""
+    import copy
+
+    info = getattr(model, "scalevec_info", None)
+    if info is not None and not info.scale.foldable:
+        raise ValueError(f"strategy {info.strategy} cannot fold (DNP): no plain Llama computes it; train "
+                         f"unified_foldable to export to Hugging Face")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
+    plain = copy.deepcopy(model)
+    if info is not None:
+        fold(plain)
+    return plain
+
+
 def _remove_router_scale(router: nn.Module) -> Tensor | None:
     """Take HG's γ_router (and its input hook) off an HF router; returns that γ (None where it had none)."""
     for key, hook in list(router._forward_pre_hooks.items()):

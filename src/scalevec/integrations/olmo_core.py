@@ -71,24 +71,15 @@ def export_hf(model: nn.Module, out_dir, dtype: torch.dtype = torch.float32):
     OLMo-core's own HF converter (``convert_state_to_hf`` for ``model_type="llama"``) into ``hf_config(model)``'s
     model, ``save_pretrained``. Returns the HF model. Raises ``ValueError`` for a strategy that cannot fold (DNP:
     ``unified``) or tensors the converter leaves unmatched, ``FileExistsError`` for a non-empty ``out_dir``."""
-    import copy
     from pathlib import Path
 
     import transformers
     from olmo_core.nn.hf.convert import convert_state_to_hf
 
-    from scalevec.integrations.hf_model import fold
+    from scalevec.integrations.hf_model import folded_copy
 
-    info = getattr(model, "scalevec_info", None)
-    if info is not None and not info.scale.foldable:
-        raise ValueError(f"strategy {info.strategy} cannot fold (DNP): no plain Llama computes it; train "
-                         f"unified_foldable to export to Hugging Face")
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
-    plain = copy.deepcopy(model)
-    if info is not None:
-        fold(plain)
+    plain = folded_copy(model, out)
     config = hf_config(model)
     state = {k: v.detach().to("cpu", dtype) for k, v in plain.state_dict().items()}
     hf = transformers.LlamaForCausalLM(config).to(dtype)

@@ -256,24 +256,15 @@ def export_hf(model: nn.Module, out_dir, dtype: torch.dtype = torch.float32):
     torchtitan's own HF converter (``Llama3StateDictAdapter.to_hf``: its names and RoPE permutation) into
     ``hf_config(model)``'s model, ``save_pretrained``. Returns the HF model. Raises ``ValueError`` for a strategy
     that cannot fold (DNP: ``unified``) and ``FileExistsError`` for a non-empty ``out_dir``."""
-    import copy
     from pathlib import Path
 
     import transformers
     from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
-    from scalevec.integrations.hf_model import fold
+    from scalevec.integrations.hf_model import folded_copy
 
-    info = getattr(model, "scalevec_info", None)
-    if info is not None and not info.scale.foldable:
-        raise ValueError(f"strategy {info.strategy} cannot fold (DNP): no plain Llama computes it; train "
-                         f"unified_foldable to export to Hugging Face")
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
-    plain = copy.deepcopy(model)
-    if info is not None:
-        fold(plain)
+    plain = folded_copy(model, out)
     state = {k: v.detach().to("cpu", dtype) for k, v in plain.state_dict().items()}
     hf_state = Llama3StateDictAdapter(plain.config, hf_assets_path=None).to_hf(state)
     hf = transformers.LlamaForCausalLM(hf_config(model)).to(dtype)
