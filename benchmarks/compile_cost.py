@@ -21,8 +21,8 @@ import torch
 from scalevec.bench.candidates import make_candidate
 from scalevec.bench.harness import quiet_stderr
 from scalevec.config import OptimConfig
+from scalevec.config.presets import get_preset
 from scalevec.model.flops import cpu_name
-from scalevec.presets import get_preset
 
 
 def run(preset: str, strategy: str, steps: int, compile: bool, batch: int, seq: int) -> dict:

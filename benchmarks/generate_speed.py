@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from scalevec import ScaleConfig, build_model
+from scalevec.config.presets import get_preset
 from scalevec.hf.generate import sample
 from scalevec.model.transformer import KVCache
-from scalevec.presets import get_preset
 
 
 def _timed(fn) -> tuple[list[int], float]:

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from scalevec.bench.candidates import make_candidate, parse_candidates
 from scalevec.config import OptimConfig
-from scalevec.presets import get_preset
+from scalevec.config.presets import get_preset
 
 
 def main() -> None:

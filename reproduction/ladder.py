@@ -43,9 +43,9 @@ def folder(results: Path, rung: str, corpus: str) -> Path:
 def non_embedding_params(preset: str, strategy: str = "baseline") -> int:
     """Non-embedding parameters of ``preset`` (built on the meta device: instant at 0.12B)."""
     from scalevec.config import ScaleConfig
+    from scalevec.config.presets import get_preset
     from scalevec.model.params import count_params
     from scalevec.model.transformer import build_model
-    from scalevec.presets import get_preset
 
     return count_params(build_model(get_preset(preset), ScaleConfig.preset(strategy), device="meta"))[
         "non_embedding_params"]
@@ -268,9 +268,9 @@ def horizon_centre(pick20: float, tokens_per_param: float, exponent: float) -> f
 def total_params(preset: str, strategy: str = "baseline") -> int:
     """Total parameters of ``preset`` (embedding and head included: what ``tokens_per_param`` counts)."""
     from scalevec.config import ScaleConfig
+    from scalevec.config.presets import get_preset
     from scalevec.model.params import count_params
     from scalevec.model.transformer import build_model
-    from scalevec.presets import get_preset
 
     return count_params(build_model(get_preset(preset), ScaleConfig.preset(strategy), device="meta"))["params"]
 

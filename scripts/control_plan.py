@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, an
 from reproduction import protocol3 as p3  # noqa: E402
 from reproduction.controls import same_lr  # noqa: E402
 
-from scalevec.config_codec import load_yaml  # noqa: E402
+from scalevec.config.files import load_yaml  # noqa: E402
 from scalevec.experiments.sweep_grid import name_part  # noqa: E402
 from scalevec.model.flops import cpu_name  # noqa: E402
 

@@ -37,7 +37,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.resolve import resolve_config
 from scalevec.training import rundir
 from scalevec.training.checkpoint import layout

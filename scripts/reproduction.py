@@ -363,7 +363,7 @@ def ladder_section(results: Path, figures: Path | None) -> list[str]:
              "is the reading to quote.", ""]
     if not rows:
         return lines + ["No ladder rung has reported yet (`scripts/study.sh ladder`).", ""]
-    from scalevec.presets import get_preset
+    from scalevec.config.presets import get_preset
 
     lines += ["Each rung: `results/ladder-RUNG-CORPUS/`, made by `sweeps/study-ladder-RUNG-CORPUS.yaml`. lr: each "
               "strategy's, picked on the mean of seeds 0-1 (* = at the edge of the grid tried); Δ: strategy − "
@@ -679,9 +679,8 @@ ONE_PASS = 1.0  # passes over a corpus's training tokens up to which no token is
 def delta_cells(cells: list, strategy: str) -> list:
     """The regression's points for ``strategy``: every cell without a variant whose held-out Δ has an interval
     (≥ 2 held-out pairs on one CPU kind), its standard error from that t interval, with the cell's passes."""
-    from scipy import stats as scipy_stats
-
     from reproduction import ndfit
+    from scipy import stats as scipy_stats
 
     out = []
     for c in sorted(cells, key=_order):

@@ -146,7 +146,7 @@ def test_an_out_below_a_file_is_one_line_from_every_command(tmp_path, capsys, mo
     nothing is created and the file is kept."""
     import fakerun
     from scalevec.bench import command as bench_command
-    from scalevec.config_codec import to_dict
+    from scalevec.config.codec import to_dict
     from scalevec.experiments import gamma_plot
     from scalevec.experiments.theory import lab
     from scalevec.resolve import resolve_config

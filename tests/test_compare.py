@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scalevec.cli import main
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.experiments import compare, sweep
 from scalevec.experiments.sweep import expand, spec_from_dict
 
@@ -74,7 +74,7 @@ def test_every_tuned_cell_is_the_committed_study_of_its_key():
     a key pointing at another setting's lrs would run the main job at lrs tuned for something else."""
     import yaml
 
-    from scalevec.presets import get_preset
+    from scalevec.config.presets import get_preset
 
     for key, cell in compare.TUNED.items():
         name = cell.folder

@@ -9,10 +9,11 @@ import pytest
 
 from scalevec import ModelConfig, RunConfig, ScaleConfig, build_model
 from scalevec.config import PRESET_NAMES, MoEConfig
-from scalevec.config_codec import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+from scalevec.config.codec import apply_overrides, from_dict, save_yaml, to_dict
+from scalevec.config.files import load_yaml
 from scalevec.model.scales import scale_plan
 
-# DESIGN.md §3 table, written out independently of config.py: (scale, placement, param, wd).
+# DESIGN.md §3 table, written out independently of config/schema.py: (scale, placement, param, wd).
 PRESET_SWITCHES = {
     "none": ("none", "input", "direct", "none"),
     "baseline": ("shared", "input", "direct", "none"),
@@ -196,9 +197,9 @@ def test_head_dim_is_d_model_over_heads():
 
 
 def test_typed_input_tests_refuse_bools_and_text():
-    """``config_codec.is_int`` / ``is_number``, the one type test of parsed YAML or JSON: ``true`` is no count and no
+    """``config.typed.is_int`` / ``is_number``, the one type test of parsed YAML or JSON: ``true`` is no count and no
     number (Python's bool is an int), ``2.0`` no whole number, text no number; bounds and finiteness as asked."""
-    from scalevec.config_codec import is_int, is_number
+    from scalevec.config.typed import is_int, is_number
 
     assert [is_int(v) for v in (0, -3, 2**70, True, False, 2.0, "2", None)] == [True] * 3 + [False] * 5
     assert is_int(5, least=5, most=5) and not is_int(4, least=5) and not is_int(6, most=5)

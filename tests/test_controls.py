@@ -11,7 +11,7 @@ import pytest
 from reproduction import controls
 
 from scalevec.config import RunConfig, ScheduleConfig
-from scalevec.config_codec import save_yaml
+from scalevec.config.codec import save_yaml
 from scalevec.training import rundir
 
 AMD, INTEL = ("AMD EPYC", "AVX512"), ("Intel(R) Xeon(R) Processor", "AVX512")

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from scalevec.bench.count import count, count_strategy, record_step
 from scalevec.cli import main
+from scalevec.config.presets import get_preset
 from scalevec.model import kernels
-from scalevec.presets import get_preset
 
 N, D, M = 6, 8, 5  # tokens, d_in, d_out of the hand-checked module
 

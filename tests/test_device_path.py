@@ -10,8 +10,8 @@ import torch
 
 from scalevec import ScaleConfig, build_model
 from scalevec.bench.count import CudaRouting, count_strategy
+from scalevec.config.presets import get_preset
 from scalevec.model.device_path import autocast_dtype, meta_as_cuda, on_cuda_path
-from scalevec.presets import get_preset
 
 
 def test_only_cuda_tensors_and_meta_inside_the_count_take_the_cuda_path():

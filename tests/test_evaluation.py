@@ -29,7 +29,7 @@ def test_report_reads_eval_json_into_runs_csv(tmp_path):
     """eval.json written by `scalevec eval` becomes eval.<task>.<metric> columns of report's runs.csv rows."""
     import fakerun
     from scalevec.config import RunConfig
-    from scalevec.config_codec import to_dict
+    from scalevec.config.codec import to_dict
     from scalevec.experiments.frames import runs_frame
     from scalevec.experiments.records import load_runs
 

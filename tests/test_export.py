@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from scalevec import MoEConfig, RunConfig, ScaleConfig, build_model  # noqa: E402
 from scalevec.cli import main  # noqa: E402
 from scalevec.config import DataConfig, TrainConfig
-from scalevec.config_codec import save_yaml
+from scalevec.config.codec import save_yaml
 from scalevec.data.tokenizer import load_tokenizer  # noqa: E402
 from scalevec.hf.export import export_model  # noqa: E402
 from scalevec.hf.verify import VerifyError, verify  # noqa: E402

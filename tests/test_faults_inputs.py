@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from scalevec.cli import main
-from scalevec.config_codec import MAX_YAML_DEPTH, YAMLBoundError, load_yaml, safe_load, short
+from scalevec.config.files import MAX_YAML_DEPTH, YAMLBoundError, load_yaml, safe_load
+from scalevec.config.typed import short
 from scalevec.experiments import study as study_mod
 from scalevec.experiments.sweep import expand, load_spec, run_sweep, spec_from_dict
 from scalevec.training import rundir

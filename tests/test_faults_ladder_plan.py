@@ -106,7 +106,7 @@ def test_an_existing_out_is_never_overwritten(lp, capsys, tmp_path):
 def test_horizon_cell_is_centred_on_the_20_token_pick_times_the_shift(lp, capsys, tmp_path):
     """The evidence above gives s = mean(log ratio)/log 5 = log(1/2)/6/log 5; at 400 tokens per parameter each
     strategy's grid is 3 values ×√2 around pick × 20^s; the file is a valid study with held-out seeds 2-5."""
-    from scalevec.config_codec import load_yaml
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.study import parse
 
     fake_results(tmp_path / "results")
@@ -143,8 +143,9 @@ def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp,
     on Shakespeare's picks of the same rung (no horizon shift at 20), reads the built file beside sweeps/, and
     says how to build it; without the flag a 20-token prose cell is refused (there is nothing to predict from),
     and the flag is refused on a GPU-ladder rung."""
-    from scalevec.config_codec import load_yaml
     from reproduction import ladder
+
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.study import parse
 
     fake_results(tmp_path / "results")
@@ -210,8 +211,9 @@ def test_one_lr_reached_by_two_strategies_is_written_once(lp, capsys, tmp_path):
     lower and none's upper value on the same lr by two products, which 6-digit rounding wrote as 0.0356359 and
     0.035636: two lrs in every table and two run names for one lr. The plan writes the first one for both; no two
     lrs of the file lie within ladder.SAME_LR_REL of each other unless equal."""
-    from scalevec.config_codec import load_yaml
     from reproduction import ladder
+
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.study import parse
 
     results = tmp_path / "results"  # the committed picks and evidence, without the cell that has run already

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scalevec.cli import main
-from scalevec.config_codec import save_yaml
+from scalevec.config.codec import save_yaml
 from scalevec.data.tokenizer import ByteTokenizer, load_tokenizer, load_tokenizer_dir
 from scalevec.training import eval_results, rundir
 from scalevec.training.checkpoint import integrity, layout, save_load

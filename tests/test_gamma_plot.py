@@ -11,7 +11,7 @@ import pytest
 
 import fakerun
 from scalevec.cli import main
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.experiments.gamma_plot import layer_of, plot_runs, trajectories
 from scalevec.resolve import resolve_config
 

@@ -8,7 +8,7 @@ from safetensors.torch import save_model
 
 from scalevec import RunConfig, ScaleConfig, build_model
 from scalevec.cli import main
-from scalevec.config_codec import save_yaml
+from scalevec.config.codec import save_yaml
 from scalevec.data.tokenizer import load_tokenizer
 from scalevec.hf.generate import generate_ids, generate_text, sample
 

@@ -14,10 +14,10 @@ import torch
 
 from scalevec.bench import gpu_check, gpu_torchtitan
 from scalevec.bench.gpu_summary import Stage, run_figures, write_summary
+from scalevec.config.run_budget import tokens_per_step
 from scalevec.model import flops
 from scalevec.model.flops import flops_per_token
 from scalevec.resolve import resolve_config
-from scalevec.run_budget import tokens_per_step
 from scalevec.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import yaml
 
+from scalevec.config.run_budget import run_tokens
 from scalevec.experiments import slices
 from scalevec.experiments.study import parse
 from scalevec.experiments.sweep import interleaved, run_sweep
 from scalevec.experiments.sweep_grid import expand
-from scalevec.run_budget import run_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_STEPS = {"train.steps": 6, "train.batch_size": 4, "train.seq_len": 32, "train.eval_every": 6,

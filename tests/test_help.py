@@ -12,9 +12,10 @@ import yaml
 
 from scalevec.cli import main
 from scalevec.config import RunConfig
-from scalevec.config_codec import config_fields, field_docs, from_dict, to_dict
+from scalevec.config.codec import from_dict, to_dict
+from scalevec.config.fieldhelp import config_fields, field_docs
+from scalevec.config.run_budget import usable_cpus
 from scalevec.resolve import resolve_config
-from scalevec.run_budget import usable_cpus
 from scalevec.training import rundir
 
 

@@ -18,7 +18,7 @@ import transformers  # a dev dependency: missing it fails these tests, never ski
 
 from scalevec import ScaleConfig, build_model
 from scalevec.config import ModelConfig, RopeScalingConfig, RunConfig
-from scalevec.config_codec import apply_overrides, to_dict
+from scalevec.config.codec import apply_overrides, to_dict
 from scalevec.hf.export import export_model
 from scalevec.hf_format.hf_import import (
     import_hf,

@@ -10,9 +10,9 @@ import torch
 from scalevec import ScaleConfig, build_model, get_preset
 from scalevec.cli import main
 from scalevec.config import PRESET_NAMES
+from scalevec.config.presets import PRESETS
 from scalevec.info import info
 from scalevec.model.params import count_params
-from scalevec.presets import PRESETS
 
 STRATEGIES = PRESET_NAMES  # every strategy of the table
 DENSE = [name for name, cfg in PRESETS.items() if cfg.moe is None]

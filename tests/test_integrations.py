@@ -155,7 +155,7 @@ def test_apply_strategy_refuses_bad_input_in_one_line():
 
 def test_apply_strategy_to_scalevecs_own_model_converts_in_place():
     """A scalevec Transformer goes through convert's plain form: same object, new strategy, same logits."""
-    from scalevec.presets import get_preset
+    from scalevec.config.presets import get_preset
 
     model = build_model(get_preset("tiny"), ScaleConfig.preset("baseline"), seed=0).eval()
     x = batch()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from scalevec.config import ModelConfig, OptimConfig, ScaleConfig, ScheduleConfig
+from scalevec.config.presets import LADDER_INIT_WIDTH, PRESETS, get_preset
 from scalevec.experiments import stats
 from scalevec.model.params import SCALE_ROLES
 from scalevec.model.transformer import build_model
-from scalevec.presets import LADDER_INIT_WIDTH, PRESETS, get_preset
 from scalevec.resolve import resolve_config
 from scalevec.training.optim import param_groups
 from scalevec.training.schedule import lr_multiplier
@@ -188,8 +188,9 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     import sys
     from pathlib import Path
 
-    from scalevec.config_codec import load_yaml
     from reproduction import ladder
+
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.study import parse
 
     fake_rungs(tmp_path, "kjv", {"baseline": 3.0, "none": 2.0, "unified": 6.0}, -0.5, seeds=10)

@@ -20,11 +20,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # name map and its reader, safetensors only) sits below training because `train --init-from` reads Hugging
 # Face checkpoints; `hf` (export, generate, eval: transformers, lm-eval) reads finished runs, on top.
 LAYERS = [
-    # output paths (outpath): the standard library only, the one check every command's --out goes through
-    ("files", ["scalevec.outpath"]),
-    # the schemas (config), their codec (config_codec), the run arithmetic (run_budget), presets, the resolution
-    ("config", ["scalevec.config", "scalevec.config_codec", "scalevec.run_budget", "scalevec.presets",
-                "scalevec.resolve"]),
+    # output paths (outpath): the standard library only, the one check every command's --out goes through; the
+    # config package (typed input, bounded files, the schemas, their codec, field help, presets, run arithmetic):
+    # every reader of user input calls it, so it sits at the bottom with outpath, below everything it checks
+    ("files and config", ["scalevec.outpath", "scalevec.config"]),
+    # the one resolution of a run's inputs (preset, strategy, file, overrides) into a RunConfig
+    ("resolve", ["scalevec.resolve"]),
     ("model", ["scalevec.model"]),
     ("data", ["scalevec.data"]),
     ("hf format", ["scalevec.hf_format"]),
@@ -125,6 +126,15 @@ def test_no_upward_import():
             elif hi > lo:
                 bad.append(f"{m}:{line} ({LAYERS[lo][0]}) imports {target} ({LAYERS[hi][0]})")
     assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_config_package_imports_only_itself_and_outpath():
+    """``scalevec.config`` (the typed reader, the schemas, their codec) imports nothing of scalevec but its own
+    modules and ``scalevec.outpath``: no model, data or training, which all read their input through it."""
+    bad = [f"{m}:{line} imports {target}" for m in MODULES if m == "scalevec.config" or m.startswith("scalevec.config.")
+           for target, _, line in imports_of(m)
+           if not (target == "scalevec.outpath" or target == "scalevec.config" or target.startswith("scalevec.config."))]
+    assert not bad, "the config package imports above itself:\n" + "\n".join(bad)
 
 
 def test_facade_imports_only_the_bottom_layers():

@@ -18,7 +18,7 @@ import torch
 from scalevec import MoEConfig, ScaleConfig, build_model
 from scalevec.bench.memory import step_peak_bytes
 from scalevec.config import RunConfig, checkpoint_blocks
-from scalevec.config_codec import apply_overrides
+from scalevec.config.codec import apply_overrides
 
 
 def _grads(cfg, strategy, blocks, chunk, x, y):

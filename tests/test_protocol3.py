@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from reproduction import protocol3
 
 COLUMNS = ["run", "status", "preset", "strategy", "optimizer", "schedule", "lr", "seed", "final_val_loss",
@@ -304,7 +303,7 @@ def test_a_run_still_training_on_a_tuning_seed_holds_back_the_pick(tmp_path):
     summary.json) the pick is read again, and a runs.csv row left 'unfinished' yields to the finished folder."""
     import yaml
 
-    from scalevec.config_codec import to_dict
+    from scalevec.config.codec import to_dict
     from scalevec.experiments.sweep import expand, spec_from_dict
 
     folder = tmp_path / "ladder-cpu-25k-kjv"

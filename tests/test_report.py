@@ -14,7 +14,7 @@ import yaml
 
 import fakerun
 from scalevec.cli import main
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.experiments import stats
 from scalevec.experiments.analysis import analyze, multiplier_within
 from scalevec.experiments.labels import si

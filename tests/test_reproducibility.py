@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
+from scalevec.config.run_budget import usable_cpus
 from scalevec.experiments.sweep import assigned_config, run_sweep, spec_from_dict
-from scalevec.run_budget import usable_cpus
 from scalevec.training.trainer import train
 
 BASE = {"preset": "tiny", "strategy": "unified", "train.steps": 8, "train.batch_size": 4, "train.seq_len": 32,

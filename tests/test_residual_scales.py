@@ -12,7 +12,7 @@ import torch
 from scalevec import MoEConfig, ScaleConfig, build_model, get_preset
 from scalevec.cli import main
 from scalevec.config import PRESET_NAMES, RunConfig
-from scalevec.config_codec import apply_overrides
+from scalevec.config.codec import apply_overrides
 from scalevec.hf.export import export_model
 from scalevec.hf_format.hf_import import import_hf, load_plain, plain_from_model
 from scalevec.info import info

@@ -5,10 +5,10 @@ import argparse
 import pytest
 
 from scalevec.config import RunConfig
-from scalevec.config_codec import apply_overrides, config_diff, format_diff, to_dict
+from scalevec.config.codec import apply_overrides, config_diff, format_diff, to_dict
+from scalevec.config.run_budget import budget_tokens, run_tokens, total_steps
 from scalevec.experiments.sweep import assigned_config
 from scalevec.resolve import resolve_config
-from scalevec.run_budget import budget_tokens, run_tokens, total_steps
 from scalevec.training import command
 
 
@@ -163,7 +163,7 @@ def test_committed_studies_resolve_to_their_stored_runs():
     that moved under a committed study would make the sweep refuse to resume it (issue 26's warmup)."""
     from pathlib import Path
 
-    from scalevec.config_codec import load_yaml
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.study import parse
     from scalevec.experiments.sweep import expand, run_status, spec_from_dict
     from scalevec.experiments.sweepdir import MORE_SPECS, SPEC_FILE

@@ -28,7 +28,7 @@ import yaml
 from safetensors.torch import load_file
 
 from scalevec.cli import main
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.experiments.sweep import expand, run_status, spec_from_dict
 from scalevec.resolve import resolve_config
 from scalevec.training import command, rundir

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from reproduction import protocol3
 
 import fakerun
-from scalevec.config_codec import to_dict
-from reproduction import protocol3
+from scalevec.config.codec import to_dict
 from scalevec.experiments.frames import read_runs_csv, runs_frame, to_csv
 from scalevec.experiments.records import load_runs
 from scalevec.experiments.sweep import expand, spec_from_dict

@@ -11,7 +11,7 @@ import torch
 
 from scalevec import ScaleConfig, build_model, get_preset
 from scalevec.config import MoEConfig, TrainConfig, normalize_compile
-from scalevec.config_codec import from_dict
+from scalevec.config.codec import from_dict
 from scalevec.model.flops import flops_per_token, matmul_params_per_token, peak_flops
 from scalevec.resolve import resolve_config
 from scalevec.training.autocompile import CUDA_MIN_STEPS, resolve

@@ -165,7 +165,7 @@ def test_report_picks_the_lr_on_the_seeds_every_lr_has(tmp_path):
                            "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3, 1e-2], "seed": [0]}})
     extra = spec_from_dict({"name": "r2", "base": {"preset": "tiny", "train": {"steps": 10}},
                             "grid": {"strategy": ["baseline"], "lr": [1e-2], "seed": [1, 2]}})
-    from scalevec.config_codec import to_dict
+    from scalevec.config.codec import to_dict
 
     for run in expand(grid) + expand(extra):
         # seeds 1 and 2 at lr 1e-2 are made far better than anything: a mean over all seeds would pick 1e-2
@@ -313,7 +313,7 @@ def test_dry_run_prints_the_whole_plan_with_worst_cases_and_time(tmp_path, capsy
     once phase 1 ran, the measured rate of its runs (fakerun: 1 s each); nothing is written."""
     from fakerun import write_run
     from scalevec.cli import main
-    from scalevec.config_codec import to_dict
+    from scalevec.config.codec import to_dict
     from scalevec.experiments.study import plan_text
     from scalevec.experiments.study_grid import phase1_runs
 
@@ -346,7 +346,7 @@ def test_the_own_corpus_example_reads_its_file_from_any_directory(tmp_path, monk
     """sweeps/examples/study-own-corpus.yaml names tests/data/own-corpus.txt relative to itself: its dry run works
     from another working directory, and every run's config names that file."""
     from scalevec.cli import main
-    from scalevec.config_codec import load_yaml
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.sweep import expand
 
     monkeypatch.chdir(tmp_path)
@@ -364,7 +364,7 @@ def test_the_own_corpus_example_runs(tmp_path):
     """The example trains end to end with the real trainer and its report compares both strategies at their lrs."""
     from dataclasses import replace
 
-    from scalevec.config_codec import load_yaml
+    from scalevec.config.files import load_yaml
 
     spec, plan, stored = parse(load_yaml(EXAMPLE))
     assert run_study(replace(spec, file=str(EXAMPLE)), plan, stored, tmp_path / "own", quiet=True) == 0

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
+from scalevec.config.presets import get_preset
 from scalevec.experiments.sweep import expand, load_spec, run_status, run_sweep, spec_from_dict
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
-from scalevec.presets import get_preset
 
 FAKE = (sys.executable, str(Path(__file__).with_name("fakerun.py")))
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_shipped_sweep_files_parse():
     """Every file in sweeps/ expands into valid, uniquely named configs."""
     files = sorted((ROOT / "sweeps").glob("*.yaml"))
     assert {f.name for f in files} >= {"smoke.yaml", "paper-cpu.yaml", "paper-gpu.yaml"}
-    from scalevec.config_codec import load_yaml
+    from scalevec.config.files import load_yaml
     from scalevec.experiments.study import parse
 
     for f in files:  # study files are sweep files with a `study` section (study.py)

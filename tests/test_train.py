@@ -199,7 +199,7 @@ def test_probes_are_logged_when_asked_and_absent_by_default(tmp_path):
 
 def test_config_diff_ignores_execution_fields(tmp_path):
     """Resuming may change how a run executes (dist, device, compile) but not what it computes."""
-    from scalevec.config_codec import apply_overrides, config_diff
+    from scalevec.config.codec import apply_overrides, config_diff
 
     cfg = tiny_run(tmp_path)
     moved = apply_overrides(cfg, ["train.dist=ddp", "train.device=cpu", "train.compile=true", "train.threads=3"])

@@ -7,9 +7,9 @@ are imported on first use, so that ``import scalevec`` does not import transform
 """
 
 from scalevec.config import ModelConfig, MoEConfig, RunConfig, ScaleConfig
+from scalevec.config.presets import PRESETS, get_preset
 from scalevec.model.fold import fold_scales
 from scalevec.model.transformer import Transformer, build_model
-from scalevec.presets import PRESETS, get_preset
 
 __version__ = "0.1.0"
 

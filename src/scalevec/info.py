@@ -13,10 +13,10 @@ import argparse
 import json
 
 from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig
-from scalevec.config_codec import apply_overrides
+from scalevec.config.codec import apply_overrides
+from scalevec.config.presets import PRESETS, get_preset
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
-from scalevec.presets import PRESETS, get_preset
 
 
 def info(preset: str, strategy: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:

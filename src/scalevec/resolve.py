@@ -31,9 +31,9 @@ from dataclasses import replace
 from typing import Any
 
 from scalevec.config import PRESET_NAMES, RunConfig, ScaleConfig, ScheduleConfig
-from scalevec.config_codec import apply_overrides, from_dict, to_dict
-from scalevec.presets import get_preset, model_base
-from scalevec.run_budget import train_steps
+from scalevec.config.codec import apply_overrides, from_dict, to_dict
+from scalevec.config.presets import get_preset, model_base
+from scalevec.config.run_budget import train_steps
 
 WSD_FLOOR = "schedule.min_lr_ratio=0.0"  # DESIGN.md §7: WSD decays to 0
 

@@ -17,7 +17,7 @@ from scalevec.bench.generate import GENERATE_STRATEGIES, bench_generate
 from scalevec.bench.report import format_generate_report, format_report
 from scalevec.bench.step import bench
 from scalevec.config import SCALE_CHOICES
-from scalevec.presets import PRESETS
+from scalevec.config.presets import PRESETS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

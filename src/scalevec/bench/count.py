@@ -45,9 +45,9 @@ from torch.overrides import TorchFunctionMode
 
 from scalevec.bench.candidates import DENSE, HF, METRICS, parse_candidates, strategy_config
 from scalevec.config import ModelConfig
+from scalevec.config.presets import get_preset
 from scalevec.model.device_path import meta_as_cuda
 from scalevec.model.transformer import build_model
-from scalevec.presets import get_preset
 
 COUNT_STRATEGIES = "baseline,unified,unified_foldable"
 

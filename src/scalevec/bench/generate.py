@@ -21,13 +21,13 @@ import torch
 
 from scalevec import __version__
 from scalevec.bench.candidates import strategy_config
+from scalevec.config.presets import get_preset
 from scalevec.data.tokenizer import load_tokenizer
 from scalevec.hf.export import export_model
 from scalevec.hf.generate import hf_sample, load_generator
 from scalevec.hf.sampling import sample
 from scalevec.model.flops import cpu_name
 from scalevec.model.transformer import KVCache, Transformer, build_model
-from scalevec.presets import get_preset
 
 GENERATE_STRATEGIES = "baseline,unified,dnp"  # a foldable export (plain Llama) and two custom-code ones
 GENERATE_WAYS = ("scalevec", "hf", "loop")  # scalevec generate, transformers generate() directly, the reference loop

@@ -129,8 +129,8 @@ def parity(device: str) -> dict:
     Returns ``{strategy: {"init": max |Δlogit|, "after_5_steps": ...}, "ok": bool, "tolerance": PARITY_TOL}``.
     On CPU the "device" is CPU too (the rehearsal exercises the code; its differences are 0)."""
     from scalevec.config import PRESET_NAMES, ScaleConfig
+    from scalevec.config.presets import get_preset
     from scalevec.model.transformer import build_model
-    from scalevec.presets import get_preset
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -187,7 +187,7 @@ def busy(device: str) -> dict:
     from scalevec.bench.candidates import make_candidate
     from scalevec.bench.harness import timed
     from scalevec.config import OptimConfig
-    from scalevec.presets import get_preset
+    from scalevec.config.presets import get_preset
 
     preset, batch, seq = SIZES[device]["busy"]
     cfg = get_preset(preset)

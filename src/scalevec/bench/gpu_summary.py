@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from scalevec.config.run_budget import tokens_per_step
 from scalevec.model.flops import flops_per_token, peak_flops
-from scalevec.run_budget import tokens_per_step
 from scalevec.training.rundir import load_config, read_metrics, read_summary
 
 # "not run": a stage that needs something this machine lacks by choice (torchtitan): neither ok nor a failure

@@ -38,8 +38,8 @@ from scalevec.bench.harness import interleave, peak_tflops, quantiles, summarize
 from scalevec.bench.inference import bench_inference
 from scalevec.bench.memory import state_bytes, step_peak_bytes
 from scalevec.config import PRESET_NAMES, OptimConfig, ScaleConfig
+from scalevec.config.presets import get_preset
 from scalevec.model.flops import cpu_name, flops_per_token, gpu_spec_peak
-from scalevec.presets import get_preset
 from scalevec.training.distributed import resolve_device
 
 # The targets, as ratios to the baseline (step, memory) or to hf-llama's step (HF_TARGET)

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import VAL_SPLITS
-from scalevec.config_codec import is_int, is_number
+from scalevec.config.typed import is_int, is_number
 from scalevec.data import token_files
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
 from scalevec.data.split import Split, SplitRecord, plan_split, split_stream

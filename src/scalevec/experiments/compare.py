@@ -27,12 +27,13 @@ from pathlib import Path
 import yaml
 
 from scalevec.config import ScaleConfig
-from scalevec.config_codec import YAMLBoundError, safe_load, section_message, section_of
+from scalevec.config.codec import section_message, section_of
+from scalevec.config.files import YAMLBoundError, safe_load
+from scalevec.config.presets import LADDER_INIT_WIDTH
 from scalevec.experiments.report import write_report
 from scalevec.experiments.sweep import run_sweep
 from scalevec.experiments.sweep_spec import canonical_key, spec_from_dict
 from scalevec.experiments.tables import LEGEND, cell_rows, text_table
-from scalevec.presets import LADDER_INIT_WIDTH
 
 # The main job (`scalevec compare` with no arguments): 3 strategies × 3 seeds of `cpu-80k` at 20 tokens
 # per parameter (2.16M tokens per run) on the bundled Shakespeare as bytes.
@@ -240,8 +241,8 @@ def build_spec(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_dict(build_spec(args), where="compare")
+    from scalevec.config.run_budget import total_steps
     from scalevec.experiments.sweep_grid import expand
-    from scalevec.run_budget import total_steps
     from scalevec.training.schedule import warmup_warning
 
     cfg = expand(spec)[0].cfg

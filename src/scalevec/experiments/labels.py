@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from scalevec.config.run_budget import run_tokens
 from scalevec.experiments.records import RunRecord
-from scalevec.run_budget import run_tokens
 
 SIZE_PREFIXES = ("preset", "model.", "train.")  # varying keys that define a model size / token budget
 

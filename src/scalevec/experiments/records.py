@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.config import RunConfig
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.training import rundir
 
 

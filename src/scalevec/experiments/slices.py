@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scalevec.config_codec import load_yaml
+from scalevec.config.files import load_yaml
 from scalevec.training import rundir
 from scalevec.training.checkpoint.layout import CKPT_DIR
 

@@ -52,14 +52,15 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.config import SEED_LIMIT
-from scalevec.config_codec import is_int, is_number, load_yaml, short
+from scalevec.config.files import load_yaml
+from scalevec.config.run_budget import run_tokens, total_steps
+from scalevec.config.typed import is_int, is_number, short
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.study_grid import LR, SEED, STRATEGY, cell_of, grid_cells, narrowed, phase1_runs
 from scalevec.experiments.sweep import check_sources, dry_run_text, measured_rate, run_sweep
 from scalevec.experiments.sweep_grid import Run, expand, run_params, run_status
 from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label, yaml_number
-from scalevec.run_budget import run_tokens, total_steps
 from scalevec.training import rundir
 
 STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "halfwidth_on",

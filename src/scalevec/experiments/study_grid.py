@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scalevec.config_codec import load_yaml
+from scalevec.config.files import load_yaml
 from scalevec.experiments.sweep_grid import Run, expand
 from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict
 

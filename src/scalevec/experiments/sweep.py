@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from scalevec.config.run_budget import run_tokens, total_steps
 from scalevec.experiments import sweepdir
 from scalevec.experiments.sweep_grid import (
     Run,
@@ -48,7 +49,6 @@ from scalevec.experiments.sweep_launch import (
     unwritable,
 )
 from scalevec.experiments.sweep_spec import SweepSpec, load_spec, spec_from_dict
-from scalevec.run_budget import run_tokens, total_steps
 from scalevec.training import rundir
 from scalevec.training.exits import DIVERGED_EXIT  # the trainer's code after its health guard stopped it
 

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.config import RunConfig, ScaleConfig
-from scalevec.config_codec import config_diff, format_diff, from_dict, short, to_dict
+from scalevec.config.codec import config_diff, format_diff, from_dict, to_dict
+from scalevec.config.run_budget import budget_tokens, total_steps
+from scalevec.config.typed import short
 from scalevec.data.documents import BUNDLED
 from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments.sweep_spec import PATH_FIELDS, SweepSpec, spec_paths, strategy_label
 from scalevec.resolve import default_warmup, fit_vocab, resolve_config, warmup_given
-from scalevec.run_budget import budget_tokens, total_steps
 from scalevec.training import rundir
 
 NAME_PREFIX = {"optim.lr": "lr", "optim.muon_lr": "mlr", "train.seed": "s", "tokens_per_param": "tpp",

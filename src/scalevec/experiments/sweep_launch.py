@@ -28,9 +28,9 @@ from typing import TypeVar
 
 import yaml
 
-from scalevec.config_codec import apply_overrides, to_dict
+from scalevec.config.codec import apply_overrides, to_dict
+from scalevec.config.run_budget import usable_cpus
 from scalevec.experiments.sweep_grid import Run
-from scalevec.run_budget import usable_cpus
 from scalevec.training import rundir
 from scalevec.training.exits import PREEMPTED_EXIT, Preempted  # the trainer's code after SIGTERM
 from scalevec.training.rundir import RunDirError

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from scalevec.config import PRESET_NAMES
-from scalevec.config_codec import load_yaml, short
+from scalevec.config.files import load_yaml
+from scalevec.config.typed import short
 from scalevec.data.documents import BUNDLED
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from scalevec.config_codec import load_yaml
+from scalevec.config.files import load_yaml
 from scalevec.outpath import check_out_path, replace_file
 from scalevec.training.rundir import LOCK, has_config
 

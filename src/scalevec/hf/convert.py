@@ -36,8 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from scalevec import outpath
+from scalevec.config.run_budget import total_steps, usable_cpus
 from scalevec.model.forward_check import check_forward
-from scalevec.run_budget import total_steps, usable_cpus
 from scalevec.training import distributed, init_from, rundir
 from scalevec.training.command import config_from_args
 from scalevec.training.trainer import Trainer

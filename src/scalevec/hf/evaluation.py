@@ -243,7 +243,7 @@ def check_eval_file(directory: str | Path) -> None:
     into: not a regular file, larger than ``MAX_EVAL_JSON_BYTES``, not JSON, or not ``{"tasks": {...}}`` as
     ``write_eval`` writes it (checked first: ``[]`` would fail after the whole evaluation, with a traceback). Raises
     ``ValueError`` naming the file and the fix; an absent file passes."""
-    from scalevec.config_codec import read_bounded
+    from scalevec.config.files import read_bounded
 
     file = Path(directory) / EVAL
     if not file.exists() and not file.is_symlink():
@@ -268,7 +268,7 @@ def read_text(path: str | Path) -> str:
     """The text of a held-out file: ``FileNotFoundError`` when missing, ``ValueError`` when it is not a regular
     file (a FIFO would hang, ``/dev/zero`` never ends), larger than ``MAX_TEXT_BYTES``, empty, not UTF-8 (binary
     data) or holding NUL bytes; a UTF-8 byte-order mark is dropped."""
-    from scalevec.config_codec import read_bounded
+    from scalevec.config.files import read_bounded
 
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -365,7 +365,7 @@ def default_seq_len(path: Path, context: int) -> tuple[int, str]:
     export's the same, recorded in its config.json by ``scalevec export`` (``names.TRAIN_SEQ_LEN``), so that a
     run and its export score the same; else (an export from elsewhere, or older) the model's context
     (``max_position_embeddings``)."""
-    from scalevec.config_codec import is_int
+    from scalevec.config.typed import is_int
     from scalevec.hf_format.hf_import import read_config_json
     from scalevec.hf_format.names import TRAIN_SEQ_LEN
 

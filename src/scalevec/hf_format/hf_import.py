@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
-from scalevec.config_codec import is_int, is_number, read_bounded
+from scalevec.config.files import read_bounded
+from scalevec.config.typed import is_int, is_number
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer

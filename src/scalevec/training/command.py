@@ -20,9 +20,11 @@ from dataclasses import replace
 import yaml
 
 from scalevec.config import EXECUTION_FIELDS, RunConfig
-from scalevec.config_codec import config_fields, load_yaml, to_dict
+from scalevec.config.codec import to_dict
+from scalevec.config.fieldhelp import config_fields
+from scalevec.config.files import load_yaml
+from scalevec.config.run_budget import usable_cpus
 from scalevec.resolve import fit_vocab, resolve_config
-from scalevec.run_budget import usable_cpus
 from scalevec.training import init_from, rundir
 from scalevec.training.exits import DIVERGED_EXIT, FAILED_EXIT, PREEMPTED_EXIT, Preempted  # the one contract
 from scalevec.training.trainer import TrainingDiverged, TrainingFailed, train
@@ -50,7 +52,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def fields_help() -> str:
     """Every config field as ``section.field  type  default  [--flag] description``, derived from the
-    dataclasses (``config_codec.config_fields``), one block per section. Defaults are those of a run
+    dataclasses (``config.fieldhelp.config_fields``), one block per section. Defaults are those of a run
     with no options (preset small, strategy baseline); an optional section's (``model.moe``,
     ``model.rope_scaling``) are its class's."""
     flags = {key: "--" + name.replace("_", "-") for name, key in FLAG_FIELDS.items()}

@@ -113,7 +113,7 @@ def wrap(model: nn.Module, cfg: TrainConfig, d: Dist) -> nn.Module:
     gradients bf16 under FSDP2 only, so a size ladder that switches wrapper would switch numerics.)
     ``fully_shard`` replaces the parameters with new (DTensor) ones: build optimizers after this.
     """
-    from scalevec.run_budget import train_steps
+    from scalevec.config.run_budget import train_steps
     from scalevec.training.autocompile import resolve
 
     compiled, _ = resolve(cfg.compile, d.device, train_steps(cfg), double_backward=cfg.sharpness_every > 0)

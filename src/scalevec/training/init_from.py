@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from scalevec.config import RunConfig
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
 from scalevec.hf_format.hf_import import (
     function_preserved,
     is_hf_dir,

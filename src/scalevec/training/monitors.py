@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 
 from scalevec.config import RunConfig
-from scalevec.config_codec import to_dict
+from scalevec.config.codec import to_dict
+from scalevec.config.run_budget import run_tokens, tokens_per_step
 from scalevec.model.params import count_params
-from scalevec.run_budget import run_tokens, tokens_per_step
 from scalevec.training import rundir, tracking
 from scalevec.training.console import GIB, Console, format_seconds, peak_memory_gib
 from scalevec.training.telemetry import ScaleTelemetry, moe_stats

@@ -179,7 +179,8 @@ def load_config(run_dir: str | Path):
     Raises ``RunDirError`` when it is missing, not YAML, or not a valid config.
     """
     from scalevec.config import RunConfig
-    from scalevec.config_codec import from_dict, load_yaml
+    from scalevec.config.codec import from_dict
+    from scalevec.config.files import load_yaml
 
     path = Path(run_dir) / CONFIG
     if not path.exists():  # a FIFO or a folder there is load_yaml's "not a regular file"
@@ -234,7 +235,7 @@ def write_run_files(run_dir: str | Path, meta: dict, cfg, groups: str, tokenizer
     interrupted after it a recognized run, which ``--overwrite`` may empty), then ``config.yaml`` (``cfg``,
     the resolved ``RunConfig``), ``optim_groups.txt`` (``groups``: the optimizer group table, a newline
     added) and ``tokenizer/`` (``tokenizer.save``). An ``OSError`` (read-only, full disk) is raised as it is."""
-    from scalevec.config_codec import save_yaml
+    from scalevec.config.codec import save_yaml
 
     run_dir = Path(run_dir)
     write_meta(run_dir, meta)

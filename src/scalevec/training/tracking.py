@@ -28,7 +28,7 @@ import os
 import uuid
 from pathlib import Path
 
-from scalevec.config_codec import is_number
+from scalevec.config.typed import is_number
 from scalevec.outpath import read_regular
 from scalevec.training import rundir
 

@@ -37,14 +37,14 @@ from pathlib import Path
 import torch
 
 from scalevec.config import RunConfig, checkpoint_blocks
-from scalevec.config_codec import config_diff, format_diff
+from scalevec.config.codec import config_diff, format_diff
+from scalevec.config.run_budget import tokens_per_step, total_steps
 from scalevec.data.corpus import prepare_data
 from scalevec.data.sampler import TrainSampler, val_batches, val_window_record, val_window_starts
 from scalevec.model.flops import flops_per_token, peak_flops
 from scalevec.model.params import count_params
 from scalevec.model.transformer import build_model
 from scalevec.resolve import fit_vocab
-from scalevec.run_budget import tokens_per_step, total_steps
 from scalevec.training import autocompile, distributed, init_from, rundir, tracking
 from scalevec.training import monitors as monitors_mod
 from scalevec.training.checkpoint import layout

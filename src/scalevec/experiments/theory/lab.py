@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     (``outpath.check_out_path``), before anything is written."""
     import torch
 
+    from scalevec.config.run_budget import usable_cpus
     from scalevec.outpath import check_out_path
-    from scalevec.run_budget import usable_cpus
 
     out = Path(args.out)
     check_out_path(out)  # mkdir through a dangling link or below a file: a bare "[Errno 17]" / "[Errno 20]"

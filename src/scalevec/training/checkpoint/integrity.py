@@ -24,7 +24,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from scalevec.config_codec import is_int
+from scalevec.config.typed import is_int
 from scalevec.outpath import read_regular
 from scalevec.training.checkpoint.layout import (
     CKPT_DIR,
@@ -205,7 +205,7 @@ def checkpoint_candidates(run_dir: str | Path, before: int | None = None,
     also requires the step of the folder). Raises ``RunDirError`` when ``steps`` is needed and the run's
     config cannot be read."""
     if steps is None:
-        from scalevec.run_budget import total_steps
+        from scalevec.config.run_budget import total_steps
 
         steps = total_steps(load_config(run_dir))
     for ckpt in checkpoint_dirs(run_dir):

@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from scalevec.config_codec import is_number
+from scalevec.config.typed import is_number
 from scalevec.training import distributed, rundir
 from scalevec.training.checkpoint import integrity
 from scalevec.training.checkpoint.integrity import CorruptCheckpoint

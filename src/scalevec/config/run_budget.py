@@ -2,8 +2,8 @@
 
 The one step counter (``train_steps`` / ``total_steps``), the tokens of a step and of a run, a budget of
 tokens per parameter, and the CPUs a run may use. Pure functions of a config (``usable_cpus``: of this
-process's affinity mask); this module edits no config and builds nothing (the schemas: ``config.py``;
-their files: ``config_codec.py``; the vocabulary fitted to a tokenizer: ``resolve.fit_vocab``).
+process's affinity mask); this module edits no config and builds nothing (the schemas: ``schema.py``;
+their files: ``codec.py``, ``files.py``; the vocabulary fitted to a tokenizer: ``resolve.fit_vocab``).
 """
 
 from __future__ import annotations

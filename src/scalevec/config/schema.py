@@ -8,9 +8,10 @@ what ``scalevec train --help`` shows; tests/test_help.py requires one for every 
 (``STRATEGIES``, DESIGN.md §3), and which fields say how a run executes rather than what it computes
 (``EXECUTION_FIELDS``).
 
-This module builds nothing and reads no file: the codec (dicts, YAML, overrides, diffs, the field
-listing) is ``config_codec.py``, the run arithmetic (steps, tokens, budgets, CPUs) ``run_budget.py``, the
-resolution of a run's inputs ``resolve.py``; models, optimizers and data read these objects.
+This module builds nothing and reads no file: the codec (dicts, overrides, diffs) is ``codec.py``, files and
+YAML ``files.py``, the field listing ``fieldhelp.py``, the run arithmetic (steps, tokens, budgets, CPUs)
+``run_budget.py``, the resolution of a run's inputs ``scalevec.resolve``; models, optimizers and data read these
+objects.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class RopeScalingConfig:
 
 
 class Derived:
-    """Marks a field value derived from other fields, not chosen: ``config_codec.to_dict`` writes it as None,
+    """Marks a field value derived from other fields, not chosen: ``codec.to_dict`` writes it as None,
     so that it is derived again when the fields it comes from change."""
 
 
@@ -648,6 +649,6 @@ def _nonnegative(obj: Any, *names: str) -> None:
 
 __all__ = [
     "MoEConfig", "RopeScalingConfig", "Derived", "ModelConfig", "SCALE_CHOICES", "STRATEGIES", "PRESET_NAMES",
-    "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig", "VAL_SPLITS", "VAL_WINDOWS", "COMPILE_CHOICES", "normalize_compile",
-    "TrainConfig", "RunConfig", "checkpoint_blocks", "EXECUTION_FIELDS", "SEED_LIMIT",
+    "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig", "VAL_SPLITS", "VAL_WINDOWS", "COMPILE_CHOICES",
+    "normalize_compile", "TrainConfig", "RunConfig", "checkpoint_blocks", "EXECUTION_FIELDS", "SEED_LIMIT",
 ]

@@ -1,0 +1,196 @@
+"""Bounded YAML and file reading: what a config, sweep, study or manifest file may be before it is parsed.
+
+``read_bounded`` opens a regular file of bounded size without blocking on a FIFO; ``safe_load`` parses YAML with
+``BoundedLoader`` (plain data, aliases counted as expanded, nesting bounded); ``load_yaml`` is the two together for
+a YAML mapping (``--config FILE``, a sweep or study file, a run's ``config.yaml``), with one-line errors naming the
+file and the fix; ``check_plain`` refuses values that are not plain data. Nothing here knows a config field.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scalevec.config.typed import short
+
+# Bounds on what one YAML document may expand to. A config, sweep or study file is a few KB; an
+# alias bomb of 369 bytes (nine levels of nine aliases) expands to 9**9 nodes, which every later walk of the
+# value (validation, an error message's repr) would visit. The bounds count the document as its readers see it:
+# every alias expanded in place.
+MAX_YAML_BYTES = 1 << 20  # a file's size
+MAX_YAML_NODES = 100_000  # scalars, lists and mappings, aliases expanded
+MAX_YAML_DEPTH = 50  # nesting of lists and mappings, aliases expanded
+MAX_YAML_CHARS = 4 << 20  # the text of every scalar, aliases expanded
+
+
+class YAMLBoundError(yaml.YAMLError):
+    """A YAML document exceeds ``MAX_YAML_NODES`` / ``MAX_YAML_DEPTH`` / ``MAX_YAML_CHARS`` once its aliases are
+    expanded, or nests deeper than ``MAX_YAML_DEPTH`` as written."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's ``SafeLoader`` (plain data only, no tags that build objects) that refuses, before any value is
+    constructed, a document nesting deeper than ``MAX_YAML_DEPTH`` (5,000 nested ``[`` would exhaust Python's
+    recursion) and, once composed, one whose alias-expanded size passes ``MAX_YAML_NODES`` nodes,
+    ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or whose aliases refer to themselves. Raises
+    ``YAMLBoundError``."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # noqa: D102 (PyYAML's hook)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node):  # noqa: D102 (PyYAML's hook)
+        check_expansion(node)
+        return super().construct_document(node)
+
+
+# a date or time is text to every reader here (a name, a tag): never a datetime object that JSON and the configs'
+# number fields would trip over (`lr: 2024-01-01` is then refused as "not a valid float", one line)
+BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+
+def check_expansion(root: yaml.Node) -> None:
+    """Raise ``YAMLBoundError`` when ``root`` (a composed YAML node graph, where an alias is the anchored node
+    itself) expands past ``MAX_YAML_NODES`` nodes, ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or
+    holds an alias inside its own anchor. Linear in the composed graph: each node's expanded size is computed once."""
+    sizes: dict[int, tuple[int, int, int]] = {}  # id(node) -> (nodes, characters, levels) once expanded
+    open_: set[int] = set()
+
+    def walk(node: yaml.Node, depth: int) -> tuple[int, int, int]:
+        key = id(node)
+        if key not in sizes:
+            if depth > MAX_YAML_DEPTH:
+                raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels once its aliases are expanded")
+            if key in open_:
+                raise YAMLBoundError("an alias refers to the node that contains it (a recursive document)")
+            open_.add(key)
+            n, chars, levels = 1, 0, 1
+            if isinstance(node, yaml.ScalarNode):
+                chars = len(node.value)
+            else:
+                children = node.value if isinstance(node, yaml.SequenceNode) else [x for kv in node.value for x in kv]
+                for child in children:
+                    cn, cc, cl = walk(child, depth + 1)
+                    n, chars, levels = n + cn, chars + cc, max(levels, cl + 1)
+                    if n > MAX_YAML_NODES or chars > MAX_YAML_CHARS:
+                        raise YAMLBoundError(f"it expands to more than {MAX_YAML_NODES:,} values or "
+                                             f"{MAX_YAML_CHARS:,} characters (aliases repeat what they name)")
+            open_.discard(key)
+            sizes[key] = (n, chars, levels)
+        if depth - 1 + sizes[key][2] > MAX_YAML_DEPTH:  # a node met again, deeper than before
+            raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels once its aliases are expanded")
+        return sizes[key]
+
+    walk(root, 1)
+
+
+def safe_load(text: str) -> Any:
+    """``yaml.safe_load`` with the bounds of ``BoundedLoader``: plain data, at most ``MAX_YAML_NODES`` values and
+    ``MAX_YAML_DEPTH`` levels with aliases expanded. Raises ``yaml.YAMLError`` (``YAMLBoundError`` past a bound)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise YAMLBoundError(f"it is longer than {MAX_YAML_BYTES:,} characters")
+    return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
+PLAIN = (str, int, float, bool, type(None), list, dict)
+
+
+def check_plain(data: Any, where: str) -> None:
+    """Raise ``ValueError`` naming the key path when ``data`` holds anything but strings, numbers, booleans, null,
+    lists and mappings (YAML's ``!!binary`` bytes, ``!!set``): what every reader of a config, sweep or study file
+    expects. ``data`` must come from ``safe_load`` (its expanded size is bounded)."""
+    stack = [(data, where)]
+    while stack:
+        value, at = stack.pop()
+        if not isinstance(value, PLAIN):
+            raise ValueError(f"{at} is a {type(value).__name__} ({short(value)}); write a number, text, a list or "
+                             f"a mapping")
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{short(k, 40).strip(chr(39))}") for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+
+
+
+def read_bounded(path: str | Path, what: str, limit: int, fix: str, devices: bool = False) -> bytes:
+    """The bytes of ``path``, a regular file (a symbolic link to one is fine) of at most ``limit`` bytes; with
+    ``devices`` also a character device, read up to ``limit + 1`` bytes (``/dev/null`` is empty, ``/dev/zero``
+    too long).
+
+    Opens without blocking, so a FIFO never hangs the command: ``ValueError`` (one line naming the path, ``what``
+    it should be and ``fix``) for a missing path, a directory, a FIFO, socket or (without ``devices``) device, or
+    more than ``limit`` bytes; ``OSError`` for the rest (permissions)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {p} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {p} is a directory; {fix}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{what} {p} is a directory; {fix}")
+        device = devices and stat.S_ISCHR(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) and not device:
+            raise ValueError(f"{what} {p} is not a regular file (a FIFO, socket or device); {fix}")
+        if device:
+            os.set_blocking(fd, True)
+        if st.st_size > limit:
+            raise ValueError(f"{what} {p} is {st.st_size:,} bytes, more than the {limit:,} such a file may be; {fix}")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{what} {p} is more than {limit:,} bytes; {fix}")
+    return data
+
+
+def load_yaml(path: str | Path, what: str = "config file") -> dict:
+    """Read a YAML mapping from a regular file of at most ``MAX_YAML_BYTES``, with the bounds of ``BoundedLoader``
+    on its expansion (size and depth, aliases expanded) checked before any value is built.
+
+    Raises ``ValueError`` (one line with the path and the fix) if it is missing, a directory, not a regular file,
+    too large, not UTF-8, malformed, past a bound, or not a mapping."""
+    p = Path(path)
+    raw = read_bounded(p, what, MAX_YAML_BYTES, "pass a YAML file")
+    try:
+        data = safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {p} is not UTF-8 text; save it as UTF-8 YAML") from None
+    except YAMLBoundError as e:
+        raise ValueError(f"{what} {p} is refused: {e.problem}; write plain values (no deep nesting, no aliases "
+                         f"of aliases)") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{what} {p} is not valid YAML{where} ({short(problem, 120)[1:-1]}); fix the syntax "
+                         f"there") from None
+    except RecursionError:  # a bound above should come first; never a traceback
+        raise ValueError(f"{what} {p} nests too deeply; flatten it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} {p} must hold a mapping")
+    check_plain(data, str(p))
+    return data
+
+
+__all__ = ["MAX_YAML_BYTES", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "MAX_YAML_CHARS", "YAMLBoundError", "BoundedLoader",
+           "check_expansion", "safe_load", "PLAIN", "check_plain", "read_bounded", "load_yaml"]
