@@ -1,8 +1,9 @@
 """``scalevec convert``: a Hugging Face model or a run, turned into another strategy with no training (docs/guide.md,
 "Convert a model into another strategy").
 
-``SRC`` is what ``train --init-from`` takes (DESIGN.md §10): a Hugging Face model directory (Llama, Qwen3,
-Mixtral, Qwen3-MoE: ``config.json`` + safetensors) or a scalevec run (``RUN`` or ``RUN/checkpoints/step_N``).
+``SRC`` is what ``train --init-from`` takes (DESIGN.md §10): a Hugging Face model directory (``families.IMPORTS``:
+Llama, Mistral, Qwen3, Mixtral, Qwen3-MoE; ``config.json`` + safetensors) or a scalevec run (``RUN`` or
+``RUN/checkpoints/step_N``).
 The conversion and its report are ``train --init-from``'s, not a copy of them: the converted model is built
 by the trainer's own set-up (``trainer.Trainer``: data, vocabulary fit, model, ``init_from.load_weights``
 through the plain form) and the report is what that prints: "the function is unchanged" for a foldable
@@ -200,8 +201,8 @@ def _write_export(cfg, out: Path, init, verify: bool) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SRC",
-                   help="a Hugging Face model directory (Llama, Qwen3, Mixtral, Qwen3-MoE) or a scalevec run: RUN_DIR "
-                        "or RUN_DIR/checkpoints/step_N")
+                   help="a Hugging Face model directory (Llama, Mistral, Qwen3, Mixtral, Qwen3-MoE) or a scalevec run: "
+                        "RUN_DIR or RUN_DIR/checkpoints/step_N")
     p.add_argument("--strategy", required=True, help="the scale-vector strategy to convert into (see scalevec info)")
     p.add_argument("--out", required=True, help="the new run directory (--format run) or Hugging Face directory")
     p.add_argument("--format", choices=list(FORMATS), default="run",

@@ -38,12 +38,18 @@ class Family:
     ``router`` / ``experts``: an MoE layer's (transformers 5's fused ``gate_up_proj`` layout), present only in
     layers that have them. ``fused_qkv``: torchtitan's fused ``wqkv`` module, split into ``qkv`` while a strategy
     is on. ``gain``: ``w`` or ``1+w``. ``order``: ``pre`` or ``reordered``. ``qkv_bias``: q/k/v carry biases
-    (Qwen2). ``act``: the gated MLP's activation (``silu``: SwiGLU; ``gelu_tanh``: GeGLU). ``scalevec_format``:
-    True where scalevec's own ``Transformer`` computes the family, so that ``to_scalevec``, ``scalevec convert``
-    and ``scalevec export`` read and write it (a ``names.FORMATS`` key); ``checkpoint_experts``: the per-expert
-    tensor names of its published checkpoints (our name -> theirs; ``{j}`` the expert). ``export_with``: how a
-    folded model is written (``scalevec``: ``hf/export.py``; ``save_pretrained``: the HF class itself;
-    ``torchtitan`` / ``olmo_core``: the framework's own HF converter).
+    (Qwen2). ``act``: the gated MLP's activation (``silu``: SwiGLU; ``gelu_tanh``: GeGLU). ``extras``: what else
+    the family computes that scalevec's ``Transformer`` does not, in words (features outside this record's
+    vocabulary: Gemma 3's embedding scale). ``moe_keys``: where an MoE family's config.json holds the routing
+    (``n_experts``, ``d_expert``; optional ``renormalize`` (a flag that must be true: scalevec renormalizes the
+    top-k weights), ``dense_layers`` and ``sparse_step`` (Qwen3-MoE's dense layers)); ``a|b``: the first of these
+    keys that config.json holds (transformers 5 writes Qwen3-MoE's ``num_local_experts``, its published
+    checkpoints hold ``num_experts``). ``checkpoint_experts``: the
+    per-expert tensor names of its published checkpoints (our name -> theirs; ``{j}`` the expert).
+    ``export_with``: how a folded model is written (``scalevec``: ``hf/export.py`` from scalevec's own model, a
+    ``names.FORMATS`` key; ``save_pretrained``: the HF class itself; ``torchtitan`` / ``olmo_core``: the
+    framework's own HF converter). Whether scalevec's own model imports the family (``to_scalevec``,
+    ``scalevec convert``, ``train --init-from``) is read from the record: ``lacks`` and ``import_refusal``.
     """
 
     name: str
@@ -69,7 +75,8 @@ class Family:
     order: str = "pre"
     qkv_bias: bool = False
     act: str = "silu"
-    scalevec_format: bool = False
+    extras: tuple[str, ...] = ()
+    moe_keys: dict[str, str] = field(default_factory=dict)
     checkpoint_experts: dict[str, str] = field(default_factory=dict)
     export_with: str = "save_pretrained"
 
@@ -80,6 +87,37 @@ class Family:
     def output_norms(self) -> tuple[str, ...]:
         """The per-layer Output-Norm paths (their γ stays a norm: nothing linear reads them alone)."""
         return tuple(p for p in (*(self.qk_norm or ()), self.attn_out_norm, self.mlp_out_norm) if p is not None)
+
+    def lacks(self) -> tuple[str, ...]:
+        """What scalevec's own ``Transformer`` (DESIGN.md §2: pre-norm, SwiGLU, no biases, per-head QK-norm, full
+        causal attention) does not compute of this family, in words; empty where it computes the family exactly.
+        Output-Norms after attention and MLP in the pre order are scalevec's ``peri`` layout, which the import
+        (``hf_import.load_plain``: pre layout only) does not read: they count as lacking too."""
+        lacking = []
+        if self.order == "reordered":
+            lacking.append("the post-norm order (a norm after attention and MLP, none before)")
+        elif self.attn_out_norm is not None or self.mlp_out_norm is not None:
+            lacking.append("norms after attention and MLP (the import reads pre-layout models only)")
+        if self.qk_norm is not None and self.qk_norm_over == "all":
+            lacking.append("QK-norm over all heads at once (scalevec's is per head)")
+        if self.qkv_bias:
+            lacking.append("q/k/v biases (scalevec's attention has none)")
+        if self.act != "silu":
+            lacking.append(f"the {self.act} gated MLP (scalevec's is SwiGLU)")
+        return (*lacking, *self.extras)
+
+    def import_refusal(self) -> str | None:
+        """The one-line refusal of importing this family into scalevec's own ``Transformer`` (``to_scalevec``,
+        ``scalevec convert``, ``train --init-from``), naming what it lacks and what to do instead; None where the
+        family imports (an HF config.json family that ``lacks`` nothing)."""
+        if self.export_with in FRAMEWORKS:
+            return (f"{self.name}: scalevec's Transformer imports Hugging Face checkpoints; write this model as one "
+                    f"with scalevec.integrations.{self.export_with}.export_hf(model, DIR), then scalevec convert DIR")
+        if self.lacks():
+            return (f"{self.name}: scalevec's Transformer does not compute {'; '.join(self.lacks())}; use the drop-in "
+                    f"scalevec.apply_strategy(model, STRATEGY) on the Hugging Face model instead (it keeps the "
+                    f"family's own modules)")
+        return None
 
 
 def _hf(model_type: str, cls: str, module: str | None = None, **kw) -> Family:
@@ -98,16 +136,22 @@ def _hf(model_type: str, cls: str, module: str | None = None, **kw) -> Family:
 
 _QK = ("self_attn.q_norm", "self_attn.k_norm")
 _MOE = dict(router="mlp.gate", experts="mlp.experts")
+FRAMEWORKS = ("torchtitan", "olmo_core")  # export_with values of the framework records: their own HF converter
+_ALTERNATING = "alternating sliding-window and global attention layers"
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    _hf("llama", "LlamaForCausalLM", scalevec_format=True, export_with="scalevec"),
-    _hf("qwen3", "Qwen3ForCausalLM", qk_norm=_QK, scalevec_format=True, export_with="scalevec"),
-    _hf("mixtral", "MixtralForCausalLM", **_MOE, scalevec_format=True, export_with="scalevec", checkpoint_experts={
+    _hf("llama", "LlamaForCausalLM", export_with="scalevec"),
+    _hf("qwen3", "Qwen3ForCausalLM", qk_norm=_QK, export_with="scalevec"),
+    _hf("mixtral", "MixtralForCausalLM", **_MOE, export_with="scalevec",
+        moe_keys={"n_experts": "num_local_experts", "d_expert": "intermediate_size"}, checkpoint_experts={
         "layers.{i}.mlp.router.weight": "model.layers.{i}.block_sparse_moe.gate.weight",
         "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight",
         "layers.{i}.mlp.experts.up.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight",
         "layers.{i}.mlp.experts.down.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight"}),
-    _hf("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=_QK, **_MOE, scalevec_format=True, export_with="scalevec",
+    _hf("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=_QK, **_MOE, export_with="scalevec",
+        moe_keys={"n_experts": "num_local_experts|num_experts", "d_expert": "moe_intermediate_size",
+                  "renormalize": "norm_topk_prob",
+                  "dense_layers": "mlp_only_layers", "sparse_step": "decoder_sparse_step"},
         checkpoint_experts={
             "layers.{i}.mlp.router.weight": "model.layers.{i}.mlp.gate.weight",
             "layers.{i}.mlp.experts.gate.weight": "model.layers.{i}.mlp.experts.{j}.gate_proj.weight",
@@ -116,11 +160,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _hf("mistral", "MistralForCausalLM"),
     _hf("qwen2", "Qwen2ForCausalLM", qkv_bias=True),
     _hf("gemma3_text", "Gemma3ForCausalLM", module="gemma3", qk_norm=_QK, attn_out_norm="post_attention_layernorm",
-        mlp_norm="pre_feedforward_layernorm", mlp_out_norm="post_feedforward_layernorm", gain="1+w", act="gelu_tanh"),
+        mlp_norm="pre_feedforward_layernorm", mlp_out_norm="post_feedforward_layernorm", gain="1+w", act="gelu_tanh",
+        extras=("embeddings scaled by sqrt(d_model)", "attention scaled by query_pre_attn_scalar", _ALTERNATING)),
     _hf("olmo2", "Olmo2ForCausalLM", attn_norm=None, mlp_norm=None, qk_norm=_QK, qk_norm_over="all",
         attn_out_norm="post_attention_layernorm", mlp_out_norm="post_feedforward_layernorm", order="reordered"),
     _hf("olmo3", "Olmo3ForCausalLM", attn_norm=None, mlp_norm=None, qk_norm=_QK, qk_norm_over="all",
-        attn_out_norm="post_attention_layernorm", mlp_out_norm="post_feedforward_layernorm", order="reordered"),
+        attn_out_norm="post_attention_layernorm", mlp_out_norm="post_feedforward_layernorm", order="reordered",
+        extras=(_ALTERNATING,)),
     Family(  # torchtitan 0.3.0 torchtitan.models.llama3 (Decoder); fused wqkv split into qkv_linear.w{q,k,v}
         name="torchtitan_llama3", classes=("torchtitan.models.llama3.model.Llama3Model",),
         layers="layers", embed="tok_embeddings", final_norm="norm", lm_head="lm_head",
@@ -178,4 +224,8 @@ def module_map(fam: Family) -> dict[str, str]:
     return m
 
 
-__all__ = ["Family", "FAMILIES", "family_of", "supported_classes", "module_map"]
+# the families scalevec's own Transformer imports (``Family.import_refusal`` is None): to_scalevec, scalevec convert
+# and train --init-from read them
+IMPORTS = tuple(f.name for f in FAMILIES.values() if f.import_refusal() is None)
+
+__all__ = ["Family", "FAMILIES", "FRAMEWORKS", "IMPORTS", "family_of", "supported_classes", "module_map"]

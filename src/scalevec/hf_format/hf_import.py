@@ -36,6 +36,7 @@ from torch import Tensor
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
 from scalevec.config.files import read_bounded
 from scalevec.config.typed import is_int, is_number
+from scalevec.hf_format.families import FAMILIES, IMPORTS
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
 from scalevec.model.transformer import Transformer
@@ -106,7 +107,7 @@ _SHARED_NUMBERS = ("rms_norm_eps", "initializer_range")
 
 def check_hf_config(conf: dict) -> None:
     """Validate a ``config.json`` mapping (``read_config_json``) before transformers builds anything from it: the
-    one validator for ``convert``, ``generate`` and ``eval``. A family scalevec converts (``FORMATS``) is read
+    one validator for ``convert``, ``generate`` and ``eval``. A family scalevec exports (``FORMATS``) is read
     whole by ``model_config_from_hf`` and its size checked against this machine's memory (``check_size``); any
     other ``model_type`` (scalevec's custom architecture) has its shared sizes checked as integers >= 1,
     ``rms_norm_eps`` and ``initializer_range`` as finite numbers > 0, and its RoPE (``_rope``: a finite
@@ -194,22 +195,70 @@ def _hf_dict(conf: dict, key: str) -> dict:
     return value or {}
 
 
+def _check_window(conf: dict, max_pos: int) -> None:
+    """Raise ``ValueError`` where config.json's attention sees only a sliding window of the last W tokens that is
+    shorter than the context (``max_position_embeddings``): scalevec's model attends to every earlier token. A window
+    of at least the context (or none; or Qwen's ``use_sliding_window=false``, which switches it off) changes nothing:
+    a query at position t < max_pos attends to key t' where t - t' < W, every earlier one."""
+    window = conf.get("sliding_window") if _hf_flag(conf, "use_sliding_window", True) else None
+    if window is None:
+        return
+    if not is_int(window, least=1):
+        raise ValueError(f"config.json has sliding_window={window!r}; it must be an integer >= 1 or null: fix "
+                         f"config.json")
+    if window < max_pos:
+        raise ValueError(f"config.json has sliding_window={window} < max_position_embeddings={max_pos}: attention "
+                         f"sees only the last {window} tokens, which scalevec's model (full causal attention) does not "
+                         f"compute; use the drop-in scalevec.apply_strategy(model, STRATEGY) on the Hugging Face "
+                         f"model instead")
+
+
+def _moe_config(conf: dict, fam) -> MoEConfig:
+    """The ``MoEConfig`` of an MoE family's config.json, read at the keys of its record (``Family.moe_keys``).
+    Raises ``ValueError`` for top-k weights that are not renormalized and for dense layers other than the first k."""
+    keys = fam.moe_keys
+    renormalize = keys.get("renormalize")
+    if renormalize is not None and not _hf_flag(conf, renormalize, False):
+        raise ValueError(f"config.json has {renormalize}=false; scalevec's router renormalizes the top-k weights "
+                         f"(Mixtral convention), so only {renormalize}=true models convert exactly")
+    dense = []
+    if "dense_layers" in keys:
+        dense = conf.get(keys["dense_layers"]) or []
+        if not isinstance(dense, list) or not all(is_int(i) for i in dense):
+            raise ValueError(f"config.json has {keys['dense_layers']}={dense!r}; it must be a list of layer indices")
+        dense = sorted(dense)
+    step = _hf_int(conf, keys["sparse_step"], 1) if "sparse_step" in keys else 1
+    if step != 1 or dense != list(range(len(dense))):
+        raise ValueError(f"config.json has {keys['sparse_step']}={step} / {keys['dense_layers']}={dense}; "
+                         f"scalevec's dense MoE layers are the first k (moe.first_dense)")
+    n_experts = next((k for k in keys["n_experts"].split("|") if k in conf), keys["n_experts"].split("|")[0])
+    return MoEConfig(n_experts=_hf_int(conf, n_experts), top_k=_hf_int(conf, "num_experts_per_tok"),
+                     d_expert=_hf_int(conf, keys["d_expert"]),
+                     lb_coef=_hf_number(conf, "router_aux_loss_coef", 0.01, zero=True), first_dense=len(dense))
+
+
 def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
-    """``(family, ModelConfig)`` of a transformers ``config.json`` dict (Llama, Qwen3, Mixtral, Qwen3-MoE).
+    """``(family, ModelConfig)`` of a transformers ``config.json`` dict of a family scalevec's own model imports
+    (``families.IMPORTS``: Llama, Mistral, Qwen3, Mixtral, Qwen3-MoE), read through the family's record
+    (``families.py``: QK-norm, the MoE routing's config keys).
 
     Reads sizes, GQA heads, an explicit ``head_dim``, ``rope_theta`` and Llama 3 rope scaling (transformers
-    4 ``rope_scaling`` or 5 ``rope_parameters``), ``rms_norm_eps``, tied embeddings, QK-norm (Qwen3) and the
-    MoE routing. Raises ``ValueError`` naming a feature our model does not compute (biases, sliding
-    window, another activation or rope type, un-renormalized top-k, interleaved dense layers).
+    4 ``rope_scaling`` or 5 ``rope_parameters``), ``rms_norm_eps``, tied embeddings, QK-norm and the MoE routing.
+    Raises ``ValueError`` for a family scalevec does not import (``Family.import_refusal``: what its model lacks,
+    the drop-in ``apply_strategy`` instead) and naming a feature our model does not compute (biases, a sliding
+    window shorter than the context, another activation or rope type, un-renormalized top-k, interleaved dense
+    layers).
     """
     if not isinstance(conf, dict):
         raise ValueError("config.json is not a JSON object; fix config.json (or re-save the model with "
                          "save_pretrained)")
     fmt = conf.get("model_type")
-    if not isinstance(fmt, str) or fmt not in FORMATS:
-        raise ValueError(f"model_type {fmt!r} is not supported for --init-from; supported: {', '.join(FORMATS)}")
-    for key, bad in (("hidden_act", lambda v: v not in (None, "silu")), ("attention_bias", bool), ("mlp_bias", bool),
-                     ("use_sliding_window", bool), ("sliding_window", lambda v: fmt == "mixtral" and v is not None)):
+    fam = FAMILIES.get(fmt) if isinstance(fmt, str) else None
+    if fam is None:
+        raise ValueError(f"model_type {fmt!r} is not supported for --init-from; supported: {', '.join(IMPORTS)}")
+    if fam.import_refusal() is not None:
+        raise ValueError(fam.import_refusal())
+    for key, bad in (("hidden_act", lambda v: v not in (None, "silu")), ("attention_bias", bool), ("mlp_bias", bool)):
         if key in conf and bad(conf[key]):
             raise ValueError(f"config.json has {key}={conf[key]!r}, which scalevec's model does not compute "
                              f"(SwiGLU, no biases, full causal attention)")
@@ -217,6 +266,7 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     if rope.get("partial_rotary_factor", conf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json has partial_rotary_factor != 1; scalevec rotates the whole head")
     max_pos = _hf_int(conf, "max_position_embeddings", 2048)
+    _check_window(conf, max_pos)
     scaling = None
     if rope_type == "llama3":
         scaling = RopeScalingConfig(
@@ -231,34 +281,15 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     if heads % kv_heads:
         raise ValueError(f"config.json has num_attention_heads={heads}, not a multiple of num_key_value_heads="
                          f"{kv_heads}; fix config.json")
-    moe = None
     d_ff = _hf_int(conf, "intermediate_size")
-    lb_coef = _hf_number(conf, "router_aux_loss_coef", 0.01, zero=True)
-    if fmt == "mixtral":
-        moe = MoEConfig(n_experts=_hf_int(conf, "num_local_experts"), top_k=_hf_int(conf, "num_experts_per_tok"),
-                        d_expert=d_ff, lb_coef=lb_coef)
-    elif fmt == "qwen3_moe":
-        if not _hf_flag(conf, "norm_topk_prob", False):
-            raise ValueError("config.json has norm_topk_prob=false; scalevec's router renormalizes the top-k "
-                             "weights (Mixtral convention), so only norm_topk_prob=true models convert exactly")
-        dense = conf.get("mlp_only_layers") or []
-        if not isinstance(dense, list) or not all(is_int(i) for i in dense):
-            raise ValueError(f"config.json has mlp_only_layers={dense!r}; it must be a list of layer indices")
-        dense = sorted(dense)
-        step = _hf_int(conf, "decoder_sparse_step", 1)
-        if step != 1 or dense != list(range(len(dense))):
-            raise ValueError(f"config.json has decoder_sparse_step={step} / mlp_only_layers="
-                             f"{dense}; scalevec's dense MoE layers are the first k (moe.first_dense)")
-        moe = MoEConfig(n_experts=_hf_int(conf, "num_experts" if "num_experts" in conf else "num_local_experts"),
-                        top_k=_hf_int(conf, "num_experts_per_tok"), d_expert=_hf_int(conf, "moe_intermediate_size"),
-                        lb_coef=lb_coef, first_dense=len(dense))
+    moe = _moe_config(conf, fam) if fam.router is not None else None
     cfg = ModelConfig(
         d_model=d, n_layers=_hf_int(conf, "num_hidden_layers"), n_heads=heads, n_kv_heads=kv_heads,
         head_dim=None if head_dim in (None, d // heads) and d % heads == 0 else head_dim,
         d_ff=d_ff, vocab_size=_hf_int(conf, "vocab_size"), max_seq_len=max_pos,
         rope_theta=theta, rope_scaling=scaling, norm_eps=_hf_number(conf, "rms_norm_eps", 1e-6),
         tie_embeddings=_hf_flag(conf, "tie_word_embeddings", False), layout="pre",
-        qk_norm=fmt in ("qwen3", "qwen3_moe"), init_std=_hf_number(conf, "initializer_range", 0.02), moe=moe)
+        qk_norm=fam.qk_norm is not None, init_std=_hf_number(conf, "initializer_range", 0.02), moe=moe)
     cfg.validate()
     return fmt, cfg
 
@@ -431,7 +462,8 @@ def check_shapes(fmt: str, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]])
     checkpoint of shape ``cfg``: the layer count, every required tensor and its shape, and no tensor of
     the family's names beyond what the sizes account for (unknown names are ``plain_from_hf_state``'s).
     The work is bounded by the number of tensors: the first one missing stops the check."""
-    layers = {int(m.group(1)) for k in shapes if (m := re.match(r"model\.layers\.(\d+)\.", k))}
+    layer = re.compile(re.escape(FAMILIES[fmt].layers) + r"\.(\d+)\.")
+    layers = {int(m.group(1)) for k in shapes if (m := layer.match(k))}
     found = max(layers) + 1 if layers else 0
     if found != cfg.n_layers:
         raise ValueError(f"config.json says num_hidden_layers={cfg.n_layers} but the checkpoint's tensors hold "

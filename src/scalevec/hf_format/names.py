@@ -18,21 +18,22 @@ REMOTE_FORMAT = "scalevec"  # the custom architecture (config.json auto_map + tr
 TRAIN_SEQ_LEN = "scalevec_train_seq_len"
 DATA_SOURCE = "scalevec_data_source"
 # Hugging Face model_type -> the architecture class an export declares in config.json: the plain families that
-# scalevec's own model computes (their records in families.py say ``scalevec_format``)
-FORMATS = {f.name: f.classes[0].rsplit(".", 1)[1] for f in FAMILIES.values() if f.scalevec_format}
+# scalevec writes from its own model (their records in families.py say ``export_with="scalevec"``)
+FORMATS = {f.name: f.classes[0].rsplit(".", 1)[1] for f in FAMILIES.values() if f.export_with == "scalevec"}
 
 
-def _dense_names() -> dict[str, str]:
-    """Our parameter names -> Hugging Face names of a dense layer, from the Qwen3 record's module map (Llama's with
-    QK-norm: the dense names are shared by all formats)."""
+def _dense_names(family: str) -> dict[str, str]:
+    """Our parameter names -> Hugging Face names of a dense layer of ``family``, from its record's module map (the
+    norm sites are ``NORM_SITES``', the MoE router and experts ``MOE_NAMES``')."""
     sites = ("layers.{i}.attn.proj", "layers.{i}.mlp", "head", "layers.{i}.mlp.router", "layers.{i}.mlp.experts")
     return {(f"{ours}.scale.weight" if ours.endswith("_norm") else f"{ours}.weight"): f"{theirs}.weight"
-            for ours, theirs in module_map(FAMILIES["qwen3"]).items() if ours not in sites}
+            for ours, theirs in module_map(FAMILIES[family]).items() if ours not in sites}
 
 
 # Our parameter names -> Hugging Face names; "{i}" is the layer index, "{j}" an expert index (the
-# tensor is an expert bank (E, d_out, d_in) split into E tensors). Dense names are shared by all formats.
-DENSE_NAMES = _dense_names()
+# tensor is an expert bank (E, d_out, d_in) split into E tensors). Qwen3's: Llama's with QK-norm (the custom
+# architecture's dense names and the QK-norm norm sites).
+DENSE_NAMES = _dense_names("qwen3")
 # MoE blocks (moe.py): the router (E, d_model) and expert banks (E, d_out, d_in), split per expert, in
 # each family's canonical checkpoint layout (what its published checkpoints hold; transformers >= 5 fuses
 # the experts on load; the records' ``checkpoint_experts``). Dense blocks of an MoE model (moe.first_dense) keep
@@ -77,11 +78,11 @@ REMOTE_NAMES = {
 
 
 def name_map(fmt: str) -> dict[str, str]:
-    """Our parameter-name templates -> Hugging Face name templates for family ``fmt`` (litgpt-style);
-    ``fmt="scalevec"``: the custom architecture's (``REMOTE_NAMES``)."""
+    """Our parameter-name templates -> Hugging Face name templates for family ``fmt`` (a ``families.FAMILIES`` key,
+    litgpt-style), from its record; ``fmt="scalevec"``: the custom architecture's (``REMOTE_NAMES``)."""
     if fmt == REMOTE_FORMAT:
         return dict(REMOTE_NAMES)
-    return {**DENSE_NAMES, **MOE_NAMES.get(fmt, {})}
+    return {**_dense_names(fmt), **MOE_NAMES.get(fmt, {})}
 
 
 def template_of(key: str) -> tuple[str, int | None]:

@@ -34,7 +34,8 @@ DNP (``dnp``, ``unified``) changes it, and so does ``none`` where an Output-Norm
 in a ``UserWarning`` and in ``model.scalevec_info``.
 
 ``to_scalevec(model)`` is the scalevec ``Transformer`` holding the same parameters (the record's module map), for
-the families scalevec's model computes; ``save`` reuses ``hf/export.py`` through it. ``fold(model)`` turns a
+the families scalevec's model imports (the record's ``import_refusal`` is None: Llama, Mistral, Qwen3, Mixtral,
+Qwen3-MoE); ``save`` reuses ``hf/export.py`` through it. ``fold(model)`` turns a
 foldable model back into the source model in place (the very modules it had, given the folded weights), whose own
 ``save_pretrained`` then writes an ordinary checkpoint; before that, ``save_pretrained`` is refused (a plain
 checkpoint cannot hold the scale vectors). ``save`` writes what ``scalevec export`` writes (a plain family, or the
@@ -54,7 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from scalevec.config import PRESET_NAMES, ModelConfig, ScaleConfig
-from scalevec.hf_format.families import FAMILIES, Family, family_of, module_map, supported_classes
+from scalevec.hf_format.families import FAMILIES, FRAMEWORKS, Family, family_of, module_map, supported_classes
 from scalevec.hf_format.hf_import import load_plain, model_config_from_hf, plain_from_model
 from scalevec.integrations.wd_guard import guard_weight_decay
 from scalevec.model.fold import fold_scales
@@ -219,17 +220,13 @@ def _heads(model: nn.Module, fam: Family, layer: nn.Module) -> tuple[int, int]:
 
 def read_shape(model: nn.Module, fam: Family) -> ModelConfig:
     """The ``ModelConfig`` of ``model`` as its modules compute it: sizes from the weight shapes, ε from the norm
-    modules, tying from whether the tensors are shared, head_dim from the q projection, QK-norm and MoE from the
-    modules present. A family scalevec's model computes is read through ``hf_import.model_config_from_hf`` (its
-    refusals: sliding window, another rope type, ...) after ``check_config`` found the config true to the modules.
+    modules, tying from whether the tensors are shared, head_dim from the q projection, QK-norm from the modules
+    present. An MoE family's routing lives only in its config: it is read through ``hf_import.model_config_from_hf``
+    (its refusals: un-renormalized top-k, ...) after ``check_config`` found the config true to the modules.
     Raises ``ValueError`` naming what scalevec cannot read."""
     config = getattr(model, "config", None)
-    if fam.scalevec_format:
-        try:
-            _, cfg = model_config_from_hf(config.to_dict())
-        except ValueError as e:
-            raise ValueError(f"{type(model).__name__}: {e}") from None
-        return cfg
+    if fam.router is not None:
+        return _imported_config(model)
     layers = _layers(model, fam)
     _, layer = layers[0]
     gate = layer.get_submodule(fam.gate_up[0])
@@ -726,31 +723,42 @@ def _info(model: nn.Module) -> StrategyInfo:
     return info
 
 
+def _imported_config(model: nn.Module) -> ModelConfig:
+    """The ``ModelConfig`` of scalevec's own model for HF ``model`` (``hf_import.model_config_from_hf`` on its config,
+    the one reader of a family's config.json), prefixed with the class in its one-line refusal."""
+    try:
+        _, cfg = model_config_from_hf(model.config.to_dict())
+    except ValueError as e:
+        raise ValueError(f"{type(model).__name__}: {e}") from None
+    return cfg
+
+
 def to_scalevec(model: nn.Module) -> Transformer:
-    """The scalevec ``Transformer`` (strategy and shape of ``model.scalevec_info``) holding a copy of the parameters
-    of a model ``apply_strategy`` touched (``scalevec_name``), on the model's device, in float32. It computes the
-    same function (fp32 rounding: the HF attention and MoE dispatch differ from ours in summation order).
-    Raises ``ValueError`` for a model without a strategy, a ``model.config`` edited to disagree with the modules
-    (``check_config``), an embedding resized since ``apply_strategy``, or of a family scalevec's model does not
-    compute (its record's ``scalevec_format``: Gemma 3's post-norms and GeGLU, OLMo 2/3's post-norm order, Qwen2's
-    biases, ...)."""
+    """The scalevec ``Transformer`` (strategy of ``model.scalevec_info``, shape of its config read as ``scalevec
+    convert`` reads config.json) holding a copy of the parameters of a model ``apply_strategy`` touched
+    (``scalevec_name``: the record's module map), on the model's device, in float32. It computes the same function
+    (fp32 rounding: the HF attention and MoE dispatch differ from ours in summation order). Raises ``ValueError``
+    for a model without a strategy, a ``model.config`` edited to disagree with the modules (``check_config``), an
+    embedding resized since ``apply_strategy``, a family scalevec's model does not import (its record's
+    ``import_refusal``: Qwen2's biases, Gemma 3's GeGLU, OLMo 2/3's post-norm order, ...) or a feature of its config
+    it does not compute (a sliding window shorter than the context, ...)."""
     info = _info(model)
     fam = FAMILIES[info.family]
     check_config(model, fam)
-    if not fam.scalevec_format:
-        raise ValueError(f"scalevec's Transformer does not compute {fam.name} (see its record in "
-                         f"hf_format/families.py); fold(model) gives the plain {type(model).__name__} instead")
+    if fam.import_refusal() is not None:
+        raise ValueError(fam.import_refusal())
+    cfg = _imported_config(model)
     rows = model.get_submodule(fam.embed).weight.shape[0]
     if rows != info.cfg.vocab_size:  # resize_token_embeddings after apply_strategy: the recorded shape is stale
         raise ValueError(f"the embedding has {rows} rows but {type(model).__name__} carried a vocabulary of "
                          f"{info.cfg.vocab_size} when apply_strategy ran (resize_token_embeddings since?); resize "
                          f"the plain model first, then apply the strategy")
     ref = next(model.parameters())
-    sv = build_model(info.cfg, info.scale, seed=0, device=ref.device)
+    sv = build_model(cfg, info.scale, seed=0, device=ref.device)
     state = {}
     for name, t in model.state_dict().items():
-        state[scalevec_name(name, info.cfg, fam.name)] = t.detach().to(torch.float32)
-    if info.cfg.tie_embeddings:
+        state[scalevec_name(name, cfg, fam.name)] = t.detach().to(torch.float32)
+    if cfg.tie_embeddings:
         state.setdefault("head.branches.lm_head.weight", state["embed.weight"])
     sv.load_state_dict(state, strict=True)
     return sv
@@ -853,10 +861,12 @@ def _remove_router_scale(router: nn.Module) -> Tensor | None:
 
 def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "float32") -> Path:
     """Write a model ``apply_strategy`` touched (or a scalevec ``Transformer``) as ``scalevec export`` does, without
-    changing it. A family scalevec's model computes (``Family.scalevec_format``): a foldable strategy as a plain
-    checkpoint of its family (``LlamaForCausalLM``, ...), one that cannot fold (DNP) as the custom-code
-    ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)``). Another HF
-    family: a folded copy written by its own ``save_pretrained`` (DNP refused: no custom code computes it).
+    changing it. A family scalevec writes from its own model (``Family.export_with == "scalevec"``): a foldable
+    strategy as a plain checkpoint of its family (``LlamaForCausalLM``, ...). Another HF family: a foldable strategy
+    as a folded copy written by its own ``save_pretrained`` (Mistral stays a ``MistralForCausalLM``). A strategy that
+    cannot fold (DNP) on a family scalevec's model imports (``Family.import_refusal`` None): the custom-code
+    ``ScalevecForCausalLM`` (``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)``); on another
+    family it is refused (no custom code computes it).
     torchtitan and OLMo-core models are refused, naming their ``export_hf`` (``integrations/torchtitan.py``,
     ``integrations/olmo_core.py``: the framework's own HF converter, the one home of that export).
     ``tokenizer``: a directory holding ``tokenizer.json`` or a transformers tokenizer (saved with the export), or None.
@@ -869,23 +879,23 @@ def save(model: nn.Module, out_dir: str | Path, tokenizer=None, dtype: str = "fl
 
     out = Path(out_dir)
     if not isinstance(model, Transformer):
-        check_config(model, FAMILIES[_info(model).family])  # what would be written must be what the modules compute
-    if not isinstance(model, Transformer) and not FAMILIES[_info(model).family].scalevec_format:
         info = _info(model)
         fam = FAMILIES[info.family]
-        if fam.export_with in ("torchtitan", "olmo_core"):  # the framework's own HF converter: the one home
+        check_config(model, fam)  # what would be written must be what the modules compute
+        if fam.export_with in FRAMEWORKS:  # the framework's own HF converter: the one home
             raise ValueError(f"a {fam.name} model is exported with scalevec.integrations.{fam.export_with}.export_hf("
                              f"model, DIR) (the framework's own HF converter), not scalevec.save")
-        if not info.scale.foldable:
-            raise ValueError(f"scalevec.save writes {fam.name} only folded: strategy {info.strategy} cannot fold "
-                             f"(DNP), and no custom code computes {fam.name}; train unified_foldable to export it")
-        if out.exists() and any(out.iterdir()):
-            raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
-        plain = fold(copy.deepcopy(model))
-        plain.save_pretrained(out, safe_serialization=True)
-        if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
-            tokenizer.save_pretrained(out)
-        return out
+        if fam.export_with == "save_pretrained" and (info.scale.foldable or fam.import_refusal() is not None):
+            if not info.scale.foldable:
+                raise ValueError(f"scalevec.save writes {fam.name} only folded: strategy {info.strategy} cannot fold "
+                                 f"(DNP), and no custom code computes {fam.name}; train unified_foldable to export it")
+            if out.exists() and any(out.iterdir()):
+                raise FileExistsError(f"{out} exists and is not empty; choose a new directory")
+            plain = fold(copy.deepcopy(model))
+            plain.save_pretrained(out, safe_serialization=True)
+            if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+                tokenizer.save_pretrained(out)
+            return out
     sv = model if isinstance(model, Transformer) else to_scalevec(model)
     with tempfile.TemporaryDirectory(prefix="scalevec-save-") as tmp:
         tok_dir = None

@@ -108,8 +108,8 @@ def add_arguments(p) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--init-from", metavar="DIR",
-                   help="start from a Hugging Face model directory (Llama, Qwen3, Mixtral, Qwen3-MoE) or branch a run: "
-                        "RUN_DIR or RUN_DIR/checkpoints/step_N (its config is the base; flags change it)")
+                   help="start from a Hugging Face model directory (Llama, Mistral, Qwen3, Mixtral, Qwen3-MoE) or "
+                        "branch a run: RUN_DIR or RUN_DIR/checkpoints/step_N (its config is the base; flags change it)")
     p.add_argument("--reset-optimizer", action="store_true",
                    help="with --init-from RUN: do not carry the optimizer state")
     p.add_argument("--schedule-from", choices=list(init_from.SCHEDULE_FROM), default="restart",

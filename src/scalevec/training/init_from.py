@@ -2,9 +2,10 @@
 
 A source is one of
 
-- a Hugging Face model directory (``config.json`` + safetensors as transformers writes them): Llama,
-  Qwen3, Mixtral, Qwen3-MoE. The new run's model section is the checkpoint's shape and its tokenizer
-  (``tokenizer.json``) is used unless ``--tokenizer`` is given;
+- a Hugging Face model directory (``config.json`` + safetensors as transformers writes them) of a family
+  scalevec's model imports (``families.IMPORTS``: Llama, Mistral, Qwen3, Mixtral, Qwen3-MoE). The new run's
+  model section is the checkpoint's shape and its tokenizer (``tokenizer.json``) is used unless ``--tokenizer``
+  is given;
 - a scalevec run directory (its newest checkpoint) or one of its checkpoints,
   ``RUN/checkpoints/step_N``: the new run starts from the parent's config, and any flag or
   ``key=value`` changes it (``--strategy``, ``--schedule``, ``--steps``, ...).
