@@ -13,10 +13,11 @@ optimizer is remembered, weakly), so a step costs one lookup after that; it runs
 and after any model is guarded or opted out or back in (``_epoch``).
 
 The opt-out, for a user who means it: ``allow_any_weight_decay(model)``. A model without a strategy (never applied,
-or ``fold``-ed) is not checked. Not covered: an optimizer that holds flattened copies of the parameters instead of
-the parameters (FSDP1 without ``use_orig_params``, DeepSpeed ZeRO): nothing of the model is found in it, so it
-passes unchecked; a ``copy.deepcopy`` of a guarded model (it carries the strategy but is not in ``_guarded``: call
-``guard_weight_decay`` on the copy).
+or ``fold``-ed) is not checked. A ``copy.deepcopy`` of a guarded model (alone, or with its optimizer) is guarded
+too, with the original's opt-out: the model carries a ``_GuardMark`` whose copy guards the model copy
+(``__reduce__``: ``copy`` builds the copy's mark from the copied model). Not covered: an optimizer that holds
+flattened copies of the parameters instead of the parameters (FSDP1 without ``use_orig_params``, DeepSpeed ZeRO):
+nothing of the model is found in it, so it passes unchecked.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from scalevec.model.roles import model_roles
 from scalevec.model.scales import decayed_scale_roles
 
 OPT_OUT = "_scalevec_any_weight_decay"  # the model attribute allow_any_weight_decay sets
+GUARD_MARK = "_scalevec_wd_guard"  # the model attribute guard_weight_decay sets: a _GuardMark
 
 _guarded: weakref.WeakSet = weakref.WeakSet()  # models carrying a strategy
 # optimizers already checked and found right -> (_epoch, their group count) at that check
@@ -44,14 +46,31 @@ class WeightDecayMismatch(ValueError):
     """An optimizer's weight decay on a scale vector differs from what the model's strategy says (DESIGN.md §5)."""
 
 
-def guard_weight_decay(model: nn.Module) -> None:
+class _GuardMark:
+    """What a guarded model carries (``model.__dict__[GUARD_MARK]``) so that its copies are guarded too: a
+    ``copy.deepcopy`` of the model copies the mark through ``__reduce__``, whose argument is the model, which
+    ``copy`` has already replaced by the model's copy (its memo), so rebuilding the mark guards the copy. Holds the
+    model weakly (the guard never keeps a model alive)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = weakref.ref(model)
+
+    def __reduce__(self):
+        return guard_weight_decay, (self.model(),)
+
+
+def guard_weight_decay(model: nn.Module) -> _GuardMark:
     """Check every optimizer that steps ``model``'s scale vectors against its strategy (``model.scalevec_info``)
-    before its first step (module docstring). Idempotent; holds ``model`` weakly."""
+    before its first step (module docstring); a ``copy.deepcopy`` of ``model`` is guarded too. Idempotent; holds
+    ``model`` weakly. Returns the mark it leaves on ``model`` (``GUARD_MARK``)."""
     global _hook, _epoch
     _guarded.add(model)
     _epoch += 1
     if _hook is None:
         _hook = register_optimizer_step_pre_hook(_check_before_step)
+    mark = _GuardMark(model)
+    model.__dict__[GUARD_MARK] = mark  # copy sets the copy's attribute itself, from this return value
+    return mark
 
 
 def allow_any_weight_decay(model: nn.Module, allow: bool = True) -> nn.Module:
