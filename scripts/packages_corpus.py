@@ -8,15 +8,15 @@ written as token shards (docs/packages-corpus.md; the recipe: data/packages-corp
 Every package is fetched by ``apt-get download NAME=VERSION`` (Debian's own client, the one index this machine
 reaches that holds the text) and must match the recipe's sha256 before a byte of it is read; its files are read
 straight out of ``dpkg-deb --fsys-tarfile`` (nothing is installed). A file becomes one document when its path
-matches one of the package's ``include`` patterns and none of its ``exclude`` ones (fnmatch: ``*`` spans folders): ``.gz`` is decompressed, ``.html``/``.page``/``.xml``
-lose their markup (script, style and navigation dropped), a dictd ``.dz`` dictionary is cut into documents of about
-``DICT_CHARS`` characters at entry boundaries, anything else is read as UTF-8 text (a file that is not UTF-8 is
-skipped and counted). Documents shorter than ``MIN_CHARS`` are dropped; exact duplicates (after collapsing
-whitespace) keep their first copy in recipe order. The documents go to ``DIR/corpus.jsonl`` (``{"text": ...}``
-per line, in recipe order, then tar order), whose sha256 the recipe pins; ``scalevec prepare-data``'s
-``prepare_shards`` then writes ``DIR/prepared/`` with the recipe's tokenizer and validation split (``random``:
-documents held out one by one, so the validation set is spread over every package). ``DIR/build.json`` records the
-per-package counts, the sha256s and the seconds each stage took.
+matches one of the package's ``include`` patterns and none of its ``exclude`` ones (fnmatch: ``*`` spans folders):
+``.gz`` is decompressed, ``.html``/``.page``/``.xml`` lose their markup (script, style and navigation dropped), a
+dictd ``.dz`` dictionary is cut into documents of about ``DICT_CHARS`` characters at entry boundaries, anything else
+is read as UTF-8 text (a file that is not UTF-8 is skipped and counted). Documents shorter than ``MIN_CHARS`` are
+dropped; exact duplicates (after collapsing whitespace) keep their first copy in recipe order. The documents go to
+``DIR/corpus.jsonl`` (``{"text": ...}`` per line, in recipe order, then tar order), whose sha256 the recipe pins;
+``scalevec prepare-data``'s ``prepare_shards`` then writes ``DIR/prepared/`` with the recipe's tokenizer and
+validation split (``random``: documents held out one by one, so the validation set is spread over every package).
+``DIR/build.json`` records the per-package counts, the sha256s and the seconds each stage took.
 """
 
 from __future__ import annotations

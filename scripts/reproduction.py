@@ -631,7 +631,8 @@ def v3_trend(cells: list) -> list[str]:
                     continue
                 f = fit_line([math.log10(p[0].n) for p in pts], [p[1] for p in pts], [p[2] for p in pts])
                 lo, hi = f.slope_interval
-                slope = f"{f.slope:+.4f}" + (" (2 rungs: no interval)" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]")
+                interval = " (2 rungs: no interval)" if math.isnan(lo) else f" [{lo:+.4f}, {hi:+.4f}]"
+                slope = f"{f.slope:+.4f}" + interval
                 per = ", ".join(f"{p[1]:+.4f} ({_passes(p[0]):.2f})" for p in pts)
                 rungs = f"{len(pts)} ({si(pts[0][0].n)}–{si(pts[-1][0].n)})"
                 lines.append(f"| {s} | {corpus} | {tpp:g} | {rungs} | {per} | {slope} |")
@@ -884,10 +885,10 @@ def validation_lines(cells: list, results: Path) -> list[str]:
         setting = _validation_setting(results / c.name)
         if setting is not None:
             groups[setting].append(c.name.removeprefix("ladder-"))
-    lines = ["#### What the validation loss is measured on", "", "Every run scores the first `data.val_tokens` tokens of "
-             "its corpus's validation documents, in their order (windows from offset 0), not a sample spread over "
-             "them; the cells below were all run that way. Where the first validation document is longer than "
-             "that, the loss is one document's.", "",
+    lines = ["#### What the validation loss is measured on", "",
+             "Every run scores the first `data.val_tokens` tokens of its corpus's validation documents, in their "
+             "order (windows from offset 0), not a sample spread over them; the cells below were all run that way. "
+             "Where the first validation document is longer than that, the loss is one document's.", "",
              "| corpus file | split | scored tokens | held-out documents | documents the scored tokens reach | cells |",
              "|---|---|---:|---|---|---|"]
     for (name, rule, frac, tokens, note), names in groups.items():
@@ -1005,10 +1006,11 @@ def v3_section(results: Path, figures: Path | None) -> list[str]:
     noisy = sum(p.within_noise for c in cells for p in c.picks.values())
     total = sum(len(c.picks) for c in cells)
     lines += [f"{noisy} of {total} picks are within noise of their runner-up by this rule.", ""]
-    lines += ["#### Trend of the held-out Δ with N", "", "At each budget and corpus (the weighted line of `stats.fit_line` "
-              "on the held-out Δs, inside the rungs measured: no value beyond them is computed). Each rung's Δ is "
-              "given with its passes over the corpus's training tokens in parentheses: a rung past 1 pass trains on "
-              "repeated data, so a line through it mixes repetition into N.", ""]
+    lines += ["#### Trend of the held-out Δ with N", "",
+              "At each budget and corpus (the weighted line of `stats.fit_line` on the held-out Δs, inside the "
+              "rungs measured: no value beyond them is computed). Each rung's Δ is given with its passes over the "
+              "corpus's training tokens in parentheses: a rung past 1 pass trains on repeated data, so a line "
+              "through it mixes repetition into N.", ""]
     lines += v3_trend(cells) + [""]
     lines += ["**What the budget changes**: Δ at the longer horizon minus Δ at 20 tokens per parameter on the same "
               "rung and corpus (held-out seeds of each; different runs, so the two standard errors add in "

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-
 from reproduction import ndfit
 
 SIZES = (9660, 24672, 83280)  # the ladder's non-embedding N at 10K-83K

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _script():
     spec = importlib.util.spec_from_file_location("reproduction_script", ROOT / "scripts" / "reproduction.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["reproduction_script"] = mod  # its dataclasses look their module up there ("reproduction" is the package)
+    # its dataclasses look their module up there ("reproduction" is the package)
+    sys.modules["reproduction_script"] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -1,4 +1,5 @@
-"""The validation windows (DESIGN.md §8, data.val_windows): ``head`` as before, ``per_document`` spread over documents."""
+"""The validation windows (DESIGN.md §8, data.val_windows): ``head`` as before, ``per_document`` spread over
+documents."""
 
 import json
 import subprocess

@@ -291,7 +291,7 @@ def check(out: Path, device: str, budget_s: float, py: str = sys.executable, onl
            "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}  # a GPU machine may have no network: never wait on a hub
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "2")
-    header = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    header = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "device": device, "budget_s": budget_s, "python": sys.version.split()[0]}
     try:
         import torch
@@ -320,7 +320,7 @@ def check(out: Path, device: str, budget_s: float, py: str = sys.executable, onl
                     timeout = min(plan.timeout_s, left)
                     if plan.name == "ladder_rung":  # the ladder's own deadline, inside the stage's
                         plan.env = {**(plan.env or {}), "BUDGET_S": str(max(1, int(timeout - 15)))}
-                    log.write(f"\n== {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {plan.name}: "
+                    log.write(f"\n== {datetime.datetime.now(datetime.UTC):%H:%M:%S} {plan.name}: "
                               f"{' '.join(plan.argv)} (timeout {timeout:.0f} s)\n")
                     log.flush()
                     print(f"gpu_check: {plan.name} (timeout {timeout:.0f} s)", flush=True)

@@ -104,7 +104,8 @@ def val_window_record(starts: np.ndarray, rule: str, data: TokenData, seq_len: i
     how many windows, how many validation documents they touch (``per_document``: all) and
     ``starts_sha256``, the SHA-256 of the window starts as decimal lines, so two runs can be checked to score the
     same tokens."""
-    out = {"rule": rule, "seq_len": int(seq_len), "windows": int(len(starts)), "tokens_scored": int(len(starts)) * seq_len,
+    out = {"rule": rule, "seq_len": int(seq_len), "windows": int(len(starts)),
+           "tokens_scored": int(len(starts)) * seq_len,
            "starts_sha256": hashlib.sha256("".join(f"{int(i)}\n" for i in starts).encode()).hexdigest()}
     if data.val_doc_starts is not None:
         # the last input token of a window lies in the document it scores (its last target may open the next one)

@@ -420,8 +420,8 @@ def _add_seeds(spec: SweepSpec, plan: StudyPlan, out: Path, example: Run, lr_of:
     differences to the baseline plan a half-width of ``plan.target_halfwidth`` or ``plan.max_seeds`` is reached;
     with ``plan.halfwidth_on == "held-out"`` only the differences on seeds outside ``tuning`` count, and the
     tuning seeds are added to the count they plan.
-    ``train(sub_specs)`` trains a step, every strategy at once, into the study's folder (``run_study``'s). Deterministic from the results on
-    disk, so a rerun makes the same decisions. Returns ``run_sweep``'s rc."""
+    ``train(sub_specs)`` trains a step, every strategy at once, into the study's folder (``run_study``'s).
+    Deterministic from the results on disk, so a rerun makes the same decisions. Returns ``run_sweep``'s rc."""
     if spec.baseline not in lr_of or len(lr_of) < 2:
         return 0
     rc, runs_dir = 0, out / "runs"
