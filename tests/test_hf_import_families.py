@@ -27,6 +27,7 @@ from scalevec.hf.export import export_model
 from scalevec.hf_format.families import FAMILIES, IMPORTS
 from scalevec.hf_format.hf_import import import_hf, model_config_from_hf
 from scalevec.integrations import apply_strategy, fold, save, to_scalevec
+from test_cli_errors import fails
 from test_families import batch, logits, tiny
 
 LOGIT_TOL = 2e-5
@@ -147,3 +148,13 @@ def test_a_family_scalevec_does_not_compute_is_refused_in_one_line(tmp_path, fam
     apply_strategy(hf, "dp")
     with pytest.raises(ValueError, match=want):
         to_scalevec(hf)
+
+
+def test_scalevec_convert_refuses_a_family_in_one_line_and_writes_nothing(tmp_path, capsys):
+    """``scalevec convert`` of a Qwen2 checkpoint exits 2 with one line naming the family, its q/k/v biases and
+    apply_strategy, and creates no --out."""
+    tiny("qwen2").save_pretrained(tmp_path / "hf")
+    capsys.readouterr()  # save_pretrained's progress bar on stderr
+    fails(capsys, ["convert", str(tmp_path / "hf"), "--strategy", "baseline", "--out", str(tmp_path / "out")],
+          "qwen2: scalevec's Transformer does not compute q/k/v biases", "scalevec.apply_strategy")
+    assert not (tmp_path / "out").exists()
