@@ -212,13 +212,14 @@ def _init_from(d, tmp_path, capsys) -> str:
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(num_attention_heads=0), "num_attention_heads=0"),  # was ZeroDivisionError
-    (dict(hidden_size="64"), "hidden_size='64'"),  # was TypeError
-    (dict(hidden_size=32.0), "hidden_size=32.0"),
-    (dict(hidden_size=None), "no hidden_size"),  # was KeyError
-    (dict(tie_word_embeddings="false"), "tie_word_embeddings='false'"),  # a truthy string: silently tied
-    (dict(rope_parameters=dict(rope_type="llama3", rope_theta=10000.0)), "no factor"),  # was KeyError
-    (dict(rope_parameters="default"), "rope_parameters='default'"),
+    (dict(num_attention_heads=0), "num_attention_heads must be a whole number >= 1; got 0;"),  # was ZeroDivisionError
+    (dict(hidden_size="64"), "hidden_size must be a whole number >= 1; got '64';"),  # was TypeError
+    (dict(hidden_size=32.0), "hidden_size must be a whole number >= 1; got 32.0;"),
+    (dict(hidden_size=None), "config.json: hidden_size is missing; fix config.json"),  # was KeyError
+    # a truthy string: silently tied
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings must be true or false; got 'false';"),
+    (dict(rope_parameters=dict(rope_type="llama3", rope_theta=10000.0)), "config.json: factor is missing;"),  # KeyError
+    (dict(rope_parameters="default"), "rope_parameters must be a mapping; got 'default';"),
     (dict(hidden_size=10**9), "memory"),  # was an allocator error
     (dict(vocab_size=10**12), "memory"),
     (dict(num_hidden_layers=10**5), "num_hidden_layers=100000"),  # was minutes of building layers

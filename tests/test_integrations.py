@@ -329,7 +329,7 @@ def test_param_groups_of_a_plain_hf_model_keep_norms_embeddings_biases_out_of_de
     assert "\n" not in table and table.startswith("param groups: matrix")
     qwen3 = tiny_hf("qwen3")
     assert model_roles(qwen3)["model.layers.0.self_attn.q_norm.weight"] == "output_scale"
-    with pytest.raises(ValueError, match="lr=0 must be a finite number > 0"):
+    with pytest.raises(ValueError, match=r"^lr must be a finite number > 0, like 3e-3; got 0$"):
         param_groups(qwen2, lr=0)
 
 

@@ -70,7 +70,7 @@ def test_study_stops_at_max_extensions_and_the_report_warns(tmp_path):
 @pytest.mark.parametrize("bad, match", [
     ({"grid": {"strategy": ["baseline"], "seed": [0]}}, "needs a 'lr' axis"),
     ({"grid": {"strategy": ["baseline"], "lr": [1e-3, 2e-3]}}, "needs a 'seed' axis"),
-    ({"study": {"extend": 1.0}}, "must be > 1"),
+    ({"study": {"extend": 1.0}}, "must be a finite number > 1"),
     ({"study": {"confirm_seeds": [0]}}, "overlap the grid's seeds"),
     ({"study": {"unknown": 1}}, "keys among"),
 ])
@@ -96,10 +96,10 @@ STRICT = [  # (the `study:` section, the error it gives)
     ("max_extensions: 1.5", r"study\.max_extensions must be a whole number >= 0, like 4; got 1\.5$"),
     ("max_extensions: true", r"study\.max_extensions must be a whole number >= 0, like 4; got True$"),
     ("max_extensions: x", r"study\.max_extensions must be a whole number >= 0, like 4; got 'x'$"),
-    ("extend: .inf", r"study\.extend must be > 1 and finite \(a number like 2\.0\); got inf$"),
-    ("extend: abc", r"study\.extend must be > 1 and finite \(a number like 2\.0\); got 'abc'$"),
-    ("target_halfwidth: x", r"study\.target_halfwidth must be > 0 and finite \(a number like 0\.015 nats\); got 'x'$"),
-    ("target_halfwidth: .inf", r"study\.target_halfwidth must be > 0 and finite .*; got inf$"),
+    ("extend: .inf", r"study\.extend must be a finite number > 1 and <= 100, like 2\.0; got inf$"),
+    ("extend: abc", r"study\.extend must be a finite number > 1 and <= 100, like 2\.0; got 'abc'$"),
+    ("target_halfwidth: x", r"study\.target_halfwidth must be a finite number > 0, like 0\.015 nats; got 'x'$"),
+    ("target_halfwidth: .inf", r"study\.target_halfwidth must be a finite number > 0, .*; got inf$"),
     ("max_seeds: x", r"study\.max_seeds must be a whole number >= 2, like 20; got 'x'$"),
     ("max_seeds: 2.5", r"study\.max_seeds must be a whole number >= 2, like 20; got 2\.5$"),
     ("target_halfwidth: 0.01, max_seeds: 2", r"study\.max_seeds must be >= the 3 seeds the study runs anyway "

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalevec.bench.gpu_summary import PASSING, Stage, write_summary
+from scalevec.config.typed import is_number
 from scalevec.training.checkpoint.layout import CKPT_DIR
 from scalevec.training.rundir import DONE, METRICS, SUMMARY
 
@@ -135,7 +136,7 @@ def implausible(figures: dict) -> list[str]:
     out = []
     for key, value in figures.items():
         kind = "ratio" if key.endswith("ratio") else "mfu" if key.endswith("mfu") else None
-        if kind is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        if kind is None or not is_number(value, finite=False):
             continue
         lo, hi = PLAUSIBLE[kind]
         if not lo < value <= hi:

@@ -20,7 +20,7 @@ import yaml
 
 from scalevec.config.files import YAMLBoundError, safe_load
 from scalevec.config.schema import EXECUTION_FIELDS, Derived, MoEConfig, RopeScalingConfig, RunConfig
-from scalevec.config.typed import short
+from scalevec.config.typed import is_int, is_number, short
 from scalevec.outpath import replace_file  # a new file renamed over the path: a link there is never written through
 
 
@@ -75,7 +75,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.replace(" ", "").split(",") if v] if value else []
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif is_number(value, finite=False):
             value = [value]  # one number is a one-item list, as one word is: the section's validate judges its length
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{key}={short(value)} is not a list; write it as [a,b] or a,b")
@@ -98,11 +98,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             # truncated or turned into a 31-digit step count
             if isinstance(value, str):
                 return int(value.strip())
-            if isinstance(value, int) and not isinstance(value, bool):
+            if is_int(value):
                 return value
             raise TypeError
         if tp is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            if not (isinstance(value, str) or is_number(value, finite=False)):
                 raise TypeError
             return float(value)
         if tp is str:

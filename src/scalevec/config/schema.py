@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalevec.config.typed import is_int, is_number
+
 # --------------------------------------------------------------------------------------------- model
 
 
@@ -169,8 +171,7 @@ class ModelConfig:
         if not (0 < self.rope_theta < math.inf and 0 < self.norm_eps < math.inf and 0 < self.init_std < math.inf):
             raise ValueError(f"model.rope_theta={self.rope_theta}, model.norm_eps={self.norm_eps} and "
                              f"model.init_std={self.init_std} must be finite and > 0 (defaults 10000, 1e-6, 0.02)")
-        if self.init_width is not None and (isinstance(self.init_width, bool) or not isinstance(self.init_width, int)
-                                            or self.init_width <= 0):
+        if self.init_width is not None and not is_int(self.init_width, least=1):
             raise ValueError(f"model.init_width={self.init_width!r} must be a positive integer (the d_model at which "
                              f"init_std holds, e.g. 640) or null (init_std at every width)")
         if self.rope_scaling is not None:
@@ -298,7 +299,7 @@ class ScaleConfig:
                              "set scale.param='magdir' (or 'magdir_exp') or leave scale.direction_init at 1")
         if self.weight_decay is not None and not self.weight_decay >= 0:
             raise ValueError(f"scale.weight_decay={self.weight_decay} must be >= 0 (or null: optim.weight_decay)")
-        if not (isinstance(self.lr_mult, (int, float)) and math.isfinite(self.lr_mult) and self.lr_mult > 0):
+        if not is_number(self.lr_mult, above=0):
             raise ValueError(f"scale.lr_mult={self.lr_mult!r} must be a positive number (default 1: optim.lr)")
         if self.per_expert and self.scale != "branch":
             raise ValueError("scale.per_expert=True needs scale.scale='branch' (HG)")
@@ -344,8 +345,8 @@ class OptimConfig:
         if self.name not in ("adamw", "muon"):
             raise ValueError(f"optim.name={self.name!r} is unknown; use 'adamw' or 'muon'")
         betas = self.betas
-        if not (isinstance(betas, (list, tuple)) and len(betas) == 2 and all(
-                isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        if not (isinstance(betas, (list, tuple)) and len(betas) == 2
+                and all(is_number(b, least=0) and b < 1 for b in betas)):
             shown = list(betas) if isinstance(betas, (list, tuple)) else betas
             raise ValueError(f"optim.betas={shown!r} must be two numbers in [0, 1), written [a,b] "
                              "(e.g. optim.betas=[0.9,0.95])")
@@ -632,7 +633,7 @@ def _positive(obj: Any, *names: str) -> None:
     section = type(obj).__name__.replace("Config", "").lower()
     for name in names:
         value = getattr(obj, name)
-        if not isinstance(value, int) or value <= 0:
+        if not is_int(value, least=1):
             raise ValueError(f"{section}.{name}={value!r} must be a positive integer")
 
 

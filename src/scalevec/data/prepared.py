@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import VAL_SPLITS
-from scalevec.config.typed import is_int, is_number
+from scalevec.config.typed import Fields, is_int
 from scalevec.data import token_files
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
 from scalevec.data.split import Split, SplitRecord, plan_split, split_stream
@@ -468,13 +468,12 @@ def read_manifest(path: str | Path) -> dict:
     return check_manifest(root, m)
 
 
-# The manifest fields a reader uses and their kinds (``int``: a non-negative integer; ``float``: a number;
-# ``object``: any value, checked by its own rule); the others (bos_id, created, ...) are informative only.
+# The manifest fields a reader uses and their kinds (``int``: a whole number >= 0; ``float``: a number, NaN
+# included; ``object``: any value, checked by its own rule); the others (bos_id, created, ...) are informative only.
 _TOP_FIELDS = {"source": str, "tokenizer": str, "tokenizer_dir": str, "tokenizer_sha256": str, "vocab_size": int,
                "dtype": object, "val_frac": float, "split_rule": str, "train": dict, "val": dict}
 _SPLIT_FIELDS = {"tokens": int, "docs": int, "shards": list}
 _SHARD_FIELDS = {"file": str, "tokens": int, "docs": int, "sha256": str, "offsets": str, "offsets_sha256": str}
-_KINDS = {int: "a non-negative integer", float: "a number", str: "a string", dict: "an object", list: "a list"}
 _REDO = "prepare the data again with `scalevec prepare-data SOURCE --out DIR`"
 
 
@@ -496,18 +495,12 @@ def check_manifest(root: Path, m: object) -> dict:
         return ValueError(f"{p}: field {name} {problem}; {_REDO}")
 
     def field(obj: dict, key: str, kind: type, name: str):
-        if key not in obj:
-            raise bad(name, "is missing")
-        v = obj[key]
+        fields = Fields(obj, f"{p}: field {name.removesuffix(key)}", fix=_REDO)
         if kind is int:
-            ok = is_int(v, least=0)
-        elif kind is float:
-            ok = is_number(v, finite=False)
-        else:
-            ok = isinstance(v, kind)  # always true for object
-        if not ok:
-            raise bad(name, f"is {_show(v)}, not {_KINDS[kind]}")
-        return v
+            return fields.int(key, least=0)
+        if kind is float:
+            return fields.number(key, finite=False)
+        return fields.get(key)[0] if kind is object else fields.kind(key, kind)
 
     def inside(rel: str, name: str) -> Path:
         # a manifest is data, not trusted code: following `../x`, `/etc/x` or a symlink out of the folder would
@@ -630,7 +623,7 @@ def load_prepared(path: str | Path, tokenizer: str = "bytes") -> TokenData:
             "vocab_size": m["vocab_size"], "dtype": m["dtype"], "val_frac": m["val_frac"],
             "split": f"prepared: {note}", "train_docs": m["train"]["docs"],
             "val_docs": m["val"]["docs"], "train_tokens": m["train"]["tokens"], "val_tokens": m["val"]["tokens"],
-            **({"documents": m["documents"]} if isinstance(m.get("documents"), int) else {}),
+            **({"documents": m["documents"]} if is_int(m.get("documents")) else {}),
             "validation": {**record, "split_rule": m["split_rule"], "train_docs": m["train"]["docs"],
                            "val_docs": m["val"]["docs"], "train_tokens": m["train"]["tokens"],
                            "val_tokens": m["val"]["tokens"]},

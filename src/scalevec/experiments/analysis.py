@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from scalevec.config import EXECUTION_FIELDS
+from scalevec.config.typed import is_number
 from scalevec.experiments import stats
 from scalevec.experiments.labels import Labeler, is_size_key, si, varying_keys
 from scalevec.experiments.records import RunRecord
@@ -124,8 +125,7 @@ def mean_curve(runs: list[RunRecord]) -> tuple[np.ndarray, np.ndarray]:
 def _seconds(value: Any) -> float:
     """A summary's time in seconds: a positive finite number, else nan (not logged, a run too short to time, or
     a hand-edited file)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-    return float(value) if ok else math.nan
+    return float(value) if is_number(value, above=0) else math.nan
 
 
 def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None, warnings: list[str],

@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from scalevec.config.run_budget import run_tokens
+from scalevec.config.typed import is_number
 from scalevec.experiments.records import RunRecord
 
 SIZE_PREFIXES = ("preset", "model.", "train.")  # varying keys that define a model size / token budget
@@ -68,7 +69,7 @@ class Labeler:
                 return getattr(run.cfg, k) == x
             v = run.flat.get(k)
             return k == "tokens_per_param" or v == x or (isinstance(v, tuple) and list(v) == x) or (
-                isinstance(v, (int, float)) and isinstance(x, (int, float)) and float(v) == float(x))
+                is_number(v, finite=False) and is_number(x, finite=False) and float(v) == float(x))
 
         names = []
         for axis in self.axes:

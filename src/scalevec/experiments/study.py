@@ -54,13 +54,13 @@ from typing import Any
 from scalevec.config import SEED_LIMIT
 from scalevec.config.files import load_yaml
 from scalevec.config.run_budget import run_tokens, total_steps
-from scalevec.config.typed import is_int, is_number, short
+from scalevec.config.typed import Fields, bad_input, is_number, short, yaml_number
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.study_grid import LR, SEED, STRATEGY, cell_of, grid_cells, narrowed, phase1_runs
 from scalevec.experiments.sweep import check_sources, dry_run_text, measured_rate, run_sweep
 from scalevec.experiments.sweep_grid import Run, expand, run_params, run_status
-from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label, yaml_number
+from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label
 from scalevec.training import rundir
 
 STUDY_KEYS = ("extend", "max_extensions", "confirm_seeds", "target_halfwidth", "max_seeds", "halfwidth_on",
@@ -82,42 +82,7 @@ class StudyPlan:
     lr_grids: dict[str, list[float]] | None = None  # strategy label -> its phase-1 lrs
 
 
-def _int(plan: dict, key: str, default: int, least: int, where: str) -> int:
-    """``plan[key]`` (else ``default``): a whole number >= ``least``; not a bool, a float or text."""
-    v = plan.get(key, default)
-    if not is_int(v, least=least):
-        raise ValueError(f"{where}.study.{key} must be a whole number >= {least}, like {default}; got {short(v)}")
-    return v
-
-
-def _positive(v: Any, above: float = 0) -> float | None:
-    """``v`` as a finite number > ``above``, else None. YAML 1.1 reads ``1e-3`` as text: that is the number, as in
-    a grid (``sweep.yaml_number``)."""
-    x = yaml_number(v)
-    return float(x) if is_number(x, above=above) else None
-
-
-def _float(v: Any, key: str, above: float, like: str, where: str, most: float | None = None) -> float:
-    """``study.key`` = ``v``: a finite number > ``above`` (and <= ``most`` when given)."""
-    x = _positive(v, above)
-    if x is None:
-        raise ValueError(f"{where}.study.{key} must be > {above:g} and finite (a number like {like}); got {short(v)}")
-    if most is not None and x > most:
-        raise ValueError(f"{where}.study.{key} must be > {above:g} and at most {most:g} (a number like {like}); got "
-                         f"{short(v)}")
-    return x
-
-
 EXTEND_MOST = 100.0  # study.extend: a factor past 100 leaves the lr range any run trains at in one extension
-
-
-def _seeds(plan: dict, key: str, default: list[int], where: str) -> list[int]:
-    """``plan[key]`` (else ``default``): a list of distinct whole numbers >= 0 and below ``SEED_LIMIT``."""
-    v = plan.get(key, default)
-    if not isinstance(v, list) or not all(is_int(s, least=0, most=SEED_LIMIT - 1) for s in v) or len(set(v)) < len(v):
-        raise ValueError(f"{where}.study.{key} must be a list of distinct seeds >= 0 and below 2**63, like [1, 2] "
-                         f"(or []); got {short(v)}")
-    return list(v)
 
 
 def _lr_grids(grids: Any, labels: list[str], where: str) -> dict[str, list[float]]:
@@ -132,10 +97,11 @@ def _lr_grids(grids: Any, labels: list[str], where: str) -> dict[str, list[float
                          f"other to its lrs, like {like}; {got}")
     out = {}
     for k, lrs in grids.items():
-        out[str(k)] = [_positive(x) for x in lrs] if isinstance(lrs, list) else []
-        if not out[str(k)] or None in out[str(k)] or len(set(out[str(k)])) < len(lrs):
-            raise ValueError(f"{where}.study.lr_grids.{k} must be a non-empty list of distinct finite lrs > 0, like "
-                             f"[1.0e-3, 2.0e-3]; got {short(lrs)}")
+        values = [yaml_number(x) for x in lrs] if isinstance(lrs, list) else []
+        if not values or not all(is_number(x, above=0) for x in values) or len(set(values)) < len(values):
+            raise bad_input(f"{where}.study.lr_grids.{k}", "a non-empty list of distinct finite lrs > 0", lrs,
+                            like="[1.0e-3, 2.0e-3]")
+        out[str(k)] = [float(x) for x in values]
     return out
 
 
@@ -155,15 +121,16 @@ def parse(data: dict, where: str = "study") -> tuple[SweepSpec, StudyPlan, dict]
         raise ValueError(f"{where}.study has unknown key(s) {', '.join(unknown)}; use keys among "
                          f"{', '.join(STUDY_KEYS)}")
     spec = spec_from_dict({k: v for k, v in data.items() if k != "study"}, where)
-    target = plan_data.get("target_halfwidth")
-    plan = StudyPlan(_float(plan_data.get("extend", 2.0), "extend", 1, "2.0", where, EXTEND_MOST),
-                     _int(plan_data, "max_extensions", 4, 0, where), _seeds(plan_data, "confirm_seeds", [1, 2], where),
-                     None if target is None else _float(target, "target_halfwidth", 0, "0.015 nats", where),
-                     _int(plan_data, "max_seeds", 20, 2, where))
-    on = plan_data.get("halfwidth_on", "all")
-    if on not in HALFWIDTH_ON:
-        raise ValueError(f"{where}.study.halfwidth_on must be one of {', '.join(HALFWIDTH_ON)}; got {short(on)}")
-    if on != "all" and target is None:
+    fields = Fields(plan_data, f"{where}.study.")
+    plan = StudyPlan(fields.number("extend", 2.0, above=1, most=EXTEND_MOST, text=True, like="2.0"),
+                     fields.int("max_extensions", 4, least=0),
+                     fields.ints("confirm_seeds", [1, 2], least=0, most=SEED_LIMIT - 1, distinct=True,
+                                 rule="a list of distinct seeds >= 0 and below 2**63", like="[1, 2] (or [])"),
+                     None if plan_data.get("target_halfwidth") is None  # null: no target, as when absent
+                     else fields.number("target_halfwidth", above=0, text=True, like="0.015 nats"),
+                     fields.int("max_seeds", 20, least=2))
+    on = fields.choice("halfwidth_on", HALFWIDTH_ON, "all")
+    if on != "all" and plan.target_halfwidth is None:
         raise ValueError(f"{where}.study.halfwidth_on plans target_halfwidth's seeds: add target_halfwidth "
                          f"(like 0.015) or remove halfwidth_on")
     plan.halfwidth_on = on

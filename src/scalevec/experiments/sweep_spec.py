@@ -27,14 +27,13 @@ touches a sweep folder or starts a run (``sweep``, ``sweep_launch``).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from scalevec.config import PRESET_NAMES
 from scalevec.config.files import load_yaml
-from scalevec.config.typed import short
+from scalevec.config.typed import is_number, short, yaml_number
 from scalevec.data.documents import BUNDLED
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
@@ -69,17 +68,6 @@ def canonical_key(key: str) -> str:
     return "model." + key if key == "moe" or key.startswith("moe.") else key
 
 
-def yaml_number(v: Any) -> Any:
-    """YAML 1.1 reads ``1e-3`` as a string; turn numeric strings into numbers, leave the rest."""
-    if isinstance(v, str):
-        try:
-            f = float(v)
-        except ValueError:
-            return v
-        return int(f) if f.is_integer() and re.fullmatch(r"[-+]?\d+", v.strip()) else f
-    return v
-
-
 def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
     """Nested sections and dotted keys -> ``{canonical dotted key: value}``. ``ValueError`` on a bad key.
 
@@ -108,7 +96,7 @@ def check_name(value: Any, where: str) -> str:
     characters, no ``/`` or ``\\``, no control character, not ``.`` or ``..``, not starting with ``-`` (a shell
     command given the folder, ``rm -rf``, would read it as options). Raises ``ValueError`` quoting at
     most a short prefix of the value."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    if not (isinstance(value, str) or is_number(value, finite=False)):
         raise ValueError(f"{where} must be text (a folder name like my-sweep), not a {type(value).__name__} "
                          f"({short(value)})")
     text = str(value)
@@ -284,5 +272,4 @@ __all__ = [
     "spec_from_dict",
     "spec_paths",
     "strategy_label",
-    "yaml_number",
 ]

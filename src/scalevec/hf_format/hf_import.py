@@ -35,7 +35,7 @@ from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
 from scalevec.config.files import read_bounded
-from scalevec.config.typed import is_int, is_number
+from scalevec.config.typed import Fields
 from scalevec.hf_format.families import FAMILIES, IMPORTS
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
@@ -112,16 +112,15 @@ def check_hf_config(conf: dict) -> None:
     other ``model_type`` (scalevec's custom architecture) has its shared sizes checked as integers >= 1,
     ``rms_norm_eps`` and ``initializer_range`` as finite numbers > 0, and its RoPE (``_rope``: a finite
     ``rope_theta`` > 0 and a known rope type). Raises ``ValueError`` naming the field."""
-    fmt = conf.get("model_type")
-    if not isinstance(fmt, str):
-        raise ValueError(f"config.json has model_type={fmt!r}; it must be a model type's name: fix config.json")
+    fmt = _fields(conf).kind("model_type", str, like="llama")
     if fmt in FORMATS:
         check_size(model_config_from_hf(conf)[1])
         return
+    fields = _fields(conf)
     for key in _SHARED_INTS:
-        _hf_int(conf, key, None)
+        fields.int(key, None, least=1)
     for key in _SHARED_NUMBERS:
-        _hf_number(conf, key, None)
+        fields.number(key, None, above=0)
     _rope(conf)
 
 
@@ -133,9 +132,10 @@ def _rope(conf: dict) -> tuple[float, str, dict]:
     """``(rope_theta, rope_type, the merged rope fields)`` of a config.json (transformers 4 ``rope_scaling`` and 5
     ``rope_parameters``, ``rope_theta`` also at the top). Raises ``ValueError`` for a theta that is not a finite
     number > 0 (NaN included) and for a rope type outside ``ROPE_TYPES``, given as ``rope_type`` or ``type``."""
-    rope = dict(_hf_dict(conf, "rope_scaling"))
-    rope.update(_hf_dict(conf, "rope_parameters"))
-    theta = _hf_number(rope, "rope_theta", _hf_number(conf, "rope_theta", 10000.0))
+    fields = _fields(conf)
+    rope = dict(fields.kind("rope_scaling", dict, {}))
+    rope.update(fields.kind("rope_parameters", dict, {}))
+    theta = _fields(rope).number("rope_theta", fields.number("rope_theta", 10000.0, above=0), above=0)
     types = {rope[k] for k in ("rope_type", "type") if rope.get(k) is not None} or {"default"}
     for t in types:
         if not isinstance(t, str) or t not in ROPE_TYPES:
@@ -146,53 +146,13 @@ def _rope(conf: dict) -> tuple[float, str, dict]:
     return theta, types.pop(), rope
 
 
-_REQUIRED = object()  # the default of a config.json field that must be present
+FIX = "fix config.json (or re-save the model with save_pretrained)"
 
 
-def _hf_int(conf: dict, key: str, default=_REQUIRED, minimum: int = 1):
-    """``conf[key]`` as an integer >= ``minimum`` (``default`` when absent or null). Raises ``ValueError``
-    for a missing required field, a non-integer (a string, a float, a bool) or a value below ``minimum``:
-    a bad config.json must fail here, not as a ZeroDivisionError or an allocator error later."""
-    value = conf.get(key)
-    if value is None:
-        if default is _REQUIRED:
-            raise ValueError(f"config.json has no {key}; fix config.json (or re-save the model with save_pretrained)")
-        return default
-    if not is_int(value, least=minimum):
-        raise ValueError(f"config.json has {key}={value!r}; it must be an integer >= {minimum}: fix config.json")
-    return value
-
-
-def _hf_number(conf: dict, key: str, default=_REQUIRED, zero: bool = False) -> float:
-    """``conf[key]`` as a finite float > 0 (>= 0 with ``zero``), ``default`` when absent or null. Raises
-    ``ValueError`` for a missing required field, a non-number or a value out of range."""
-    value = conf.get(key)
-    if value is None:
-        if default is _REQUIRED:
-            raise ValueError(f"config.json has no {key}; fix config.json (or re-save the model with save_pretrained)")
-        return default
-    if not (is_number(value, least=0) if zero else is_number(value, above=0)):
-        raise ValueError(f"config.json has {key}={value!r}; it must be a finite number {'>=' if zero else '>'} 0: "
-                         f"fix config.json")
-    return float(value)
-
-
-def _hf_flag(conf: dict, key: str, default: bool) -> bool:
-    """``conf[key]`` as a bool (``default`` when absent or null). Raises ``ValueError`` for another type
-    (``"false"`` is a string, and truthy)."""
-    value = conf.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ValueError(f"config.json has {key}={value!r}; it must be true or false: fix config.json")
-    return value
-
-
-def _hf_dict(conf: dict, key: str) -> dict:
-    value = conf.get(key)
-    if value is not None and not isinstance(value, dict):
-        raise ValueError(f"config.json has {key}={value!r}; it must be an object or null: fix config.json")
-    return value or {}
+def _fields(conf: dict) -> Fields:
+    """Typed reads of a config.json mapping (or its rope section): a null is an absent field, as transformers
+    writes unset ones; an error names ``config.json: KEY`` and the fix."""
+    return Fields(conf, "config.json: ", fix=FIX, null_is_absent=True)
 
 
 def _check_window(conf: dict, max_pos: int) -> None:
@@ -200,12 +160,10 @@ def _check_window(conf: dict, max_pos: int) -> None:
     shorter than the context (``max_position_embeddings``): scalevec's model attends to every earlier token. A window
     of at least the context (or none; or Qwen's ``use_sliding_window=false``, which switches it off) changes nothing:
     a query at position t < max_pos attends to key t' where t - t' < W, every earlier one."""
-    window = conf.get("sliding_window") if _hf_flag(conf, "use_sliding_window", True) else None
+    fields = _fields(conf)
+    window = fields.int("sliding_window", None, least=1) if fields.flag("use_sliding_window", True) else None
     if window is None:
         return
-    if not is_int(window, least=1):
-        raise ValueError(f"config.json has sliding_window={window!r}; it must be an integer >= 1 or null: fix "
-                         f"config.json")
     if window < max_pos:
         raise ValueError(f"config.json has sliding_window={window} < max_position_embeddings={max_pos}: attention "
                          f"sees only the last {window} tokens, which scalevec's model (full causal attention) does not "
@@ -216,25 +174,22 @@ def _check_window(conf: dict, max_pos: int) -> None:
 def _moe_config(conf: dict, fam) -> MoEConfig:
     """The ``MoEConfig`` of an MoE family's config.json, read at the keys of its record (``Family.moe_keys``).
     Raises ``ValueError`` for top-k weights that are not renormalized and for dense layers other than the first k."""
-    keys = fam.moe_keys
+    keys, fields = fam.moe_keys, _fields(conf)
     renormalize = keys.get("renormalize")
-    if renormalize is not None and not _hf_flag(conf, renormalize, False):
+    if renormalize is not None and not fields.flag(renormalize, False):
         raise ValueError(f"config.json has {renormalize}=false; scalevec's router renormalizes the top-k weights "
                          f"(Mixtral convention), so only {renormalize}=true models convert exactly")
     dense = []
     if "dense_layers" in keys:
-        dense = conf.get(keys["dense_layers"]) or []
-        if not isinstance(dense, list) or not all(is_int(i) for i in dense):
-            raise ValueError(f"config.json has {keys['dense_layers']}={dense!r}; it must be a list of layer indices")
-        dense = sorted(dense)
-    step = _hf_int(conf, keys["sparse_step"], 1) if "sparse_step" in keys else 1
+        dense = sorted(fields.ints(keys["dense_layers"], [], least=0, rule="a list of layer indices", like="[0, 1]"))
+    step = fields.int(keys["sparse_step"], 1, least=1) if "sparse_step" in keys else 1
     if step != 1 or dense != list(range(len(dense))):
         raise ValueError(f"config.json has {keys['sparse_step']}={step} / {keys['dense_layers']}={dense}; "
                          f"scalevec's dense MoE layers are the first k (moe.first_dense)")
     n_experts = next((k for k in keys["n_experts"].split("|") if k in conf), keys["n_experts"].split("|")[0])
-    return MoEConfig(n_experts=_hf_int(conf, n_experts), top_k=_hf_int(conf, "num_experts_per_tok"),
-                     d_expert=_hf_int(conf, keys["d_expert"]),
-                     lb_coef=_hf_number(conf, "router_aux_loss_coef", 0.01, zero=True), first_dense=len(dense))
+    return MoEConfig(n_experts=fields.int(n_experts, least=1), top_k=fields.int("num_experts_per_tok", least=1),
+                     d_expert=fields.int(keys["d_expert"], least=1),
+                     lb_coef=fields.number("router_aux_loss_coef", 0.01, least=0), first_dense=len(dense))
 
 
 def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
@@ -265,31 +220,33 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     theta, rope_type, rope = _rope(conf)
     if rope.get("partial_rotary_factor", conf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json has partial_rotary_factor != 1; scalevec rotates the whole head")
-    max_pos = _hf_int(conf, "max_position_embeddings", 2048)
+    fields, rope_fields = _fields(conf), _fields(rope)
+    max_pos = fields.int("max_position_embeddings", 2048, least=1)
     _check_window(conf, max_pos)
     scaling = None
     if rope_type == "llama3":
         scaling = RopeScalingConfig(
-            factor=_hf_number(rope, "factor"), low_freq_factor=_hf_number(rope, "low_freq_factor"),
-            high_freq_factor=_hf_number(rope, "high_freq_factor"),
-            original_max_position_embeddings=_hf_int(rope, "original_max_position_embeddings", max_pos))
-    d, heads = _hf_int(conf, "hidden_size"), _hf_int(conf, "num_attention_heads")
-    kv_heads, head_dim = _hf_int(conf, "num_key_value_heads", heads), _hf_int(conf, "head_dim", None)
+            factor=rope_fields.number("factor", above=0),
+            low_freq_factor=rope_fields.number("low_freq_factor", above=0),
+            high_freq_factor=rope_fields.number("high_freq_factor", above=0),
+            original_max_position_embeddings=rope_fields.int("original_max_position_embeddings", max_pos, least=1))
+    d, heads = fields.int("hidden_size", least=1), fields.int("num_attention_heads", least=1)
+    kv_heads, head_dim = fields.int("num_key_value_heads", heads, least=1), fields.int("head_dim", None, least=1)
     if head_dim is None and d % heads:
         raise ValueError(f"config.json has hidden_size={d}, which num_attention_heads={heads} does not divide, and "
                          f"no head_dim; fix config.json")
     if heads % kv_heads:
         raise ValueError(f"config.json has num_attention_heads={heads}, not a multiple of num_key_value_heads="
                          f"{kv_heads}; fix config.json")
-    d_ff = _hf_int(conf, "intermediate_size")
+    d_ff = fields.int("intermediate_size", least=1)
     moe = _moe_config(conf, fam) if fam.router is not None else None
     cfg = ModelConfig(
-        d_model=d, n_layers=_hf_int(conf, "num_hidden_layers"), n_heads=heads, n_kv_heads=kv_heads,
+        d_model=d, n_layers=fields.int("num_hidden_layers", least=1), n_heads=heads, n_kv_heads=kv_heads,
         head_dim=None if head_dim in (None, d // heads) and d % heads == 0 else head_dim,
-        d_ff=d_ff, vocab_size=_hf_int(conf, "vocab_size"), max_seq_len=max_pos,
-        rope_theta=theta, rope_scaling=scaling, norm_eps=_hf_number(conf, "rms_norm_eps", 1e-6),
-        tie_embeddings=_hf_flag(conf, "tie_word_embeddings", False), layout="pre",
-        qk_norm=fam.qk_norm is not None, init_std=_hf_number(conf, "initializer_range", 0.02), moe=moe)
+        d_ff=d_ff, vocab_size=fields.int("vocab_size", least=1), max_seq_len=max_pos,
+        rope_theta=theta, rope_scaling=scaling, norm_eps=fields.number("rms_norm_eps", 1e-6, above=0),
+        tie_embeddings=fields.flag("tie_word_embeddings", False), layout="pre",
+        qk_norm=fam.qk_norm is not None, init_std=fields.number("initializer_range", 0.02, above=0), moe=moe)
     cfg.validate()
     return fmt, cfg
 

@@ -21,6 +21,7 @@ import math
 
 from torch import nn
 
+from scalevec.config.typed import read_int
 from scalevec.training.telemetry import ScaleTelemetry
 from scalevec.training.tracking import flatten_row
 
@@ -66,8 +67,8 @@ class ScaleMetricsCallback(TrainerCallback):
     def __init__(self, every: int | None = None):
         if TrainerCallback is object:
             raise ImportError("ScaleMetricsCallback needs transformers; pip install 'scalevec[hf]'")
-        if every is not None and not (isinstance(every, int) and every > 0):
-            raise ValueError(f"every={every!r} must be a positive number of optimizer steps (or None: logging_steps)")
+        if every is not None:
+            read_int(every, "every", least=1, fix="it counts optimizer steps (None: args.logging_steps)")
         self.every = every
         self.telemetry: ScaleTelemetry | None = None
         self.pending: dict[str, float] = {}

@@ -11,11 +11,11 @@ norm gains, biases). One torch param group per role, each with ``role`` and ``na
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from torch import nn
 
 from scalevec.config import OptimConfig, ScaleConfig
+from scalevec.config.typed import read_number
 from scalevec.model.roles import BIAS, model_roles
 from scalevec.training import optim
 
@@ -59,10 +59,8 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.1, *, stra
     Returns a ``ParamGroups`` (a list; ``.table()`` prints it). Raises ``ValueError`` for an lr or weight decay
     that is not a finite number >= 0 (lr > 0).
     """
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr={lr!r} must be a finite number > 0 (try 3e-3)")
-    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
-        raise ValueError(f"weight_decay={weight_decay!r} must be a finite number >= 0 (try 0.1)")
+    read_number(lr, "lr", above=0, like="3e-3")
+    read_number(weight_decay, "weight_decay", least=0, like="0.1")
     if strategy is None:
         scfg = strategy_of(model)
     else:

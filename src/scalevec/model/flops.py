@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from scalevec.config import ModelConfig
+from scalevec.config.typed import is_number
 from scalevec.outpath import replace_file
 
 # dense bf16 TFLOP/s without sparsity, vendor figures; the first name contained in the device name wins
@@ -125,7 +126,7 @@ def peak_flops(device: torch.device, dtype: torch.dtype, given: float = 0.0) -> 
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    if isinstance(cache.get(key), (int, float)):
+    if is_number(cache.get(key), finite=False):
         return float(cache[key]), "measured (cached)"
     value = matmul_peak(device, dtype)
     try:

@@ -13,6 +13,7 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from scalevec.config.typed import is_number
 from scalevec.outpath import read_regular
 from scalevec.training.rundir import EVAL, RunDirError, read_json, write_atomic
 
@@ -55,11 +56,11 @@ def main_metrics(metrics: dict) -> list[tuple[str, float, float | None]]:
     rows = []
     for key, value in metrics.items():
         name, _, flt = key.partition(",")
-        if name.endswith("_stderr") or not isinstance(value, (int, float)):
+        if name.endswith("_stderr") or not is_number(value, finite=False):
             continue
         stderr = metrics.get(f"{name}_stderr,{flt}")
         rows.append((name if flt in ("none", "") else f"{name},{flt}", float(value),
-                     float(stderr) if isinstance(stderr, (int, float)) else None))
+                     float(stderr) if is_number(stderr, finite=False) else None))
     return rows
 
 

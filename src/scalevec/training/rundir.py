@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalevec.config.typed import is_int
 from scalevec.hf_format.names import HF_CONFIG
 
 # rundir's own messages use check_out_path, link_words and one_line too; open_owned and replace_file are the rule
@@ -414,7 +415,7 @@ def read_diverged(run_dir: str | Path) -> dict | None:
     if not path.exists():
         return None
     data = read_json(path, fix="delete it to treat the run as not diverged")
-    if not isinstance(data, dict) or not isinstance(data.get("first_bad_step"), int):
+    if not isinstance(data, dict) or not is_int(data.get("first_bad_step")):
         raise RunDirError(f"{path} is not a DIVERGED record; delete it to treat the run as not diverged")
     return data
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from scalevec.config.typed import is_int
 from scalevec.model.params import param_roles
 from scalevec.model.scales import ScaleVector
 from scalevec.training import distributed
@@ -153,7 +154,7 @@ class ScaleTelemetry:
         those steps (else call ``collect()`` yourself). Returns ``self``. Raises ``ValueError`` unless exactly one
         of ``due`` and ``every`` (a positive int) is given."""
         opts = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
-        if (due is None) == (every is None) or (every is not None and not (isinstance(every, int) and every > 0)):
+        if (due is None) == (every is None) or (every is not None and not is_int(every, least=1)):
             raise ValueError("attach needs exactly one of due (a callable) or every (a positive int)")
         if every is not None:
             def due() -> bool:

@@ -23,7 +23,6 @@ run; set ``WANDB_MODE=offline`` to log without a network, ``WANDB_PROJECT`` to p
 
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from pathlib import Path
@@ -63,7 +62,7 @@ def flatten_row(row: dict) -> dict[str, float]:
     layers = row.get("grad_norms")
     if isinstance(layers, dict):
         for name, value in layers.items():
-            if isinstance(value, (int, float)) and math.isfinite(value):
+            if is_number(value):
                 out[f"grad_norm.layers/{name}"] = float(value)
     return out
 
