@@ -9,4 +9,6 @@ checkout runs and what it concludes, read by ``scripts/reproduction.py``, ``scri
 - ``ladder``: the model ladder's rungs, lr prediction up the ladder, Δ's trend with N, the data arithmetic
 - ``protocol3``: the third protocol's cells (tuning seeds apart from held-out seeds) read from ``results/``
 - ``ndfit``: the (N, D) regression of held-out Δ across the protocol's cells
+- ``slices``: the end of a GPU-ladder slice (``scripts/gpu_slice.sh``): its runs copied into ``results/``' layout, its
+  record and the packing rule's jobs for the next slice
 """

@@ -16,7 +16,7 @@
 # into results/ and tabled by scripts/reproduction.py as it is.
 # OUT/slice.json records the slice: budget and seconds used, runs finished per plan, runs per hour, and on CUDA the
 # GPU's busy fraction (nvidia-smi's utilization.gpu sampled every second) and the packing rule's JOBS for the next
-# slice (packing_jobs in src/scalevec/experiments/slices.py).
+# slice (packing_jobs in reproduction/slices.py).
 # Knobs (environment): OUT (required, new or empty), JOBS=4, BUDGET_S=480, DEVICE=cuda|cpu, RESULTS=results,
 #   WORK=.slices (kept between slices, ignored by git), PYTHON (default .venv/bin/python, else python3).
 # Exit status: 0 when the slice ran (finished or out of budget), 1 if a run failed, 2 on bad input.
@@ -43,7 +43,7 @@ if [ "$DEVICE" = cuda ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cu
   echo "gpu_slice: torch sees no CUDA device; DEVICE=cpu rehearses a slice on the CPU" >&2
   exit 2
 fi
-export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/src:$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # scalevec and reproduction/
 mkdir -p "$OUT/results"
 start=$(date +%s)
 sampler=""
@@ -70,6 +70,6 @@ for plan in "${PLANS[@]}"; do
     --jobs "$JOBS" --budget-s "$left" || status=1
 done
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null
-"$PY" -m scalevec.experiments.slices "$OUT" --work "$WORK" --results "$RESULTS" --budget-s "$BUDGET_S" \
+"$PY" -m reproduction.slices "$OUT" --work "$WORK" --results "$RESULTS" --budget-s "$BUDGET_S" \
   --seconds "$(( $(date +%s) - start ))" --jobs "$JOBS" "${PLANS[@]}" || status=1
 exit $status

@@ -1,4 +1,5 @@
-"""GPU-ladder slices (scripts/gpu_slice.sh, experiments/slices.py): every strategy in flight, a budget, runs in OUT."""
+"""GPU-ladder slices (scripts/gpu_slice.sh, reproduction/slices.py): every strategy in flight, a budget, runs in
+OUT."""
 
 import csv
 import json
@@ -9,9 +10,9 @@ import time
 from pathlib import Path
 
 import yaml
+from reproduction import slices
 
 from scalevec.config.run_budget import run_tokens
-from scalevec.experiments import slices
 from scalevec.experiments.study import parse
 from scalevec.experiments.sweep import interleaved, run_sweep
 from scalevec.experiments.sweep_grid import expand

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -131,9 +132,11 @@ def test_no_upward_import():
 def test_config_package_imports_only_itself_and_outpath():
     """``scalevec.config`` (the typed reader, the schemas, their codec) imports nothing of scalevec but its own
     modules and ``scalevec.outpath``: no model, data or training, which all read their input through it."""
-    bad = [f"{m}:{line} imports {target}" for m in MODULES if m == "scalevec.config" or m.startswith("scalevec.config.")
-           for target, _, line in imports_of(m)
-           if not (target == "scalevec.outpath" or target == "scalevec.config" or target.startswith("scalevec.config."))]
+    def config(name: str) -> bool:
+        return name == "scalevec.config" or name.startswith("scalevec.config.")
+
+    bad = [f"{m}:{line} imports {target}" for m in MODULES if config(m)
+           for target, _, line in imports_of(m) if not (target == "scalevec.outpath" or config(target))]
     assert not bad, "the config package imports above itself:\n" + "\n".join(bad)
 
 
@@ -342,6 +345,15 @@ def test_study_modules_live_outside_the_installed_package():
                 if name in MODULES and name not in used_inside and name != FACADE:
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}, used by no module of "
                                f"scalevec: move it into reproduction/")
+    # `python -m scalevec.X` in a script runs a module as a program; the library's own programs run so are the GPU
+    # check of its CUDA path (scripts/gpu_check.sh is its wrapper: the stages, the summary, nvidia-smi)
+    programs = {"scalevec.bench.gpu_check"}
+    for path in sorted((ROOT / "scripts").glob("*.sh")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for name in re.findall(r"-m (scalevec(?:\.\w+)+)", line):
+                if name in MODULES and name not in used_inside | programs:
+                    bad.append(f"{path.relative_to(ROOT)}:{n} runs {name}, used by no module of scalevec: move it "
+                               f"into reproduction/")
     assert not bad, "\n".join(bad)
 
 

@@ -1,6 +1,6 @@
 """The end of a GPU-ladder slice (``scripts/gpu_slice.sh``): its runs brought home, and its record.
 
-    python -m scalevec.experiments.slices OUT --work WORK --results RESULTS --budget-s S --seconds T --jobs J PLAN...
+    python -m reproduction.slices OUT --work WORK --results RESULTS --budget-s S --seconds T --jobs J PLAN...
 
 For each plan's study folder ``WORK/NAME``: the files of it that git keeps of a results folder (``results_files``:
 the folder's tables, report and figures, and per run config.yaml, meta.json, summary.json, DONE / DIVERGED,
