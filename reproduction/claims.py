@@ -42,7 +42,8 @@ class Claim:
 
 
 def _ladder_studies() -> tuple[Study, ...]:
-    """Issue 23's ladder, smallest rung first, both corpora; the q/k and scale-lr suspects after cpu-25k."""
+    """The model ladder (``reproduction.ladder``), smallest rung first, both corpora; the q/k and scale-lr
+    suspects after cpu-25k."""
     out = []
     for rung in ladder.CPU_RUNGS:
         out += [Study(f"ladder-{rung}-{c}", f"ladder-{rung}-{c}", optional=True) for c in ladder.CORPORA]
@@ -56,12 +57,12 @@ LADDER = _ladder_studies()
 
 
 def _horizon_studies() -> tuple[Study, ...]:
-    """Issue 35's horizon axis, in the planned order (docs/reproduction.md, "The horizon axis: plan"): the cells
-    that repeat no data first, cheapest first (cpu-10k, then cpu-25k, at 100 tokens per parameter, both corpora),
-    the repetition test (cpu-10k Shakespeare at 100 on a quarter of the plays, at the same N and D;
-    ``data/corpora/build_shakespeare_quarter.py``), the WSD cell (cpu-25k Shakespeare at 100; moved ahead of
-    cpu-10k at 400 in the second session: its Δ(t) figure is part of issue 35 and it repeats no data), then
-    cpu-10k Shakespeare at 400 (1.76 passes), cpu-80k at 100 on
+    """The horizon axis (tokens per parameter ≠ 20), in the planned order (docs/reproduction.md, "The horizon
+    axis: plan"): the cells that repeat no data first, cheapest first (cpu-10k, then cpu-25k, at 100 tokens per
+    parameter, both corpora), the repetition test (cpu-10k Shakespeare at 100 on a quarter of the plays, at the
+    same N and D; ``data/corpora/build_shakespeare_quarter.py``), the WSD cell (cpu-25k Shakespeare at 100; moved
+    ahead of cpu-10k at 400 in the second session: its Δ(t) figure tests the paper's "the advantage grows through
+    the stable phase", and it repeats no data), then cpu-10k Shakespeare at 400 (1.76 passes), cpu-80k at 100 on
     both corpora (the cells that repeat data 1.8-3.0 times). The repetition test moved Δ, so in the third session
     the third corpus, ``prose`` (``ladder.SOURCES``), under one pass in every cell: its 20-token cells (centred on
     Shakespeare's picks), then cpu-10k at 100, cpu-80k at 100 (the rung where `unified` came out ahead on

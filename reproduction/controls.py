@@ -410,7 +410,7 @@ def section(results: Path, draws: int = DRAWS) -> list[str]:
     """The "lr-matched controls" section of docs/reproduction.md (markdown lines)."""
     results = Path(results)
     cells = [c for c in protocol3.read_ladder_cells(results) if in_scope(c)]
-    lines = ["### lr-matched controls (issue 47): Δ at the tuned lrs beside Δ at the baseline's lr", "",
+    lines = ["### lr-matched controls: Δ at the tuned lrs beside Δ at the baseline's lr", "",
              "Protocol v3's Δ puts each strategy at **its own** tuned lr; where the picks differ, Δ mixes the scale "
              "vectors with the lr. The controls run `none` and `unified` at the **baseline's** picked lr on the cell's "
              "held-out seeds (seeds ≥ 2, which tuned no arm), each run the cell's own config except the lr "

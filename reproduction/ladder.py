@@ -1,4 +1,5 @@
-"""The model ladder of issue 23: rungs in one init regime, lrs predicted up the ladder, the trend of Δ with N.
+"""The model ladder: rungs in one init regime (the 0.12B model's, DESIGN.md §2), lrs predicted up the ladder,
+the trend of Δ with N.
 
 A ladder is the CPU presets ``RUNGS`` (each initialized as the 0.12B model is, ``presets.LADDER_INIT_WIDTH``)
 trained by ``scalevec study`` into ``results/ladder-RUNG-CORPUS/``. This module reads what those studies
@@ -10,7 +11,7 @@ committed (``results.csv``) and answers three questions; it trains nothing and d
 - ``trend``: Δ(N) (strategy − baseline, nats) against log10 N, weighted by each rung's interval
   (``stats.fit_line``), with the slope per decade of N and its 95 % interval, between the rungs measured.
 
-Issue 35's horizon axis (the rungs at 100 and 400 tokens per parameter): ``horizon_name``, ``horizon_exponent``
+The horizon axis (the rungs at 100 and 400 tokens per parameter): ``horizon_name``, ``horizon_exponent``
 (how a tuned lr moves with the horizon, measured on the first protocol's 20- and 100-token cells),
 ``horizon_centre``, and the data arithmetic ``total_params`` / ``run_tokens`` / ``passes`` (``TRAIN_TOKENS``).
 Its corpora (``HORIZON_CORPORA``) add ``prose`` (``data/corpora/gutenberg-sotu.txt``) to the bundled two, for the
@@ -30,7 +31,7 @@ from scalevec.experiments.compare import LADDER_WARMUP_FRAC
 CPU_RUNGS = ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k")  # scripts/study.sh ladder
 GPU_RUNGS = ("cpu-1m", "gpu-3m", "gpu-6m", "gpu-14m", "gpu-30m")  # scripts/gpu_ladder.sh
 RUNGS = CPU_RUNGS + GPU_RUNGS  # by N
-CORPORA = ("shakespeare", "kjv")  # the 20-token ladder's (issue 23): the two bundled corpora
+CORPORA = ("shakespeare", "kjv")  # the 20-token ladder's: the two bundled corpora
 GRID_FACTOR = math.sqrt(2)
 WARMUP_FRAC = LADDER_WARMUP_FRAC  # every rung warms up over 5 % of its steps, as `scalevec compare` pins it
 
@@ -194,7 +195,7 @@ __all__ = ["CORPORA", "CPU_RUNGS", "GPU_RUNGS", "HORIZONS", "HORIZON_CORPORA", "
            "share_lrs", "total_params", "trend"]
 
 
-# ---- the horizon axis (issue 35): the ladder's rungs at more tokens per parameter --------------------------------
+# ---- the horizon axis: the ladder's rungs at more tokens per parameter -------------------------------------------
 
 HORIZONS = (100, 400)  # tokens per *total* parameter, as the ladder's 20 (DESIGN.md §9; the paper's "100 tokens per
 # parameter" is read the same way). What that is per non-embedding parameter: ``tokens_per_nonembedding``.

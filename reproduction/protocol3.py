@@ -1,4 +1,4 @@
-"""Protocol v3 (issue 35): how a ladder cell is *read*, so that Δ carries no winner's curse and no CPU-kind mix.
+"""Protocol v3: how a ladder cell is *read*, so that Δ carries no winner's curse and no CPU-kind mix.
 
 A cell is a study folder (``results/ladder-RUNG-CORPUS[-tppD]``) with ``runs.csv`` and ``runs/RUN/meta.json``.
 This module trains nothing; from those files it gives, per strategy:

@@ -1,4 +1,4 @@
-"""Tables, figures and verdicts of docs/reproduction.md from the committed study results (issue 12); the claims,
+"""Tables, figures and verdicts of docs/reproduction.md from the committed study results; the claims,
 their cells and the studies that fill them are declared in ``reproduction.claims``.
 
     python scripts/reproduction.py                 # print the generated section
@@ -335,7 +335,7 @@ def plot(rows: list[dict], fits: list[dict], figures: Path) -> list[str]:
 # The paper's figures (DESIGN.md §11, a third-party reading of the paper, medium confidence): none +0.015 at
 # 0.12B after retuning lr; unified -0.016 to -0.019 at 0.5B (Muon + WSD).
 PAPER_POINTS = (("none", "llama-0.12b", 0.015), ("unified", "llama-0.5b", -0.0175))
-TARGET_HALFWIDTH = 0.015  # issue 23: each rung's Δ resolved to ±0.015 nats (95 %)
+TARGET_HALFWIDTH = 0.015  # each rung's Δ resolved to ±0.015 nats (95 %): the size of the paper's effects above
 
 
 def identified(value: float, err: float) -> bool:
@@ -354,11 +354,11 @@ def tuned_differences(runs: list[dict], got: dict, strategy: str) -> list[float]
 
 
 def ladder_section(results: Path, figures: Path | None) -> list[str]:
-    """Issue 23's ladder: the per-rung table, the trend of Δ with N between its rungs, the C8 re-fit
-    on the ladder, hours per rung, and the figure."""
+    """The model ladder read as published (protocol v2): the per-rung table, the trend of Δ with N between its
+    rungs, the C8 re-fit on the ladder, hours per rung, and the figure."""
     rows = ladder.read_ladder(results)
-    lines = ["### The ladder in the 0.12B model's init regime (issue 23), as published: protocol v2", "",
-             "Protocol v2 (issue 23) as it was published, kept for comparison: Δ over **every** seed, the tuning "
+    lines = ["### The ladder in the 0.12B model's init regime, as published: protocol v2", "",
+             "Protocol v2 as it was published, kept for comparison: Δ over **every** seed, the tuning "
              "seeds 0-1 included (they carry the winner's curse of the pick), CPU kinds pooled. Protocol v3 above "
              "is the reading to quote.", ""]
     if not rows:
@@ -531,7 +531,7 @@ def ladder_figure(rows: list, trends: list, figures: Path) -> str:
     return "ladder_deltas.png"
 
 
-# ---- protocol v3 and the horizon axis (issue 35) ---------------------------------------------------------------
+# ---- protocol v3 and the horizon axis (tokens per parameter ≠ 20) ----------------------------------------------
 
 V3_STRATEGIES = ("none", "unified")
 
@@ -971,11 +971,12 @@ def repetition_lines(quarter, full, results: Path) -> list[str]:
 
 
 def v3_section(results: Path, figures: Path | None) -> list[str]:
-    """Protocol v3 on every ladder cell, the horizon axis, the (N, D) fit and the figure (issue 35)."""
+    """Protocol v3 (``reproduction.protocol3``) on every ladder cell, the horizon axis, the (N, D) fit and the
+    figure."""
     from reproduction import protocol3
 
     cells = protocol3.read_ladder_cells(results)
-    lines = ["### Protocol v3: every ladder cell, both budgets (issue 35)", ""]
+    lines = ["### Protocol v3: every ladder cell, both budgets", ""]
     shown, hidden = {c.name for c in cells}, []
     for f in sorted(results.glob("ladder-*")):  # a cell that read_ladder_cells drops is named, not silently absent
         if f.is_dir() and f.name not in shown and protocol3.parse_name(f.name) is not None:
