@@ -1,4 +1,5 @@
-"""Randomized fault injection on run directories (issue 13), the long version of tests/test_rundir_faults.py.
+"""Randomized fault injection on run directories (rundir.py, DESIGN.md §8), the long version of
+tests/test_rundir_faults.py.
 
     python scripts/fault_injection.py --kills 30 --damages 40 --links 20 --seed 0 [--steps 12] [--work DIR]
 

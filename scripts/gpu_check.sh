@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 34; DESIGN.md §8): the one script to run on a fresh GPU machine. It needs nothing but
+# The GPU check (DESIGN.md §8): the one script to run on a fresh GPU machine. It needs nothing but
 # that machine's own python3 with a CUDA torch >= 2.11 and numpy, scipy, matplotlib, PyYAML, tokenizers,
 # safetensors, tqdm, pytest (transformers for the HF Llama candidate): scalevec runs from this checkout
 # (PYTHONPATH=src), no network, no install. Everything it learns lands in OUT (summary.json, summary.md,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ladder continued upward on one GPU (issue 23; the packages-corpus ladder in slices: scripts/gpu_slice.sh):
+# The model ladder continued upward on one GPU (the packages-corpus ladder in slices: scripts/gpu_slice.sh):
 # the CPU ladder's protocol (the 0.12B init regime,
 # warmup 5 %, 20 tokens per parameter, baseline / none / unified, bytes) on cpu-1m, gpu-3m, gpu-6m, ... with
 # several runs at once on the one GPU. Each rung's study file is written here by scripts/ladder_plan.py from

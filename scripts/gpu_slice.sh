@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One slice of the GPU ladder (issue 47): the committed plan files' studies, resumed from the committed results,
-# trained inside a budget, their runs brought home in OUT in the results/ layout.
+# One slice of the GPU ladder (so that a cell finishes across short GPU windows): the committed plan files'
+# studies, resumed from the committed results, trained inside a budget, their runs brought home in OUT in the
+# results/ layout.
 #
 #   OUT=DIR bash scripts/gpu_slice.sh [PLAN.yaml ...]     (default: sweeps/ladder-packages/study-*.yaml)
 #

@@ -1,4 +1,4 @@
-"""Write the study file of a ladder rung from the smaller rungs' committed results (issue 23).
+"""Write the study file of a ladder rung from the smaller rungs' committed results (``reproduction.ladder``).
 
     python scripts/ladder_plan.py cpu-80k kjv            # sweeps/study-ladder-cpu-80k-kjv.yaml
     python scripts/ladder_plan.py cpu-550k shakespeare --predicted-only --max-seeds 2
@@ -10,18 +10,19 @@ tuning, for a rung too expensive to tune (the report then shows the lr as picked
 still grow toward the ±0.015-nat target unless ``--no-confirm``. The file's
 header records the points the prediction came from.
 
-The horizon axis (issue 35): ``--tokens-per-param D`` with D ≠ 20 writes ``sweeps/study-ladder-RUNG-CORPUS-tppD.yaml``
-(folder ``results/ladder-RUNG-CORPUS-tppD``): each strategy's grid is 3 values ×√2 around the *20-token pick of the
-same rung and corpus* shifted by the horizon, ``pick · (D/20)^s`` with s measured on the first protocol's 20- and
-100-token cells (``ladder.horizon_exponent``: s ≈ -0.07, i.e. ×0.89 at 100 and ×0.81 at 400), grown at an edge;
-tuning seeds 0-1, then held-out seeds 2-5 and more until each Δ *on the held-out seeds* (protocol v3's) is
-planned at ``--target`` nats (0.015 by default; the study's ``halfwidth_on: held-out``), at most
-``--max-seeds``. The header states the data passes the cell makes over the corpus.
+The horizon axis (budgets other than the ladder's 20 tokens per parameter): ``--tokens-per-param D`` with D ≠ 20
+writes ``sweeps/study-ladder-RUNG-CORPUS-tppD.yaml`` (folder ``results/ladder-RUNG-CORPUS-tppD``): each strategy's
+grid is 3 values ×√2 around the *20-token pick of the same rung and corpus* shifted by the horizon,
+``pick · (D/20)^s`` with s measured on the first protocol's 20- and 100-token cells (``ladder.horizon_exponent``: s ≈
+-0.07, i.e. ×0.89 at 100 and ×0.81 at 400), grown at an edge; tuning seeds 0-1, then held-out seeds 2-5 and more until
+each Δ *on the held-out seeds* (protocol v3's) is planned at ``--target`` nats (0.015 by default; the study's
+``halfwidth_on: held-out``), at most ``--max-seeds``. The header states the data passes the cell makes over the
+corpus.
 
 ``--centre-corpus C`` centres the grids on corpus C's 20-token picks of the same rung instead: how the 20-token
-cells of issue 35's third corpus, ``prose`` (``data/corpora/gutenberg-sotu.txt``, ``ladder.SOURCES``), start
-(``scripts/ladder_plan.py cpu-80k prose --tokens-per-param 20 --centre-corpus shakespeare``); its 100- and
-400-token cells are then centred on its own 20-token picks.
+cells of the third corpus, ``prose`` (``data/corpora/gutenberg-sotu.txt``, ``ladder.SOURCES``; large enough that no
+horizon cell repeats data), start (``scripts/ladder_plan.py cpu-80k prose --tokens-per-param 20 --centre-corpus
+shakespeare``); its 100- and 400-token cells are then centred on its own 20-token picks.
 
 Refusals (one line on stderr, exit 2, nothing written): an ``--out`` that exists (never overwritten), an ``--out``
 whose folder does not exist, a study file whose results folder already has runs, and invalid numbers
@@ -46,7 +47,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # scalevec from this checkout, an
 from reproduction import ladder  # noqa: E402
 
 STRATEGIES = ("baseline", "none", "unified")
-HELD_OUT_TARGET = 0.015  # nats: the planned half-width of Δ on the held-out seeds (issue 35)
+HELD_OUT_TARGET = 0.015  # nats: the planned half-width of Δ on the held-out seeds (protocol v3)
 MAX_TPP = 10_000  # tokens per parameter: 25x the horizon's longest cell; a typo past it would plan years of CPU (or
 # overflow the token count)
 
@@ -99,7 +100,7 @@ def plan_horizon(rung: str, corpus: str, results: Path, tokens_per_param: float,
     flags = (f" --tokens-per-param {tokens_per_param:g}" + (" --schedule wsd" if schedule == "wsd" else "")
              + (f" --centre-corpus {centre_corpus}" if centre_corpus else ""))
     head = textwrap.fill(
-        f"Issue 35, the horizon axis: the ladder's {rung} on {corpus} at {tokens_per_param:g} tokens per total "
+        f"The horizon axis: the ladder's {rung} on {corpus} at {tokens_per_param:g} tokens per total "
         f"parameter ({tokens:,} tokens = {tokens / n:.1f} per non-embedding parameter; {passes:.2f} passes over "
         f"the corpus's {ladder.TRAIN_TOKENS[corpus]:,} training tokens{': DATA REPEATS' if passes > 1 else ''}), "
         f"schedule {schedule}, the ladder's protocol otherwise. Written by scripts/ladder_plan.py {rung} {corpus}"
@@ -178,7 +179,7 @@ def plan(rung: str, corpus: str, results: Path, predicted_only: bool = False, ma
     flag = " --predicted-only" if predicted_only else ""
     threads = "threads: 1" if device == "cpu" else f"device: {device}"
     threads += ", compile: 'true'" if compile_blocks else ""
-    head = textwrap.fill(f"Issue 23, the ladder in the 0.12B model's init regime (model.init_width 640 in the preset), "
+    head = textwrap.fill(f"The ladder in the 0.12B model's init regime (model.init_width 640 in the preset), "
                          f"warmup 5 % of the steps, {tokens_per_param:g} tokens per parameter. Written by "
                          f"scripts/ladder_plan.py {rung} {corpus}{flag}: each strategy's lrs are {how}. The "
                          f"predictions (ladder.predict_lr: a line in log lr against log N over 3 or more rungs, "
@@ -235,7 +236,7 @@ def _check(args: argparse.Namespace) -> str | None:
         return (f"--tokens-per-param {args.tokens_per_param:g}: a horizon cell needs 1 or more (the ladder's 20, the "
                 f"paper's 100, 400); a tiny budget is a GPU-ladder rehearsal's (--predicted-only)")
     if args.corpus not in ladder.CORPORA and not is_horizon(args):
-        return (f"{args.corpus} has no 20-token ladder of its own (issue 35's horizon corpus): pass --centre-corpus "
+        return (f"{args.corpus} has no 20-token ladder of its own (a horizon cell's corpus): pass --centre-corpus "
                 f"shakespeare (its 20-token cells) or --tokens-per-param D (after those have reported)")
     return None
 
@@ -247,7 +248,7 @@ def _gpu_ladder(args) -> bool:
 
 
 def is_horizon(args) -> bool:
-    """A horizon cell (issue 35): a CPU cell tuned at another budget than 20 tokens per parameter, or under WSD.
+    """A horizon cell: a CPU cell tuned at another budget than 20 tokens per parameter, or under WSD.
     The same budget with the GPU-ladder flags is a rung planned up the ladder (``plan``), e.g. gpu_ladder.sh's
     CPU rehearsal at a tiny TPP."""
     return (args.tokens_per_param != 20 or args.schedule != "cosine" or bool(args.centre_corpus)) and not _gpu_ladder(
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr-scale", type=float, default=1.0, help="multiply every predicted lr (default 1)")
     p.add_argument("--grid-factor", type=float, default=ladder.GRID_FACTOR, help="grid spacing (default √2)")
     p.add_argument("--tokens-per-param", type=float, default=20,
-                   help="tokens per total parameter (default 20; another value writes a horizon cell, issue 35)")
+                   help="tokens per total parameter (default 20; another value writes a horizon cell)")
     p.add_argument("--schedule", choices=("cosine", "wsd"), default="cosine", help="horizon cells only")
     p.add_argument("--centre-corpus", choices=ladder.CORPORA,
                    help="horizon cells: centre the grids on this corpus's 20-token picks of the same rung")

@@ -1,4 +1,4 @@
-"""What the training probes show over a run, strategy against strategy (issue 12, "find out why").
+"""What the training probes show over a run, strategy against strategy (docs/reproduction.md, "Finding out why").
 
     python scripts/probes_figure.py RUN_DIR [RUN_DIR ...] --out results/probes-cpu-25k-shakespeare
 

@@ -4,9 +4,9 @@
 # sweeps/study-NAME.yaml into results/CELL. Resumable: rerun the same command after an interruption; finished
 # runs are skipped and failed ones retried (a second pass does that too). One run at a time, one thread each
 # (STUDY_JOBS=2 on an idle 2-core machine trains two at once, measured 2x the throughput).
-# `scripts/study.sh ladder` runs only issue 23's ladder (the 0.12B init regime, rung by rung, both corpora; a
+# `scripts/study.sh ladder` runs only the model ladder (the 0.12B init regime, rung by rung, both corpora; a
 # rung's file, written by scripts/ladder_plan.py, may not exist yet); `scripts/study.sh first` only the first
-# protocol's cells; `scripts/study.sh horizon` only issue 35's horizon cells (the ladder's rungs at 100 and 400
+# protocol's cells; `scripts/study.sh horizon` only the horizon cells (the ladder's rungs at 100 and 400
 # tokens per parameter, files written by scripts/ladder_plan.py --tokens-per-param D; absent ones are skipped);
 # no argument: the ladder, then the horizon cells, then the first protocol's.
 set -uo pipefail
@@ -39,7 +39,7 @@ part() {  # part ladder|horizon|first: run its declared studies (an optional one
       study "$name" "$cell"
     done <<< "$plan"
 }
-built() {  # built FILE: issue 35's corpora are not committed; build data/corpora/FILE.txt once, when missing (a
+built() {  # built FILE: the horizon cells' corpora are not committed; build data/corpora/FILE.txt once, when missing (a
   # build that fails, e.g. without npm or a registry, leaves its studies to stop with a one-line data error)
     # BUILD=0 builds nothing (the tests, which stub scalevec)
     [ "${BUILD:-1}" = 0 ] || [ -f "data/corpora/$1.txt" ] || "$PY" "data/corpora/build_${1//-/_}.py" \
