@@ -41,10 +41,10 @@ def train_argv(out, *extra: str) -> list[str]:
     ("optim.lr=inf", ("optim.lr", "finite")),
     ("model.norm_eps=nan", ("model.norm_eps", "finite")),
     ("train.seed=-1", ("train.seed", ">= 0")),
-    ("model.d_model=true", ("model.d_model", "not a valid int")),
+    ("model.d_model=true", ("model.d_model must be a whole number; got True (a bool)",)),
     ("model.moe=3", ("model.moe must be a mapping",)),
     ("data.source=", ("data.source is empty",)),
-    ("model.d_model=[x", ("model.d_model", "not a valid int")),
+    ("model.d_model=[x", ("model.d_model must be a whole number; got '[x' (a str)",)),
 ])
 def test_bad_config_values_exit_2_and_write_nothing(tmp_path, capsys, override, words):
     """Malformed or out-of-range config values (betas, eps, momentum, inf/nan, seed, bool-as-int) exit 2 before

@@ -71,6 +71,21 @@ def test_a_long_or_multiline_value_stays_one_short_line():
     assert "\n" not in msg and len(msg) < 120 and msg.endswith("...")
 
 
+def test_a_config_field_is_read_in_the_same_form_with_its_type():
+    """The codec's field reader (from_dict, overrides) refuses in the one form and names the value's Python type:
+    a float in an int field (8.0, 1e30) is never truncated into a count."""
+    from scalevec.config import RunConfig, TrainConfig
+    from scalevec.config.codec import apply_overrides, from_dict
+
+    with pytest.raises(ValueError, match=r"^train\.steps must be a whole number; got 1e\+30 \(a float\)$"):
+        from_dict(TrainConfig, {"steps": 1e30}, "train.")
+    with pytest.raises(ValueError, match=r"^model\.tie_embeddings must be true or false; got 'maybe' \(a str\)$"):
+        apply_overrides(RunConfig(), ["model.tie_embeddings=maybe"])
+    with pytest.raises(ValueError, match=r"^optim\.betas must be a list, like \[a,b\] or a,b; got \{'a': 1\} "
+                                         r"\(a dict\)$"):
+        apply_overrides(RunConfig(), ["optim.betas={a: 1}"])
+
+
 def test_fields_default_missing_and_null():
     """Fields: an absent key gives its default (unchecked); a required one is "missing" with the fix; a null is a
     value unless ``null_is_absent``; ``like`` defaults to the field's default."""

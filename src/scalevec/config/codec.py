@@ -20,7 +20,7 @@ import yaml
 
 from scalevec.config.files import YAMLBoundError, safe_load
 from scalevec.config.schema import EXECUTION_FIELDS, Derived, MoEConfig, RopeScalingConfig, RunConfig
-from scalevec.config.typed import is_int, is_number, short
+from scalevec.config.typed import bad_input, is_int, is_number, short
 from scalevec.outpath import replace_file  # a new file renamed over the path: a link there is never written through
 
 
@@ -78,7 +78,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         elif is_number(value, finite=False):
             value = [value]  # one number is a one-item list, as one word is: the section's validate judges its length
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key}={short(value)} is not a list; write it as [a,b] or a,b")
+            raise bad_input(key, "a list", value, like="[a,b] or a,b", show_type=True)
         args = typing.get_args(tp)
         item = args[0]
         return tuple(_coerce(item, v, key) for v in value)
@@ -110,10 +110,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 raise TypeError
             return str(value)
     except (TypeError, ValueError):
-        name = getattr(tp, "__name__", tp)
-        hint = "; write a whole number" if tp is int and isinstance(value, (float, str)) else ""
-        raise ValueError(f"{key}={short(value)} is not a valid {name} (it is a {type(value).__name__}){hint}") from None
+        raise bad_input(key, FIELD_RULES.get(tp, getattr(tp, "__name__", str(tp))), value, show_type=True) from None
     return value
+
+
+# what each field type takes, in bad_input's words (an int field also takes its digits as text, a float field
+# numeric text, a bool field yes/no/on/off/1/0: a command line's key=value is text)
+FIELD_RULES = {int: "a whole number", float: "a number", bool: "true or false", str: "text"}
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:

@@ -60,7 +60,7 @@ class BoundedLoader(yaml.SafeLoader):
 
 
 # a date or time is text to every reader here (a name, a tag): never a datetime object that JSON and the configs'
-# number fields would trip over (`lr: 2024-01-01` is then refused as "not a valid float", one line)
+# number fields would trip over (`lr: 2024-01-01` is then refused as "must be a number", one line)
 BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 
 

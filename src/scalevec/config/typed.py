@@ -69,13 +69,16 @@ def yaml_number(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------- readers
 
 
-def bad_input(at: str, rule: str, value: Any, like: Any = None, fix: str = "") -> ValueError:
+def bad_input(at: str, rule: str, value: Any, like: Any = None, fix: str = "", show_type: bool = False) -> ValueError:
     """The one error of typed reading, in one line: ``{at} must be {rule}[, like {like}]; got {value}[; {fix}]``.
 
     ``at`` names where the value came from and its key (``study.yaml.study.extend``, ``config.json: head_dim``);
-    ``like`` is an example of a good value (text as written, else its repr); ``value`` is quoted by ``short``."""
+    ``like`` is an example of a good value (text as written, else its repr); ``value`` is quoted by ``short``, with
+    its Python type after it when ``show_type`` (``got 1e+30 (a float)``: a config field's reader names it)."""
     example = "" if like is None else f", like {like if isinstance(like, str) else short(like)}"
-    return ValueError(f"{at} must be {rule}{example}; got {short(value)}" + (f"; {fix}" if fix else ""))
+    name = type(value).__name__
+    kind = f" ({'an' if name[0] in 'aeiou' else 'a'} {name})" if show_type else ""
+    return ValueError(f"{at} must be {rule}{example}; got {short(value)}{kind}" + (f"; {fix}" if fix else ""))
 
 
 def _bounds(least: float | None = None, most: float | None = None, above: float | None = None) -> str:
