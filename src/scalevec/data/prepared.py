@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import VAL_SPLITS
-from scalevec.config.typed import Fields, is_int
+from scalevec.config.typed import Fields, is_int, read_kind
 from scalevec.data import token_files
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
 from scalevec.data.split import Split, SplitRecord, plan_split, split_stream
@@ -535,8 +535,7 @@ def check_manifest(root: Path, m: object) -> dict:
             raise bad(f"{split}.shards", "is empty (a split has at least one shard)")
         for k, s in enumerate(sp["shards"]):
             name = f"{split}.shards[{k}]"
-            if not isinstance(s, dict):
-                raise bad(name, f"is {_show(s)}, not an object")
+            read_kind(s, f"{p}: field {name}", dict, fix=_REDO)
             for key, kind in _SHARD_FIELDS.items():
                 field(s, key, kind, f"{name}.{key}")
             if "max_id" in s:  # older manifests lack it (written only since the id check)

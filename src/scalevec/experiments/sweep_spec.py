@@ -33,7 +33,7 @@ from typing import Any
 
 from scalevec.config import PRESET_NAMES
 from scalevec.config.files import load_yaml
-from scalevec.config.typed import is_number, short, yaml_number
+from scalevec.config.typed import bad_input, is_number, short, yaml_number
 from scalevec.data.documents import BUNDLED
 
 ALIASES = {"lr": "optim.lr", "optimizer": "optim.name", "schedule": "schedule.name", "seed": "train.seed",
@@ -196,8 +196,8 @@ def spec_from_dict(data: dict, where: str = "sweep") -> SweepSpec:
                          f"pick one of them")
     command = data.get("command")
     if command is not None and (not isinstance(command, list) or not all(isinstance(c, str) for c in command)):
-        raise ValueError(f"{where}.command must be a list of strings, e.g. [torchrun, --nproc_per_node=8, -m, "
-                         "scalevec, train]")
+        raise bad_input(f"{where}.command", "a list of strings", command,
+                        like="[torchrun, --nproc_per_node=8, -m, scalevec, train]")
     return SweepSpec(name, base, axes, tune, baseline, tuple(command) if command else None,
                      notice)
 
