@@ -1,4 +1,4 @@
-"""Generation speed with and without the KV cache (issue 15): tokens per second, side by side.
+"""Generation speed with and without the KV cache (docs/performance.md, "Generation"): tokens per second, side by side.
 
     .venv/bin/python benchmarks/generate_speed.py [--preset small --strategies unified,baseline --new-tokens 200
                                                    --threads 1 --hf]

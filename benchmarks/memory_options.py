@@ -1,4 +1,4 @@
-"""Peak memory of one training step with activation checkpointing and the chunked cross-entropy (issue 14).
+"""Peak memory of one training step with activation checkpointing and the chunked cross-entropy (docs/performance.md, "Memory options").
 
     python benchmarks/memory_options.py [--d-model 256 --n-layers 8 --vocab 32768 --batch 8 --seq 256 --chunk 256]
 

@@ -4,7 +4,7 @@
 
 Prints the median and interquartile range of ``time(A) / time(B)`` over the timed rounds (``times_s``: the
 candidates of one round ran back to back, so the pair shares the machine's load) and in how many rounds A
-was faster. Used for docs/performance.md "Issue 17, second pass" (fused ÷ exact of the same strategy).
+was faster. Used for docs/performance.md's "fused ÷ exact" table (fused ÷ exact of the same strategy).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU tables of docs/performance.md (issue 9): `scalevec bench` at small and medium, the two ways of
+# The CPU tables of docs/performance.md: `scalevec bench` at small and medium, the two ways of
 # applying scales, and torch.compile. Writes benchmarks/results/<name>.json (full results) and .md (tables).
 # One torch thread: on a shared 2-core machine a 2-thread step stalls whenever another process takes a
 # core, and the medians then measure the neighbours. Takes about 15 minutes.

@@ -1,5 +1,6 @@
 """Build ``shakespeare-quarter.txt``: the bundled Shakespeare's first training plays holding about a quarter of its
-training text, then its four validation plays unchanged (issue 35's repetition test).
+training text, then its four validation plays unchanged: the repetition test, the same N and D over a quarter of
+the text, so that the data repeats about four times as often (docs/reproduction.md, "The repetition test").
 
     python data/corpora/build_shakespeare_quarter.py     # writes data/corpora/shakespeare-quarter.txt, checks it
 

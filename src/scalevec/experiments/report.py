@@ -75,7 +75,7 @@ def split_text(runs: list[RunRecord]) -> str:
         none="Validation split: not recorded (no run's meta.json holds `validation_split`).",
         one="Validation split: {value} ({n} run(s){rest}).",
         many="Validation splits: the runs validated on {k} different document sets: {listed}{rest}.",
-        unrecorded="record no split (meta.json from before issue 26)")
+        unrecorded="record no split (their meta.json predates the split's record)")
 
 
 def render_markdown(a: Analysis, root: Path, figures: list[str]) -> str:
