@@ -1,4 +1,4 @@
-"""``scalevec bench`` (issue 9): runs end to end on the tiny preset and reports a well-formed result.
+"""``scalevec bench`` (docs/performance.md): runs end to end on the tiny preset and reports a well-formed result.
 
 Speed is a measured figure, never asserted here: these tests check the structure of the JSON, the
 equal-work checks the benchmark carries (every candidate starts from the same loss), the memory

@@ -1,4 +1,4 @@
-"""scalevec convert: a Hugging Face model or a run into another strategy, with no training (issue 26, hf/convert.py).
+"""scalevec convert: a Hugging Face model or a run into another strategy, with no training (hf/convert.py).
 
 A small random Llama written with transformers' ``save_pretrained`` (no hub), its norm weights away from 1 so
 that a lost or doubled γ shows in the logits; runs use the ``tiny`` preset on the bundled Shakespeare bytes.

@@ -1,4 +1,4 @@
-"""``scalevec eval`` through lm-evaluation-harness on the bundled offline task (issue 15, DESIGN.md §10)."""
+"""``scalevec eval`` through lm-evaluation-harness on the bundled offline task (DESIGN.md §10)."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def test_eval_errors_exit_2(tmp_path, capsys):
     assert "--tasks is empty" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------ --text: held-out perplexity (issue 26)
+# -------------------------------------------------------------------------- --text: held-out perplexity
 
 HELD_OUT = ("In the beginning God created the heaven and the earth. — And the earth was without form, and void;\n"
             "and darkness was upon the face of the deep.\n") * 3  # 2 non-ASCII bytes a line: bytes != characters

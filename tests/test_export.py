@@ -218,7 +218,7 @@ def test_cli_export_with_verify(tmp_path, make_cfg, perturb_scales, capsys):
     exported = PreTrainedTokenizerFast.from_pretrained(str(out))
     text = "Thou art more lovely, ÿ\n"
     assert exported.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))  # the run's byte ids
-    # bytes has no special tokens: the export declares the newline byte as BOS (prefix) and pad (issue 15)
+    # bytes has no special tokens: the export declares the newline byte as BOS (prefix) and pad
     assert exported.bos_token_id == exported.pad_token_id == 10 and exported.encode("ab") == [10, 97, 98]
     umask = os.umask(0)
     os.umask(umask)

@@ -1,4 +1,4 @@
-"""Export of the strategies that cannot fold as a Hugging Face custom architecture (issue 15, DESIGN.md §10).
+"""Export of the strategies that cannot fold as a Hugging Face custom architecture (DESIGN.md §10).
 
 ``unified``, ``dnp``, the ``peri`` layout (with and without QK-norm) and MoE forms leave scalevec as
 ``ScalevecForCausalLM``: config.json's ``auto_map`` names the shipped ``modeling_scalevec.py``, which

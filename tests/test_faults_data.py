@@ -1,4 +1,4 @@
-"""Faults in prepared data (issue 24): a manifest naming paths outside its folder, a dtype prepare-data never
+"""Faults in prepared data: a manifest naming paths outside its folder, a dtype prepare-data never
 writes, token ids outside the vocabulary, a malformed manifest. Each is a one-line error naming the file and
 the field (exit 2 from the CLI, no traceback), raised before a shard is read, and nothing is changed."""
 

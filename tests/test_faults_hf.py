@@ -1,4 +1,4 @@
-"""Hugging Face directories that are hostile or broken (issue 24): each fails with one line, exit 2, and runs nothing.
+"""Hugging Face directories that are hostile or broken: each fails with one line, exit 2, and runs nothing.
 
 - ``eval``/``generate`` trust an export's custom code only when it is byte for byte the code scalevec
   ships (``generate.check_hf_dir``); anything else needs ``--trust-remote-code``;

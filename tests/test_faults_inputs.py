@@ -1,4 +1,4 @@
-"""Issue 38: nothing outside the run is touched, no input is unbounded.
+"""Nothing outside the run is touched, no input is unbounded.
 
 The run's lock file is never followed (a symbolic link, a FIFO), a sweep or study ``name:`` never leaves
 ``runs/``, every YAML file is read with a bound on its expansion (alias bombs, deep nesting) before a value is

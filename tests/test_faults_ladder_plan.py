@@ -1,6 +1,6 @@
-"""scripts/ladder_plan.py as a careless user or an attacker would call it (issue 38): it never overwrites a file,
-refuses invalid arguments with one line and exit 2, and writes nothing then; and its horizon cells (issue 35) are
-centred on the 20-token picks shifted by the measured horizon exponent."""
+"""scripts/ladder_plan.py as a careless user or an attacker would call it: it never overwrites a file,
+refuses invalid arguments with one line and exit 2, and writes nothing then; and its horizon cells (tokens per
+parameter ≠ 20) are centred on the 20-token picks shifted by the measured horizon exponent."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_impossible_plans_are_refused(lp, capsys, tmp_path, argv, words):
 
 
 def test_an_existing_out_is_never_overwritten(lp, capsys, tmp_path):
-    """README.md was overwritten with exit 0 (issue 38): an existing --out, or a link there to any file, is
+    """README.md was once overwritten with exit 0: an existing --out, or a link there to any file, is
     refused and left as it was; an --out in a missing folder is one line, not a traceback."""
     fake_results(tmp_path / "results")
     keep = tmp_path / "README.md"
@@ -128,7 +128,7 @@ def test_horizon_cell_is_centred_on_the_20_token_pick_times_the_shift(lp, capsys
 
 def test_committed_horizon_evidence_and_passes():
     """On the committed first-protocol cells the exponent is log(2 · 1/4)/6/log 5 = −0.0718 (4 picks unchanged,
-    unified ×2 and ×1/4), and cpu-25k at 100 tokens per parameter makes 0.91 passes over Shakespeare (issue 35)."""
+    unified ×2 and ×1/4), and cpu-25k at 100 tokens per parameter makes 0.91 passes over Shakespeare."""
     from reproduction import ladder
 
     s, pairs = ladder.horizon_exponent(ROOT / "results")
@@ -139,7 +139,7 @@ def test_committed_horizon_evidence_and_passes():
 
 
 def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp, capsys, tmp_path):
-    """Issue 35's third corpus has no 20-token ladder: ``--centre-corpus shakespeare`` centres its 20-token cell
+    """The third corpus (prose) has no 20-token ladder: ``--centre-corpus shakespeare`` centres its 20-token cell
     on Shakespeare's picks of the same rung (no horizon shift at 20), reads the built file beside sweeps/, and
     says how to build it; without the flag a 20-token prose cell is refused (there is nothing to predict from),
     and the flag is refused on a GPU-ladder rung."""
@@ -175,7 +175,7 @@ def test_prose_cells_start_from_shakespeares_picks_and_name_the_built_corpus(lp,
 
 
 def test_every_horizon_cell_on_prose_makes_under_one_pass():
-    """The third corpus exists so that no planned cell repeats data (issue 35): cpu-10k/25k/80k at 20 and 100 and
+    """The third corpus exists so that no planned cell repeats data: cpu-10k/25k/80k at 20 and 100 and
     cpu-10k/25k at 400 all stay under one pass over its 16,917,603 training tokens, and claims.HORIZON lists them."""
     from reproduction import claims, ladder
 

@@ -1,4 +1,4 @@
-"""Issue 38: no output is silently wrong, and a run resumes from any working directory.
+"""No output is silently wrong, and a run resumes from any working directory.
 
 - ``generate``, ``eval`` and ``convert --format hf`` refuse non-finite weights with one line (exit 2);
 - an export's custom code is checked file by file (two shipped files swapped are refused, not imported);

@@ -1,4 +1,4 @@
-"""Robustness of training, sweeps and their messages (issue 24): the health guard's blow-up rule, the
+"""Robustness of training, sweeps and their messages: the health guard's blow-up rule, the
 checkpoint DIVERGED keeps, one-line errors that name what is wrong, trainers that die with their sweep,
 and one exit-code contract (75 = stopped by SIGTERM and resumable, for train and sweep alike).
 

@@ -1,4 +1,4 @@
-"""``scalevec plot RUN`` and report's γ trajectories (issue 36): rms(γ) per scale vector over steps, a panel per
+"""``scalevec plot RUN`` and report's γ trajectories: rms(γ) per scale vector over steps, a panel per
 role."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Golden losses: the numerics of training may change only on purpose (issue 16).
+"""Golden losses: the numerics of training may change only on purpose.
 
 Each case of ``tests/golden/generate.py`` trains ``tiny`` for 20 steps (one thread, fixed seed) and its
 per-step losses must equal the stored ones **bitwise** on a machine with the same torch version, CPU

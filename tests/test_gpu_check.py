@@ -1,4 +1,4 @@
-"""The GPU check (issue 34): its summary code, its refusals, and the whole check rehearsed on CPU."""
+"""The GPU check (DESIGN.md §8): its summary code, its refusals, and the whole check rehearsed on CPU."""
 
 from __future__ import annotations
 
@@ -242,8 +242,8 @@ def test_gpu_tests_collect_only_the_files_with_gpu_tests():
 
 
 def test_an_implausible_ratio_or_mfu_fails_its_stage(tmp_path):
-    """A bench whose unified step is 23x faster than the baseline's, or whose MFU is 81 % (the rehearsal's figures of
-    issue 48), is a failed stage naming the figure; plausible figures pass."""
+    """A bench whose unified step is 23x faster than the baseline's, or whose MFU is 81 % (figures a CPU rehearsal
+    once reported), is a failed stage naming the figure; plausible figures pass."""
     def bench_stage(ratio: float, mfu: float):
         rows = [{"name": "baseline", "median_s": 0.1, "tokens_per_s": 1e4, "mfu": 0.2, "ratio": 1.0},
                 {"name": "unified", "median_s": 0.1 * ratio, "tokens_per_s": 1e4 / ratio, "mfu": mfu, "ratio": ratio}]

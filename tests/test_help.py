@@ -1,4 +1,4 @@
-"""Config discoverability (issue 26): ``train --help`` lists every config field, ``--print-config``
+"""Config discoverability: ``train --help`` lists every config field, ``--print-config``
 prints the resolved config without training or writing anything."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def config_classes() -> list[type]:
 
 
 def test_every_field_has_a_description():
-    """Every field of every config class has a one-line description (its attribute docstring, issue 26): a field
+    """Every field of every config class has a one-line description (its attribute docstring): a field
     added without one fails here, named."""
     classes = config_classes()
     assert {c.__name__ for c in classes} >= {"RunConfig", "ModelConfig", "MoEConfig", "RopeScalingConfig",

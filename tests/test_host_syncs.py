@@ -1,4 +1,4 @@
-"""Host syncs of the training step (issue 34, DESIGN.md §8): at most one per optimizer step off log steps.
+"""Host syncs of the training step (DESIGN.md §8): at most one per optimizer step off log steps.
 
 A host sync stalls Python until the device has run everything queued, so a step that syncs several times
 measures the launch overhead of small models instead of their arithmetic. On CPU the synchronizing calls

@@ -1,4 +1,4 @@
-"""train --init-from: a Hugging Face model or a parent run as the start of a new run (issue 14, init_from.py).
+"""train --init-from: a Hugging Face model or a parent run as the start of a new run (init_from.py).
 
 Small random HF Llama models are written with ``save_pretrained`` (no hub); runs use the ``tiny`` preset
 on bundled Shakespeare bytes for a few steps.

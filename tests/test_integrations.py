@@ -1,5 +1,6 @@
-"""Strategies in someone else's stack (issue 36): ``apply_strategy`` on transformers models, ``param_groups``,
-``fold`` / ``save``, and the per-scale-vector metrics in any loop, in HF ``Trainer`` and in TensorBoard.
+"""Strategies in someone else's stack (docs/integrations.md): ``apply_strategy`` on transformers models,
+``param_groups``, ``fold`` / ``save``, and the per-scale-vector metrics in any loop, in HF ``Trainer`` and in
+TensorBoard.
 
 Every model is a tiny one built locally from a transformers config (no hub download). Its norm weights are drawn
 away from 1 (γ = 1 + 0.3·N(0, 1)) so that where γ goes (shared, per branch, folded) is tested, not hidden by ones.

@@ -1,7 +1,7 @@
 """The fast path (``kernels.FAST``) equals the plain formulas of ``scales.py`` it replaces (DESIGN.md §1, §3).
 
 ``rms_norm``, the linear map with folded scales, OR/ER scale vectors and DNP's SwiGLU carry their own
-backward for speed and memory (issue 9). Each is checked here against the plain torch formula of
+backward for speed and memory. Each is checked here against the plain torch formula of
 ``scales.py`` (``scales.PLAIN``; tests/test_scale_plan.py compares whole models built on either path):
 values, first derivatives (``gradcheck``) and second derivatives (``gradgradcheck``: the Hessian-vector
 products of ``training/probes.py``), in float64; and the memory claim of the fused DNP SwiGLU by

@@ -1,4 +1,4 @@
-"""Issue 23's switches: the ladder's init regime, warmup as a share of the run, the scale-vector lr
+"""The model ladder's switches: its init regime (DESIGN.md §2), warmup as a share of the run, the scale-vector lr
 multiplier, DP without q/k output scales, and the seeds a target interval needs."""
 
 from __future__ import annotations
@@ -87,7 +87,8 @@ def test_scale_lr_mult_multiplies_only_the_scale_groups():
 
 
 def test_dp_without_qk_output_scales_builds_none_on_q_and_k():
-    """``scale.dual_sites=[v, gate, up]`` (issue 23's suspect switch): no output scale on q or k, v's kept."""
+    """``scale.dual_sites=[v, gate, up]`` (a suspect inside unified as a switch): no output scale on q or k, v's
+    kept."""
     cfg = resolve_config("cpu-10k", "unified", {"scale.dual_sites": ["v", "gate", "up"]})
     names = [n for n, _ in build_model(cfg.model, cfg.scale, seed=0).named_parameters()]
     assert not [n for n in names if ".q.out_scale" in n or ".k.out_scale" in n]
@@ -196,7 +197,7 @@ def test_ladder_plan_writes_a_study_around_the_predicted_lrs(tmp_path):
     fake_rungs(tmp_path, "kjv", {"baseline": 3.0, "none": 2.0, "unified": 6.0}, -0.5, seeds=10)
     script = Path(__file__).resolve().parents[1] / "scripts" / "ladder_plan.py"
     out = tmp_path / "study.yaml"
-    def run(*a):  # ladder_plan never overwrites its --out (issue 38): each call writes a new file
+    def run(*a):  # ladder_plan never overwrites its --out: each call writes a new file
         out.unlink(missing_ok=True)
         return subprocess.run([sys.executable, str(script), *a, "--results", str(tmp_path), "--out", str(out)],
                               capture_output=True, text=True)

@@ -33,7 +33,7 @@ LAYERS = [
     ("training", ["scalevec.training"]),
     ("experiments", ["scalevec.experiments"]),
     ("hf", ["scalevec.hf"]),
-    # integrations (issue 36): strategies in transformers models and other loops; reuses hf export, training telemetry
+    # integrations: strategies in transformers models and other loops; reuses hf export, training telemetry
     ("integrations", ["scalevec.integrations"]),
     # bench/ (the `scalevec bench` package) sits on top with the CLI: a measuring tool no lower layer may import
     ("cli", ["scalevec.cli", "scalevec.__main__", "scalevec.info", "scalevec.bench"]),
@@ -142,7 +142,7 @@ def test_config_package_imports_only_itself_and_outpath():
 
 def test_facade_imports_only_the_bottom_layers():
     """``scalevec/__init__.py`` re-exports config and model entry points only, so importing any module stays cheap;
-    the integrations (issue 36) are exported lazily, by its module ``__getattr__`` (PEP 562), imported on first use."""
+    the integrations are exported lazily, by its module ``__getattr__`` (PEP 562), imported on first use."""
     model = [i for i, (name, _) in enumerate(LAYERS) if name == "model"][0]
     lazy = [range(n.lineno, n.end_lineno + 1) for n in ast.parse(MODULES[FACADE].read_text()).body
             if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]

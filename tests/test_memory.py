@@ -1,4 +1,4 @@
-"""Activation checkpointing and the chunked cross-entropy: same gradients, less memory (issue 14, docs/performance.md).
+"""Activation checkpointing and the chunked cross-entropy: same gradients, less memory (docs/performance.md).
 
 Checkpointing re-runs the same CPU operations on the same inputs, so its gradients are bitwise those of
 the plain path. The chunked loss sums the cross-entropy chunk by chunk, which reorders fp32 additions:

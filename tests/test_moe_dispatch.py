@@ -1,4 +1,4 @@
-"""MoE dispatch without host syncs (issue 17): segment ends on the device, grouped expert matmuls.
+"""MoE dispatch without host syncs: segment ends on the device, grouped expert matmuls.
 
 ``moe.grouped_linear_offsets`` (what ``Experts`` runs) must give the numbers of the reference
 ``moe.grouped_linear`` on host counts, bitwise on CPU (the golden losses of ``moe-unified`` depend on it),
@@ -39,7 +39,7 @@ def moe_layer(strategy: str, n_shared: int = 0) -> MoE:
 
 
 def reference_offsets(x, weight, offsets):
-    """The loop on host counts that Experts ran before issue 17."""
+    """The loop on host counts that Experts ran before the dispatch moved to the device."""
     return grouped_linear(x, weight, torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist())
 
 

@@ -1,4 +1,4 @@
-"""One numerics regime for the research object whatever the wrapper (issue 34, DESIGN.md §8): bf16 only from
+"""One numerics regime for the research object whatever the wrapper (DESIGN.md §8): bf16 only from
 autocast; fp32 parameters, scale vectors and their gradients under DDP and FSDP2 alike."""
 
 from __future__ import annotations

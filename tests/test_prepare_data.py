@@ -1,4 +1,4 @@
-"""Prepared data (issue 14): streamed sources, shards, manifest, workers, memory-mapped sampling, resume."""
+"""Prepared data (docs/data.md): streamed sources, shards, manifest, workers, memory-mapped sampling, resume."""
 
 import json
 import os
@@ -354,7 +354,7 @@ def test_feistel_order_is_a_fresh_permutation_per_epoch():
     assert np.mean(np.abs(np.diff(epoch0)) == 1) < 0.01  # a shuffle, not a shifted range
 
 
-# --------------------------------------------------------------------------------------------- BPE progress (issue 26)
+# ----------------------------------------------------------------------------------------------------- BPE progress
 
 
 def test_bpe_training_reports_progress_lines_in_a_log():

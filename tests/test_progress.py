@@ -1,4 +1,4 @@
-"""Live sweep progress (issue 14): step and loss from metrics.jsonl, a FLOP-weighted ETA, run logs with output."""
+"""Live sweep progress: step and loss from metrics.jsonl, a FLOP-weighted ETA, run logs with output."""
 
 import io
 import json

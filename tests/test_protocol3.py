@@ -1,4 +1,4 @@
-"""Protocol v3 (issue 35, reproduction.protocol3): Δ on held-out seeds only, pairs across CPU kinds left out,
+"""Protocol v3 (reproduction.protocol3): Δ on held-out seeds only, pairs across CPU kinds left out,
 each pick's margin over its runner-up with its standard error, cells read while still training."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run's numbers depend only on its config, seed, CPU type and thread count (issue 12).
+"""A run's numbers depend only on its config, seed, CPU type and thread count.
 
 The same `tiny` run is trained in-process, by `scalevec train --config` in a subprocess, and by a
 sweep's subprocess, with a freshly built and a warm token cache, and next to busy-loop processes;

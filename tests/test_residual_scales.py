@@ -1,5 +1,5 @@
 """Output-side scale vectors on the residual writers W_o and W_down (``scale.dual_sites`` with ``o``, ``down``;
-issue 37, DESIGN.md §3): planned, built, trained, folded, exported, imported and counted like every foldable s."""
+DESIGN.md §3): planned, built, trained, folded, exported, imported and counted like every foldable s."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One config resolution (``resolve.resolve_config``) and the derived figures of ``config`` (issue 16)."""
+"""One config resolution (``resolve.resolve_config``) and the derived figures of ``config`` (DESIGN.md §12)."""
 
 import argparse
 
@@ -115,7 +115,7 @@ def test_cross_section_rules_are_the_configs():
         resolve_config("tiny", None, ["train.seq_len=100000"])
 
 
-# ------------------------------------------------------------------ the default warmup (issue 26)
+# -------------------------------------------------------------------------------- the default warmup
 
 
 @pytest.mark.parametrize("items, warmup", [
@@ -160,7 +160,7 @@ def test_the_warmup_warning_names_the_ramp_it_gets():
 @pytest.mark.slow  # expands every stored study (about 10 s)
 def test_committed_studies_resolve_to_their_stored_runs():
     """Every run kept under results/ whose study file lists it resolves to its stored config.yaml: a default
-    that moved under a committed study would make the sweep refuse to resume it (issue 26's warmup)."""
+    that moved under a committed study would make the sweep refuse to resume it (as a new default warmup would)."""
     from pathlib import Path
 
     from scalevec.config.files import load_yaml

@@ -1,4 +1,4 @@
-"""Fault injection on run directories (issue 13, rundir.py, DESIGN.md §8): kills, preemption, damaged
+"""Fault injection on run directories (rundir.py, DESIGN.md §8): kills, preemption, damaged
 checkpoints, pickle payloads, two writers, a full disk and a read-only target, dead models and spikes.
 
 Every case checks the same contract: a run either continues bit for bit (its losses and final weights

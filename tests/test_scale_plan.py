@@ -1,5 +1,5 @@
 """The placement plan (``scales.scale_plan``), the fast path against the plain formulas, and no strategy flags
-in ``forward`` (issue 16; DESIGN.md §3)."""
+in ``forward`` (DESIGN.md §3)."""
 
 from __future__ import annotations
 

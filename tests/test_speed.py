@@ -1,4 +1,4 @@
-"""Issue 17's speed plumbing: FLOPs per token, the MFU peak, ``train.compile=auto``, the trainer's speed metrics,
+"""The speed plumbing: FLOPs per token, the MFU peak, ``train.compile=auto``, the trainer's speed metrics,
 and exact resume under compile (slow)."""
 
 from __future__ import annotations

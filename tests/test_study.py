@@ -1,4 +1,4 @@
-"""``scalevec study``: the lr grid grows until the best lr is inside, then seeds are added at it (issue 12).
+"""``scalevec study``: the lr grid grows until the best lr is inside, then seeds are added at it (DESIGN.md §9).
 
 The fake trainer (tests/fakerun.py) has its best lr at 3e-3 (loss ∝ log(lr / 3e-3)²), so a grid
 written far below it must grow upward, and a study rerun must train nothing new.

@@ -1,4 +1,4 @@
-"""The theory lab (DESIGN.md §4, issue 6): every claim asserted on the number its experiment computes,
+"""The theory lab (DESIGN.md §4): every claim asserted on the number its experiment computes,
 plus the training probes ``probe_scales`` and ``sharpness`` on the tiny Transformer."""
 
 from __future__ import annotations

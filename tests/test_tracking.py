@@ -1,4 +1,4 @@
-"""Trackers (issue 14): TensorBoard and Weights & Biases mirror metrics.jsonl; a missing package is a clear error."""
+"""Trackers: TensorBoard and Weights & Biases mirror metrics.jsonl; a missing package is a clear error."""
 
 import json
 import math

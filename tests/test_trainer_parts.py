@@ -1,5 +1,5 @@
-"""The trainer's parts (issue 37, DESIGN.md §8): monitors as callbacks, the health guard's own state, checkpoints
-by default and the resume header (issue 38), the peak-memory field of the metrics rows on CUDA (issue 34)."""
+"""The trainer's parts (DESIGN.md §8): monitors as callbacks, the health guard's own state, checkpoints
+by default and the resume header, the peak-memory field of the metrics rows on CUDA."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_peak_memory_in_rows_on_cuda(monkeypatch):
 
 
 def test_runs_checkpoint_periodically_by_default():
-    """``train.ckpt_every`` is on by default (issue 38): a kill loses at most that many steps."""
+    """``train.ckpt_every`` is on by default: a kill loses at most that many steps."""
     assert RunConfig().train.ckpt_every > 0
 
 
@@ -182,7 +182,7 @@ def test_checkpoint_by_minutes_and_two_kept(tmp_path, monkeypatch):
 
 
 def test_resume_says_where_it_continues(tmp_path, capsys):
-    """A resumed run prints one line naming the checkpoint and the step it continues from (issue 38)."""
+    """A resumed run prints one line naming the checkpoint and the step it continues from."""
     cfg = tiny_run(tmp_path, **{"train.ckpt_every": 2})
     out = tmp_path / "run"
     assert train(cfg, out, stop_at=3, quiet=True) == {"stopped_at": 3}
