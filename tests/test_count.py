@@ -183,10 +183,10 @@ def test_count_refuses_to_replace_a_file_unless_told(flag, tmp_path, capsys):
     assert json.loads(out.read_text())["kernels_per_block"].keys() == {"baseline"}
 
 
-def test_count_of_the_issue_preset_runs_and_meets_the_targets():
-    """At llama-0.12b bf16 (the issue's question) the count runs on meta tensors, and the CUDA path (DNP's SwiGLU
+def test_count_of_the_papers_smallest_shape_runs_and_meets_the_targets():
+    """At llama-0.12b bf16 (the paper's smallest shape) the count runs on meta tensors, and the CUDA path (DNP's SwiGLU
     and the fold fused, model/triton_dnp.py and model/triton_fold.py, counted through their fake implementations) is
-    within the issue's targets: unified <= 1.30x the baseline's kernels per block and <= 1.10x its bytes per token,
+    within its targets: unified <= 1.30x the baseline's kernels per block and <= 1.10x its bytes per token,
     unified_foldable <= 1.25x and <= 1.05x (figures: docs/performance.md)."""
     r = count("llama-0.12b", "baseline,unified,unified_foldable", dtype="bfloat16")
     k, b = r["kernels_per_block"], r["bytes_per_token"]

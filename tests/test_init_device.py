@@ -1,4 +1,4 @@
-"""Initial matrices are drawn on the CPU generator whatever the device (issues 34, 37; DESIGN.md §2):
+"""Initial matrices are drawn on the CPU generator whatever the device (DESIGN.md §2):
 ``build_model(seed=k, device=...)`` is the same model on CPU and GPU, and the CUDA RNG plays no part."""
 
 from __future__ import annotations

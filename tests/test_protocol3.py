@@ -137,10 +137,11 @@ def test_cell_names(name, want):
 
 
 def test_committed_cells_reproduce_the_audits_held_out_numbers():
-    """The issue's audit, re-computed independently of this code, gave Shakespeare's held-out Δ(unified) per rung
-    +0.0100, +0.0202, +0.0091, +0.0002, +0.0101, and 2 of cpu-200k KJV's 6 unified pairs across two kinds; the
-    committed results must read the same here (to the audit's printed 4 decimals). cpu-550k has grown since (seeds
-    6-10 on Intel): its audited value is that of the held-out seeds the audit had, 2 and 3."""
+    """The ladder's audit (docs/reproduction.md, protocol v3), re-computed independently of this code, gave
+    Shakespeare's held-out Δ(unified) per rung +0.0100, +0.0202, +0.0091, +0.0002, +0.0101, and 2 of cpu-200k KJV's
+    6 unified pairs across two kinds; the committed results must read the same here (to the audit's printed 4
+    decimals). cpu-550k has grown since (seeds 6-10 on Intel): its audited value is that of the held-out seeds the
+    audit had, 2 and 3."""
     root = Path(__file__).resolve().parents[1] / "results"
     got = []
     for rung in ("cpu-10k", "cpu-25k", "cpu-80k", "cpu-200k", "cpu-550k"):

@@ -2,7 +2,7 @@
 
 The same `tiny` run is trained in-process, by `scalevec train --config` in a subprocess, and by a
 sweep's subprocess, with a freshly built and a warm token cache, and next to busy-loop processes;
-every per-step loss must be bitwise equal. The cause of the difference the issue measured (compare
+every per-step loss must be bitwise equal. The cause of the difference first measured (compare
 vs train on one machine) was how many threads each used: torch's default counts physical cores,
 a sweep set ``OMP_NUM_THREADS`` to the CPU count; the thread count is now an explicit config field.
 """
