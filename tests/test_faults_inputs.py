@@ -207,6 +207,20 @@ def test_bounded_loader_limits(tmp_path):
     assert safe_load("a: &a [1, 2]\nb: *a\nc: {d: 2024-01-01}") == {"a": [1, 2], "b": [1, 2], "c": {"d": "2024-01-01"}}
 
 
+def test_a_key_set_twice_in_a_yaml_file_is_refused_with_its_line(tmp_path, capsys):
+    """A mapping that sets one key twice (PyYAML kept the last value silently) is refused in one line naming the key
+    and its line; a key brought in by a merge (``<<``) may still be set again below it."""
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  steps: 3\n  steps: 4\n")
+    assert main(["train", "--config", str(f), "--print-config"]) == 2
+    assert "line 3" in one_line_error(capsys, str(f), "'steps' is set twice")
+    s = tmp_path / "s.yaml"
+    s.write_text("name: n\nbase:\n  model: {init_width: null}\n  model: {layout: peri}\ngrid: {strategy: [baseline]}\n")
+    assert main(["sweep", str(s), "--dry-run"]) == 2
+    one_line_error(capsys, str(s), "'model' is set twice")
+    assert safe_load("a: &a {x: 1, y: 2}\nb: {<<: *a, x: 3}") == {"a": {"x": 1, "y": 2}, "b": {"x": 3, "y": 2}}
+
+
 @pytest.mark.parametrize("kind", ["sweep", "study"])
 def test_deeply_nested_grid_is_one_line(tmp_path, capsys, kind):
     f = tmp_path / "s.yaml"

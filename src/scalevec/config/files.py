@@ -40,8 +40,8 @@ class BoundedLoader(yaml.SafeLoader):
     """PyYAML's ``SafeLoader`` (plain data only, no tags that build objects) that refuses, before any value is
     constructed, a document nesting deeper than ``MAX_YAML_DEPTH`` (5,000 nested ``[`` would exhaust Python's
     recursion) and, once composed, one whose alias-expanded size passes ``MAX_YAML_NODES`` nodes,
-    ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or whose aliases refer to themselves. Raises
-    ``YAMLBoundError``."""
+    ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or whose aliases refer to themselves
+    (``YAMLBoundError``), and a mapping that sets one key twice (``check_unique_keys``: ``ComposerError``)."""
 
     _depth = 0
 
@@ -50,9 +50,12 @@ class BoundedLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_YAML_DEPTH:
                 raise YAMLBoundError(f"it nests deeper than {MAX_YAML_DEPTH} levels")
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        if isinstance(node, yaml.MappingNode):
+            check_unique_keys(node)
+        return node
 
     def construct_document(self, node):  # noqa: D102 (PyYAML's hook)
         check_expansion(node)
@@ -62,6 +65,23 @@ class BoundedLoader(yaml.SafeLoader):
 # a date or time is text to every reader here (a name, a tag): never a datetime object that JSON and the configs'
 # number fields would trip over (`lr: 2024-01-01` is then refused as "must be a number", one line)
 BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base`: its keys may be set again below it, as YAML's merge means
+
+
+def check_unique_keys(node: yaml.MappingNode) -> None:
+    """Raise ``yaml.composer.ComposerError`` (with the line) when a mapping as written sets one key twice: PyYAML
+    keeps the last value silently, so `lr: 0.01` above a forgotten `lr: 0.003` would train at 0.003. Keys
+    brought in by a merge (``<<``) are not written keys and may be overridden."""
+    seen: set[tuple[str, str]] = set()
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == MERGE_TAG:
+            continue
+        if (key.tag, key.value) in seen:
+            raise yaml.composer.ComposerError(None, None, f"the key {short(key.value, 40)} is set twice in one "
+                                              f"mapping (the last would win silently); keep one", key.start_mark)
+        seen.add((key.tag, key.value))
 
 
 def check_expansion(root: yaml.Node) -> None:
