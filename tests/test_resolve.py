@@ -88,10 +88,20 @@ def test_budget_tokens():
     assert budget_tokens(20, 41_056) == 821_120
     assert budget_tokens(0.5, 3) == 2  # round half to even
     for bad in (0, -1, float("nan")):
-        with pytest.raises(ValueError, match="must be > 0"):
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
             budget_tokens(bad, 1000)
     with pytest.raises(ValueError, match="gives 0 tokens"):
         budget_tokens(1e-9, 1000)
+
+
+@pytest.mark.parametrize("bad, match", [(float("inf"), "finite number > 0"), (True, "finite number > 0"),
+                                        ("abc", "finite number > 0"), (1e300, "gives 1e[+]303 tokens")])
+def test_budget_tokens_refuses_what_gives_no_int64_budget(bad, match):
+    """A ratio that is infinite, a bool or non-numeric text, or a budget past 2**63 tokens (the int64 counters), is
+    one ValueError naming tokens_per_param, not an OverflowError or a budget of True = 1 token per parameter."""
+    with pytest.raises(ValueError, match=rf"^tokens_per_param.*{match}"):
+        budget_tokens(bad, 1000)
+    assert budget_tokens("1e3", 1000) == 1_000_000  # YAML 1.1 reads 1e3 as text: still the number
 
 
 def test_one_diff_for_resume_and_sweep():

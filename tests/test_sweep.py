@@ -61,6 +61,23 @@ def test_bundle_axis_and_wsd_floor():
     assert cos.cfg.schedule.min_lr_ratio == 0.1 and wsd.cfg.schedule.min_lr_ratio == 0.0
 
 
+@pytest.mark.parametrize("base", [{"train.steps": 4, "train": {"steps": 6}}, {"lr": 1e-3, "optim": {"lr": 2e-3}}])
+def test_a_field_set_twice_in_a_sweep_base_is_refused(base):
+    """A field given twice in one base or bundle (a dotted key and its section, an alias and its field) is refused
+    naming it; before, the later one won silently."""
+    key = "train.steps" if "train" in base else "optim.lr"
+    with pytest.raises(ValueError, match=rf"^sweep.base sets {key} twice"):
+        spec_from_dict({"base": base, "grid": {"strategy": ["baseline"]}})
+
+
+@pytest.mark.parametrize("key", ["preset", "strategy"])
+def test_a_null_preset_or_strategy_is_refused_not_defaulted(key):
+    """``strategy: [null]`` (or a preset) is refused naming the key; before, it trained small/baseline labelled
+    'None'."""
+    with pytest.raises(ValueError, match=rf"^run None: {key} must be a name, like .*; got None"):
+        expand(spec_from_dict({"base": {"preset": "tiny"}, "grid": {key: [None]}}))
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"grid": {"strategy": ["nope"]}}, "unknown strategy"),
     ({"grid": {"lr": 3e-3}}, "non-empty list"),

@@ -12,6 +12,9 @@ import math
 import os
 
 from scalevec.config import RunConfig, TrainConfig
+from scalevec.config.typed import read_number
+
+TOKEN_LIMIT = 2**63  # a run's tokens and sample indices are int64 counters (data/sampler.py)
 
 
 def tokens_per_step(cfg: RunConfig) -> int:
@@ -40,13 +43,13 @@ def run_tokens(cfg: RunConfig) -> int:
 def budget_tokens(tokens_per_param: float, params: int) -> int:
     """A token budget of ``tokens_per_param`` tokens per parameter (DESIGN.md §9: a cell's budget uses the
     baseline strategy's ``params`` so that every strategy trains on the same tokens), for ``train.tokens``.
-    Raises ``ValueError`` for a ratio that is not > 0 or a budget below one token."""
-    if not float(tokens_per_param) > 0:
-        raise ValueError(f"tokens_per_param={tokens_per_param} must be > 0 (e.g. 20)")
-    tokens = round(float(tokens_per_param) * params)
-    if tokens < 1:
-        raise ValueError(f"tokens_per_param={tokens_per_param} gives {tokens} tokens for {params:,} parameters; "
-                         f"raise it (e.g. 20)")
+    Raises ``ValueError`` for a ratio that is not a finite number > 0 (``true``, text and NaN are no ratio), or a
+    budget below one token or of ``TOKEN_LIMIT`` tokens or more."""
+    ratio = read_number(tokens_per_param, "tokens_per_param", above=0, text=True, like=20)
+    tokens = round(ratio * params)
+    if not 1 <= tokens < TOKEN_LIMIT:
+        raise ValueError(f"tokens_per_param={tokens_per_param} gives {tokens:.3g} tokens for {params:,} parameters; "
+                         f"use a ratio that gives 1 to 2**63 tokens (e.g. 20)")
     return tokens
 
 

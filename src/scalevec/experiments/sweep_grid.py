@@ -24,7 +24,7 @@ from typing import Any
 from scalevec.config import RunConfig, ScaleConfig
 from scalevec.config.codec import config_diff, format_diff, from_dict, to_dict
 from scalevec.config.run_budget import budget_tokens, total_steps
-from scalevec.config.typed import short
+from scalevec.config.typed import bad_input, short
 from scalevec.data.documents import BUNDLED
 from scalevec.data.tokenizer import declared_vocab_size
 from scalevec.experiments.sweep_spec import PATH_FIELDS, SweepSpec, spec_paths, strategy_label
@@ -78,6 +78,10 @@ def assigned_config(assign: dict[str, Any]) -> RunConfig:
     Raises ``ValueError`` for unknown presets, strategies or fields and invalid values.
     """
     a = dict(assign)
+    for key in ("preset", "strategy"):  # a null would fall back to the default (small, baseline) under its label
+        if key in a and not (isinstance(a[key], str) and a[key].strip()):
+            raise bad_input(key, "a name", a[key], like="tiny" if key == "preset" else "baseline",
+                            fix="`scalevec info` lists them")
     preset, strategy = a.pop("preset", None), a.pop("strategy", None)
     tpp = a.pop("tokens_per_param", None)
     cfg = resolve_config(str(preset) if preset is not None else None, str(strategy) if strategy is not None else None,

@@ -72,6 +72,7 @@ def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
     """Nested sections and dotted keys -> ``{canonical dotted key: value}``. ``ValueError`` on a bad key.
 
     Aliases (``lr``, ``seed``, ...) apply to top-level keys only; ``{train: {steps: 10}}`` is ``train.steps``.
+    A field set twice (``train.steps`` and ``train: {steps: ...}``, ``lr`` and ``optim: {lr: ...}``) is refused.
     """
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be a mapping of config fields (e.g. train: {{steps: 100}})")
@@ -81,9 +82,14 @@ def flatten(data: dict, where: str, prefix: str = "") -> dict[str, Any]:
         if not prefix and not (full in SECTIONS and isinstance(value, dict)):  # `schedule: wsd` vs `schedule: {...}`
             full = canonical_key(full)
         if (full in SECTIONS or full == "model.moe") and isinstance(value, dict):
-            out.update(flatten(value, f"{where}.{full}", full + "."))
+            items = flatten(value, f"{where}.{full}", full + ".")
         else:
-            out[full] = yaml_number(value)
+            items = {full: yaml_number(value)}
+        for k, v in items.items():  # `lr: 1e-3` beside `optim: {lr: 2e-3}`: one would win silently
+            if k in out:
+                raise ValueError(f"{where} sets {short(k, 80)[1:-1]} twice ({short(out[k])} and {short(v)}: as a "
+                                 f"dotted key, an alias or in its section); set it once")
+            out[k] = v
     return out
 
 
