@@ -45,10 +45,14 @@ def train_argv(out, *extra: str) -> list[str]:
     ("model.moe=3", ("model.moe must be a mapping",)),
     ("data.source=", ("data.source is empty",)),
     ("model.d_model=[x", ("model.d_model must be a whole number; got '[x' (a str)",)),
+    ("train.peak_flops=nan", ("train.peak_flops=nan must be finite",)),
+    ("train.peak_flops=inf", ("train.peak_flops=inf must be finite",)),
+    ("train.tokens=" + "9" * 400, ("train.tokens=", "must be below 2**63")),
+    ("train.batch_size=10000000000000", ("a step's batch", "GiB", "use a smaller batch")),
 ])
 def test_bad_config_values_exit_2_and_write_nothing(tmp_path, capsys, override, words):
-    """Malformed or out-of-range config values (betas, eps, momentum, inf/nan, seed, bool-as-int) exit 2 before
-    writing."""
+    """Malformed or out-of-range config values (betas, eps, momentum, inf/nan, seed, bool-as-int, counts past
+    int64, a batch no memory holds) exit 2 before writing."""
     out = tmp_path / "run"
     fails(capsys, train_argv(out, override), *words)
     assert not out.exists()

@@ -104,6 +104,17 @@ def test_budget_tokens_refuses_what_gives_no_int64_budget(bad, match):
     assert budget_tokens("1e3", 1000) == 1_000_000  # YAML 1.1 reads 1e3 as text: still the number
 
 
+@pytest.mark.parametrize("items, match", [(["train.tokens=100", "train.batch_size=0"], "train.batch_size=0 must be"),
+                                          (["train.tokens=1" + "0" * 400], "train.tokens=.* must be below 2")])
+def test_a_token_budget_with_a_bad_batch_or_past_int64_is_named(items, match):
+    """train.tokens with batch_size 0 (ZeroDivisionError before) or tokens of 401 digits (OverflowError of a float
+    quotient before) is one ValueError naming the field: validation comes before the step count is derived."""
+    with pytest.raises(ValueError, match=f"^{match}"):
+        resolve_config("tiny", "baseline", items)
+    assert total_steps(resolve_config("tiny", "baseline", [f"train.tokens={2**60 + 1}", "train.batch_size=1",
+                                                           "train.seq_len=1"])) == 2**60 + 1  # exact, no float
+
+
 def test_one_diff_for_resume_and_sweep():
     """config_diff: dotted names with both values, execution fields excepted; a section present on one side
     only is one entry; format_diff writes it as the resume and sweep errors show it."""

@@ -84,9 +84,9 @@ def resolve_config(preset: str | None = None, strategy: str | None = None,
         data[section] = {**data[section], **values}
     floor = _wsd_floor(data_in.get("schedule"), items)
     cfg = apply_overrides(from_dict(RunConfig, data), items + ([floor] if floor else []))
+    cfg.validate()  # first: the step count below divides by the batch, and the default warmup is always valid
     if base is None and not warmup_given(data_in.get("schedule"), items):
         cfg.schedule.warmup = default_warmup(train_steps(cfg.train))
-    cfg.validate()
     return cfg
 
 

@@ -8,7 +8,6 @@ their files: ``codec.py``, ``files.py``; the vocabulary fitted to a tokenizer: `
 
 from __future__ import annotations
 
-import math
 import os
 
 from scalevec.config import RunConfig, TrainConfig
@@ -26,7 +25,7 @@ def train_steps(t: TrainConfig) -> int:
     """Optimizer steps of a run with training section ``t`` (the one step counter): ``ceil(train.tokens /
     (batch_size × seq_len))`` when ``train.tokens`` is set, else ``train.steps``."""
     if t.tokens > 0:
-        return math.ceil(t.tokens / (t.batch_size * t.seq_len))
+        return -(-t.tokens // (t.batch_size * t.seq_len))  # whole numbers: a float quotient overflows past 1e308
     return t.steps
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalevec.config.typed import is_int, is_number
+from scalevec.config.typed import is_int, is_number, short
 
 # --------------------------------------------------------------------------------------------- model
 
@@ -536,6 +536,9 @@ class TrainConfig:
         _nonnegative(self, "tokens", "micro_batch_size", "ckpt_every", "seed", "probe_every", "sharpness_every")
         if self.seed >= SEED_LIMIT:
             raise ValueError(f"train.seed={self.seed} must be below 2**63 = {SEED_LIMIT:,}")
+        for name in ("steps", "tokens"):  # int64 counters (the sampler's sample index, the checkpoint's step)
+            if getattr(self, name) >= COUNT_LIMIT:
+                raise ValueError(f"train.{name}={short(getattr(self, name))} must be below 2**63 = {COUNT_LIMIT:,}")
         if self.threads < 0:
             raise ValueError(f"train.threads={self.threads} must be >= 0 (0: every CPU this process may use)")
         mb = self.micro_batch_size or self.batch_size
@@ -555,8 +558,9 @@ class TrainConfig:
                              f"{self.guard_spike_window} >= 2 and train.guard_spike_ratio={self.guard_spike_ratio} "
                              f"0 (off) or > 1 (defaults 10, 50, 2.0)")
         self.compile = normalize_compile(self.compile)  # older runs stored a YAML boolean
-        if self.peak_flops < 0:
-            raise ValueError(f"train.peak_flops={self.peak_flops} must be >= 0 (0: measured or the GPU's spec figure)")
+        if not 0 <= self.peak_flops < math.inf:  # NaN fell back to the measured peak and inf gave an mfu of 0
+            raise ValueError(f"train.peak_flops={self.peak_flops} must be finite and >= 0 (0: measured or the GPU's "
+                             f"spec figure)")
 
 
 @dataclass
@@ -622,6 +626,7 @@ def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
 
 
 SEED_LIMIT = 2**63  # seeds are below it: torch's generators take a 64-bit seed, and derived seeds stay below 2**64
+COUNT_LIMIT = 2**63  # train.steps and train.tokens are below it: int64 counters
 
 # How a run executes, not what it computes: these may differ when a run is resumed or a sweep is rerun
 # (DESIGN.md §8: the same global batch gives the same losses on 1 or N processes; the thread count and

@@ -173,7 +173,8 @@ def absolute_paths(cfg: RunConfig) -> RunConfig:
 # model.d_model 10^9 in a run's config.yaml on resume); refused first, one line
 def check_fits_memory(cfg: RunConfig) -> None:
     """Raise ``ValueError`` when ``cfg``'s model cannot exist here: its matrices and embedding alone (a lower
-    bound on its parameters, ``flops.matmul_params_per_token`` + the embedding) in float32 need more bytes than
+    bound on its parameters, ``flops.matmul_params_per_token`` + the embedding) in float32, or a step's token
+    indices (the global batch's sample indices, one micro-batch's inputs and targets), need more bytes than
     this machine's physical memory and every visible GPU's together. Lenient by design: it refuses only the
     impossible, never a model that offloading or sharding could fit."""
     import os
@@ -182,15 +183,23 @@ def check_fits_memory(cfg: RunConfig) -> None:
 
     from scalevec.model.flops import matmul_params_per_token
 
-    m = cfg.model
+    m, t = cfg.model, cfg.train
     params = matmul_params_per_token(m) + m.d_model * m.vocab_size
-    need = 4 * params
+    # every process builds the global batch's sample indices (int64) and one micro-batch's inputs and targets
+    # (int64, at least one sequence: data/sampler.py); train.batch_size 10**13 failed in numpy's allocator
+    batch = 8 * t.batch_size + 16 * (t.micro_batch_size or 1) * t.seq_len
+    need = 4 * params + batch
     try:
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return
     if torch.cuda.is_available():
         have += sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+    if batch > have:
+        raise ValueError(f"a step's batch (train.batch_size {t.batch_size:,}, micro_batch_size {t.micro_batch_size:,}, "
+                         f"seq_len {t.seq_len:,}) needs at least {batch / 2**30:,.0f} GiB for its token indices, more "
+                         f"than this machine's {have / 2**30:,.0f} GiB of memory; use a smaller batch (for --resume: "
+                         f"the train section of the run's config.yaml)")
     if need > have:
         raise ValueError(f"the model (d_model {m.d_model:,}, {m.n_layers:,} layers, d_ff {m.d_ff:,}, vocabulary "
                          f"{m.vocab_size:,}) has at least {params:.3g} parameters, {need / 2**30:,.0f} GiB in float32, "
