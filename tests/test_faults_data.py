@@ -242,6 +242,8 @@ MALFORMED = [  # (edit, the field the error names)
     (_set("tokenizer", 5), "tokenizer"),
     (_set("tokenizer_dir", DELETE), "tokenizer_dir"),
     (_set("val_frac", "a tenth"), "val_frac"),
+    (_set("val_frac", float("nan")), "val_frac"),
+    (_set("val_frac", 2.5), "val_frac"),
 ]
 
 
@@ -258,6 +260,25 @@ def test_malformed_manifest_is_one_line_error(root, capsys, edit, field):
     assert "prepare" in msg and "manymany" not in msg
     fails(capsys, ["prepare-data", "--verify", str(root)], "manifest.json", field)
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("raw, words", [(b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),
+                                        (b'{"vocab_size": ' + b"9" * 5000 + b"}", "is not valid JSON"),
+                                        (b"\xff\xfe{}", "is not valid JSON")])
+def test_a_manifest_that_json_cannot_read_is_one_line(root, capsys, raw, words):
+    """A manifest nested 100,000 deep (a RecursionError before), with an integer of 5,000 digits (Python's
+    message without the file before) or not UTF-8 is one line naming manifest.json and the fix."""
+    (root / P.MANIFEST).write_bytes(raw)
+    one_line_error(root, "manifest.json", words, "prepare the data again")
+    fails(capsys, ["prepare-data", "--verify", str(root)], "manifest.json", words)
+
+
+def test_a_fifo_manifest_is_named_as_such_without_hanging(root):
+    """A FIFO where manifest.json should be is refused as not a regular file, never read (it would block)."""
+    (root / P.MANIFEST).unlink()
+    os.mkfifo(root / P.MANIFEST)
+    with pytest.raises(ValueError, match=r"manifest .*manifest\.json is not a regular file \(a FIFO"):
+        P.load_prepared(root)
 
 
 def test_manifest_is_checked_before_any_shard_is_read(root, monkeypatch):

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import VAL_SPLITS
+from scalevec.config.files import read_bounded
 from scalevec.config.typed import Fields, is_int, read_kind
 from scalevec.data import token_files
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
@@ -453,19 +454,26 @@ def read_manifest(path: str | Path) -> dict:
     """The manifest of a prepared folder, checked by ``check_manifest`` before anything reads a shard.
 
     Raises ``FileNotFoundError`` if the folder has no manifest, ``ValueError`` (one line naming the file and
-    the field) if it is not valid JSON, not one this version reads, or fails ``check_manifest``.
+    the field) if it is no regular file of at most ``MAX_MANIFEST_BYTES``, not valid JSON (too deep a nesting
+    too), not one this version reads, or fails ``check_manifest``.
     """
     root = Path(path).expanduser()
     refuse_temporary(root, "prepared data")  # an interrupted prepare-data's folder, maybe incomplete
     p = root / MANIFEST
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"{p} does not exist; "
                                 f"write prepared data with `scalevec prepare-data SOURCE --out {path}`")
+    raw = read_bounded(p, "manifest", MAX_MANIFEST_BYTES, _REDO)  # a FIFO or a directory: one line, no hang
     try:
-        m = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p} is not valid JSON ({e}); prepare the data again") from None
+        m = json.loads(raw.decode("utf-8"))
+    except RecursionError:  # the C scanner recurses once per nesting level: 100,000 '[' overflowed Python's stack
+        raise ValueError(f"{p} nests too deeply to be a manifest; {_REDO}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
+        raise ValueError(f"{p} is not valid JSON ({' '.join(str(e).split())[:200]}); {_REDO}") from None
     return check_manifest(root, m)
+
+
+MAX_MANIFEST_BYTES = 1 << 26  # a manifest holds ~300 bytes per shard: 64 MB is 200,000 shards
 
 
 # The manifest fields a reader uses and their kinds (``int``: a whole number >= 0; ``float``: a number, NaN
@@ -498,8 +506,8 @@ def check_manifest(root: Path, m: object) -> dict:
         fields = Fields(obj, f"{p}: field {name.removesuffix(key)}", fix=_REDO)
         if kind is int:
             return fields.int(key, least=0)
-        if kind is float:
-            return fields.number(key, finite=False)
+        if kind is float:  # val_frac, the one number: a share in (0, 1) (NaN went into meta.json as it was)
+            return fields.number(key, above=0, most=1)
         return fields.get(key)[0] if kind is object else fields.kind(key, kind)
 
     def inside(rel: str, name: str) -> Path:
