@@ -39,6 +39,7 @@ HOSTILE = {
     "rope_theta -1": (_rope(rope_theta=-1), "rope_theta"),
     "rope type bogus": (_rope(rope_type="bogus"), "rope type"),
     "rope type yarn": (_rope(rope_type="yarn"), "rope type"),
+    "rope type a list": (_rope(rope_type=["default"]), "rope type ['default']"),  # a TypeError (unhashable) before
     "rope_parameters a string": (lambda c: c.update(rope_parameters="x"), "rope_parameters"),
     "max_position_embeddings -1": (lambda c: c.update(max_position_embeddings=-1), "max_position_embeddings"),
     "max_position_embeddings 0": (lambda c: c.update(max_position_embeddings=0), "max_position_embeddings"),
@@ -82,7 +83,7 @@ def test_generate_refuses_a_hostile_config_json_in_one_line(models, tmp_path, ca
 
 @pytest.mark.parametrize("command", ["eval", "convert"])
 @pytest.mark.parametrize("case", ["rope_theta NaN", "max_position_embeddings -1", "rope type bogus",
-                                  "num_attention_heads 0"])
+                                  "rope type a list", "num_attention_heads 0"])
 def test_eval_and_convert_refuse_what_generate_refuses(models, tmp_path, capsys, command, case):
     """`eval --text` and `convert` refuse the same config.json values in the same words (one validator)."""
     edit, word = HOSTILE[case]

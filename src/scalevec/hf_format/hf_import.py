@@ -35,7 +35,7 @@ from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
 from scalevec.config.files import read_bounded
-from scalevec.config.typed import Fields
+from scalevec.config.typed import Fields, short
 from scalevec.hf_format.families import FAMILIES, IMPORTS
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
 from scalevec.model.scales import NormLinear, OutputNorm, ScaleVector
@@ -136,11 +136,12 @@ def _rope(conf: dict) -> tuple[float, str, dict]:
     rope = dict(fields.kind("rope_scaling", dict, {}))
     rope.update(fields.kind("rope_parameters", dict, {}))
     theta = _fields(rope).number("rope_theta", fields.number("rope_theta", 10000.0, above=0), above=0)
-    types = {rope[k] for k in ("rope_type", "type") if rope.get(k) is not None} or {"default"}
-    for t in types:
+    given = [rope[k] for k in ("rope_type", "type") if rope.get(k) is not None]
+    for t in given:  # checked before the set below: a list (`"rope_type": ["default"]`) is unhashable
         if not isinstance(t, str) or t not in ROPE_TYPES:
-            raise ValueError(f"config.json has rope type {t!r}, which scalevec does not compute; supported: "
+            raise ValueError(f"config.json has rope type {short(t)}, which scalevec does not compute; supported: "
                              f"{', '.join(ROPE_TYPES)}")
+    types = set(given) or {"default"}
     if len(types) > 1:
         raise ValueError(f"config.json names two rope types ({', '.join(sorted(types))}); keep one")
     return theta, types.pop(), rope
