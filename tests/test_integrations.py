@@ -334,6 +334,20 @@ def test_param_groups_of_a_plain_hf_model_keep_norms_embeddings_biases_out_of_de
         param_groups(qwen2, lr=0)
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"embedding_wd": "no"}, r"^embedding_wd must be true or false; got 'no'$"),  # truthy: decayed the embedding
+    ({"router_wd": 1}, r"^router_wd must be true or false; got 1$"),
+    ({"strategy": 5}, r"^strategy must be a name .* or a ScaleConfig, got int$"),  # an AttributeError before
+    ({"scale_weight_decay": math.inf}, r"^scale\.weight_decay=inf must be a finite number >= 0"),  # NaN scales
+    ({"scale_weight_decay": True}, r"^scale\.weight_decay=True must be a finite number >= 0"),
+])
+def test_param_groups_refuse_arguments_of_the_wrong_kind(kwargs, match):
+    """A flag given as text or a count, a strategy that is no name, and a scale weight decay that is infinite or a
+    bool are one ValueError naming the argument, never groups built from a truthy string or an infinite decay."""
+    with pytest.raises(ValueError, match=match):
+        param_groups(apply(tiny_hf("llama"), "unified"), lr=1e-3, **kwargs)
+
+
 def test_param_groups_follow_the_strategy_roles():
     """After apply_strategy: roles are the model's own (the same as scalevec's model of the strategy); IWD decays
     the input scales' magnitude, not the direction α nor the output scales; lr_mult scales the scale roles' lr."""

@@ -218,7 +218,7 @@ def test_scale_weight_decay_sets_the_decayed_scales_coefficient_only(tiny_cfg, w
 
 
 def test_scale_weight_decay_must_be_non_negative():
-    with pytest.raises(ValueError, match="scale.weight_decay=-0.1 must be >= 0"):
+    with pytest.raises(ValueError, match="scale.weight_decay=-0.1 must be a finite number >= 0"):
         ScaleConfig(weight_decay=-0.1).validate()
 
 

@@ -67,3 +67,23 @@ def test_a_deepcopy_keeps_the_opt_out():
     with pytest.raises(WeightDecayMismatch):
         step(twin, torch.optim.AdamW(twin.parameters(), lr=1e-2, weight_decay=0.01))
     step(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01))  # the original: still opted out
+
+
+@pytest.mark.parametrize("edit", ["decay_turned_on", "tensor_moved"])
+def test_groups_changed_after_a_passing_step_are_checked_again(edit):
+    """An optimizer that passed its first step is checked again when a group's weight decay is turned on
+    afterwards, or a scale vector is moved into a decayed group (before, a passing optimizer was only checked again
+    when its group count changed): the next step is refused and changes no weight."""
+    model = guarded()
+    opt = torch.optim.AdamW(param_groups(model, lr=1e-2, weight_decay=0.01))
+    step(model, opt)
+    scales = next(g for g in opt.param_groups if g["role"] == "input_scale")
+    if edit == "decay_turned_on":
+        scales["weight_decay"] = 0.01
+    else:
+        next(g for g in opt.param_groups if g["weight_decay"] > 0)["params"].append(scales["params"].pop())
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt.zero_grad()
+    with pytest.raises(WeightDecayMismatch, match="strategy baseline never decays input_scale"):
+        step(model, opt)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

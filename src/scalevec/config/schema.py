@@ -297,8 +297,9 @@ class ScaleConfig:
         if self.direction_init != 1.0 and self.param == "direct":
             raise ValueError("scale.direction_init sets OR/ER's direction α, but scale.param='direct' has none; "
                              "set scale.param='magdir' (or 'magdir_exp') or leave scale.direction_init at 1")
-        if self.weight_decay is not None and not self.weight_decay >= 0:
-            raise ValueError(f"scale.weight_decay={self.weight_decay} must be >= 0 (or null: optim.weight_decay)")
+        if self.weight_decay is not None and not is_number(self.weight_decay, least=0):  # inf made the scales NaN
+            raise ValueError(f"scale.weight_decay={self.weight_decay!r} must be a finite number >= 0 (or null: "
+                             f"optim.weight_decay)")
         if not is_number(self.lr_mult, above=0):
             raise ValueError(f"scale.lr_mult={self.lr_mult!r} must be a positive number (default 1: optim.lr)")
         if self.per_expert and self.scale != "branch":

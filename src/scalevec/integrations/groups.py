@@ -15,7 +15,7 @@ import dataclasses
 from torch import nn
 
 from scalevec.config import OptimConfig, ScaleConfig
-from scalevec.config.typed import read_number
+from scalevec.config.typed import read_flag, read_number
 from scalevec.model.roles import BIAS, model_roles
 from scalevec.training import optim
 
@@ -57,16 +57,19 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.1, *, stra
     decay; default the model's (``apply_strategy``'s, a scalevec model's) or, for a plain model, ``baseline`` (no
     decay on norm gains). Every trainable parameter is in exactly one group (asserted); tied parameters count once.
     Returns a ``ParamGroups`` (a list; ``.table()`` prints it). Raises ``ValueError`` for an lr or weight decay
-    that is not a finite number >= 0 (lr > 0).
+    that is not a finite number >= 0 (lr > 0), an ``embedding_wd`` / ``router_wd`` that is not a bool, or a
+    ``strategy`` that is neither a name nor a ``ScaleConfig``.
     """
     read_number(lr, "lr", above=0, like="3e-3")
     read_number(weight_decay, "weight_decay", least=0, like="0.1")
+    read_flag(embedding_wd, "embedding_wd")  # the text "no" would decay the embedding
+    read_flag(router_wd, "router_wd")
     if strategy is None:
         scfg = strategy_of(model)
     else:
         from scalevec.integrations.hf_model import scale_config
 
-        scfg = scale_config(strategy) if isinstance(strategy, str) else strategy
+        scfg = strategy if isinstance(strategy, ScaleConfig) else scale_config(strategy)  # a non-name: one line
     if scale_lr_mult is not None or scale_weight_decay is not None:
         scfg = dataclasses.replace(scfg, **({"lr_mult": scale_lr_mult} if scale_lr_mult is not None else {}),
                                    **({"weight_decay": scale_weight_decay} if scale_weight_decay is not None else {}))

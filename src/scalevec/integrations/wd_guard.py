@@ -9,8 +9,9 @@ torch optimizer that holds one of the model's scale vectors (torch's public glob
 ``torch.optim.optimizer.register_optimizer_step_pre_hook``, so every loop is covered: HF ``Trainer``, accelerate,
 Lightning, a hand-written one), the optimizer's groups are checked against the strategy and a wrong one raises
 ``WeightDecayMismatch`` naming the first wrong tensor and the fix. The check runs once per optimizer (a passing
-optimizer is remembered, weakly), so a step costs one lookup after that; it runs again after ``add_param_group``
-and after any model is guarded or opted out or back in (``_epoch``).
+optimizer is remembered, weakly, with its groups' layout), so a step costs a look at its groups after that; it runs
+again after ``add_param_group``, a group's ``weight_decay`` turned on or off or a tensor moved between groups
+(``_layout``), and after any model is guarded or opted out or back in (``_epoch``).
 
 The opt-out, for a user who means it: ``allow_any_weight_decay(model)``. A model without a strategy (never applied,
 or ``fold``-ed) is not checked. A ``copy.deepcopy`` of a guarded model (alone, or with its optimizer) is guarded
@@ -36,7 +37,7 @@ OPT_OUT = "_scalevec_any_weight_decay"  # the model attribute allow_any_weight_d
 GUARD_MARK = "_scalevec_wd_guard"  # the model attribute guard_weight_decay sets: a _GuardMark
 
 _guarded: weakref.WeakSet = weakref.WeakSet()  # models carrying a strategy
-# optimizers already checked and found right -> (_epoch, their group count) at that check
+# optimizers already checked and found right -> (_epoch, their _layout) at that check
 _passed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _epoch = 0  # bumped when the guarded models or their opt-outs change: every optimizer is checked again
 _hook = None  # the one global step pre-hook, registered on the first guard_weight_decay
@@ -119,8 +120,15 @@ def _steps_inner_optimizers(optimizer: torch.optim.Optimizer) -> bool:
         isinstance(o, torch.optim.Optimizer) for o in inner)
 
 
+def _layout(optimizer: torch.optim.Optimizer) -> tuple:
+    """What a passing check depends on, cheap enough for every step: per group, whether it decays and how many
+    tensors it holds. A ``weight_decay`` set on a group after the first step, or a tensor moved into a decayed
+    group, changes it, and the optimizer is checked again."""
+    return tuple(((g.get("weight_decay") or 0.0) > 0, len(g["params"])) for g in optimizer.param_groups)
+
+
 def _check_before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    if _passed.get(optimizer) == (_epoch, len(optimizer.param_groups)) or _steps_inner_optimizers(optimizer):
+    if _passed.get(optimizer) == (_epoch, _layout(optimizer)) or _steps_inner_optimizers(optimizer):
         return
     for model in list(_guarded):
         if model.__dict__.get(OPT_OUT):
@@ -128,7 +136,7 @@ def _check_before_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         problem = weight_decay_mismatch(optimizer, model)
         if problem is not None:
             raise WeightDecayMismatch(problem)
-    _passed[optimizer] = (_epoch, len(optimizer.param_groups))
+    _passed[optimizer] = (_epoch, _layout(optimizer))
 
 
 __all__ = ["WeightDecayMismatch", "guard_weight_decay", "allow_any_weight_decay", "weight_decay_mismatch"]
