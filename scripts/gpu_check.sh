@@ -3,7 +3,8 @@
 # that machine's own python3 with a CUDA torch >= 2.11 and numpy, scipy, matplotlib, PyYAML, tokenizers,
 # safetensors, tqdm, pytest (transformers for the HF Llama candidate): scalevec runs from this checkout
 # (PYTHONPATH=src), no network, no install. Everything it learns lands in OUT (summary.json, summary.md,
-# gpu_check.log, stages.json, runs.tar.gz); the stages and their sizes are in src/scalevec/bench/gpu_check.py.
+# gpu_check.log, stages.json, runs.tar.gz); the stages and their sizes are in scripts/gpu_check.py (the
+# in-process ones in src/scalevec/bench/gpu_stages.py).
 #
 #   bash scripts/gpu_check.sh OUT                 # on one CUDA GPU, about 6 minutes: room to rerun in 15
 #   DEVICE=cpu bash scripts/gpu_check.sh OUT      # the rehearsal: every stage at tiny sizes on CPU, ~5 minutes
@@ -30,11 +31,11 @@ if [ "$("$PY" -c "import torch; print('torch imported')" 2>/dev/null)" != "torch
   echo "gpu_check: $PY cannot import torch; set PYTHON to a python3 with torch (>= 2.11)" >&2
   exit 2
 fi
-export PYTHON="$PY" PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" SCALEVEC_CHECKOUT="$ROOT"
+export PYTHON="$PY" PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 # The check runs as a job of its own (set -m), so that Ctrl-C and SIGTERM reach it once, through these traps, and
 # this script still sees its end: it exits non-zero when no summary was written, whatever the check returned.
 set -m
-"$PY" -m scalevec.bench.gpu_check "$1" --device "${DEVICE:-cuda}" ${BUDGET_S:+--budget-s "$BUDGET_S"} \
+"$PY" "$ROOT/scripts/gpu_check.py" "$1" --device "${DEVICE:-cuda}" ${BUDGET_S:+--budget-s "$BUDGET_S"} \
   ${ONLY:+--only "$ONLY"} &
 child=$!
 trap 'kill -INT "$child" 2>/dev/null' INT

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalevec.bench import gpu_check, gpu_torchtitan
-from scalevec.bench.gpu_summary import Stage, run_figures, write_summary
+from scalevec.bench import gpu_torchtitan
+from scalevec.bench.run_speed import run_figures
 from scalevec.config.run_budget import tokens_per_step
 from scalevec.model import flops
 from scalevec.model.flops import flops_per_token
@@ -21,6 +22,19 @@ from scalevec.resolve import resolve_config
 from scalevec.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _check_script():
+    """scripts/gpu_check.py, the checkout's orchestrator of the check, as a module."""
+    spec = importlib.util.spec_from_file_location("gpu_check_script", ROOT / "scripts" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check_script"] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gpu_check = _check_script()
+Stage, write_summary = gpu_check.Stage, gpu_check.write_summary
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +205,7 @@ def test_sigterm_stops_the_check_kills_its_stage_and_keeps_a_summary(tmp_path):
     stub.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": str(stub), "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "scalevec.bench.gpu_check", str(out), "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(out), "--device", "cpu",
                              "--only", "env"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for _ in range(200):
         if pid_file.exists() and pid_file.read_text().strip():

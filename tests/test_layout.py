@@ -199,7 +199,6 @@ OTHER_FILES_OF_THE_SAME_NAME = {
     ("scalevec.data", "meta.json"),  # a token cache entry's own meta.json (data/corpus.py)
     ("scalevec.hf_format", "model.safetensors"),  # a Hugging Face model directory's weights (transformers' name)
     ("scalevec.hf", "model.safetensors"),  # the same, in an export directory
-    ("scalevec.bench.gpu_summary", "summary.json"),  # the GPU check's own summary (scripts/gpu_check.sh OUT)
 }
 
 
@@ -315,6 +314,38 @@ def test_no_installed_module_finds_the_checkout_or_imports_the_study():
     assert not bad, "\n".join(bad)
 
 
+def checkout_uses(path: Path) -> list[str]:
+    """What a checkout tool does and an installed module must not, as ``"line: what"``: join one of the checkout's
+    folders onto a path (``root / "tests"``), spell a path into one (``"scripts/gpu_ladder.sh"``), or run pytest."""
+    docs = {id(n.value) for n in _nodes(path) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    hits = []
+    for n in _nodes(path):
+        if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and isinstance(n.right, ast.Constant)
+                and isinstance(n.right.value, str) and n.right.value.strip("/").split("/")[0] in CHECKOUT_FOLDERS):
+            hits.append(f"{n.lineno}: joins {n.right.value!r} onto a path")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            if n.value.lstrip("/").split("/")[0] in CHECKOUT_FOLDERS and "/" in n.value.strip("/"):
+                hits.append(f"{n.lineno}: spells the path {n.value!r}")
+            elif re.match(r"pytest\b", n.value):
+                hits.append(f"{n.lineno}: runs the tests ({n.value!r})")
+    return hits
+
+
+def test_no_installed_module_names_the_checkouts_folders_or_runs_its_tests():
+    """No module of src/scalevec joins scripts/, results/, tests/, reproduction/ or sweeps/ onto a path, spells a
+    path into them, or runs pytest: a tool that drives the checkout (the GPU check's orchestrator) is a script."""
+    bad = [f"{m}:{hit}" for m, path in MODULES.items() for hit in checkout_uses(path)]
+    assert not bad, "installed modules that use the checkout (move them into scripts/):\n" + "\n".join(bad)
+
+
+def test_checkout_uses_sees_the_gpu_checks_orchestrator():
+    """The checker flags what scripts/gpu_check.py does and the library must not: it runs ``pytest`` on the
+    checkout's ``tests/``, and ``scripts/gpu_ladder.sh`` against ``results/``."""
+    hits = " ".join(checkout_uses(ROOT / "scripts" / "gpu_check.py"))
+    for what in ("joins 'tests'", "joins 'results'", "joins 'scripts'", "runs the tests ('pytest')"):
+        assert what in hits, f"{what} not seen in {hits}"
+
+
 def test_climbs_out_sees_parents_and_parent_chains():
     """The checker flags ``parents[3]`` and ``.parent.parent.parent`` from a depth-1 module, not ``parents[1]``."""
     expr = lambda text: ast.parse(text, mode="eval").body  # noqa: E731
@@ -345,13 +376,11 @@ def test_study_modules_live_outside_the_installed_package():
                 if name in MODULES and name not in used_inside and name != FACADE:
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}, used by no module of "
                                f"scalevec: move it into reproduction/")
-    # `python -m scalevec.X` in a script runs a module as a program; the library's own programs run so are the GPU
-    # check of its CUDA path (scripts/gpu_check.sh is its wrapper: the stages, the summary, nvidia-smi)
-    programs = {"scalevec.bench.gpu_check"}
+    # `python -m scalevec.X` in a script runs a module as a program: one that no library module uses is the study's
     for path in sorted((ROOT / "scripts").glob("*.sh")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             for name in re.findall(r"-m (scalevec(?:\.\w+)+)", line):
-                if name in MODULES and name not in used_inside | programs:
+                if name in MODULES and name not in used_inside:
                     bad.append(f"{path.relative_to(ROOT)}:{n} runs {name}, used by no module of scalevec: move it "
                                f"into reproduction/")
     assert not bad, "\n".join(bad)

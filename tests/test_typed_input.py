@@ -104,9 +104,9 @@ def test_fields_default_missing_and_null():
 ARG = r"(?:[^,()]|\([^()]*\))+"  # isinstance's first argument, one level of calls allowed: m.get("documents")
 LOCAL_READER = re.compile(rf"isinstance\({ARG}, ?\((int, ?float|float, ?int)[^)]*\)\)|isinstance\({ARG}, ?(bool|int)\)"
                           r"|def _(\w+_)?(int|float|flag|bool|positive|nonnegative|number)\(")
-# what stays, and why: formatting, not reading (sweep_grid, gpu_summary, wd_guard); the JSON-safety of a metrics
+# what stays, and why: formatting, not reading (sweep_grid, wd_guard); the JSON-safety of a metrics
 # row (monitors); a tensor index (prepared); an argparse value already an int or "auto" (evaluation)
-ALLOWED = {("experiments/sweep_grid.py", "isinstance(v, float)"), ("bench/gpu_summary.py", "isinstance(v, float)"),
+ALLOWED = {("experiments/sweep_grid.py", "isinstance(v, float)"),
            ("training/monitors.py", "(str, int, float, bool)"), ("data/prepared.py", "(int, np.integer)"),
            ("hf/evaluation.py", "isinstance(batch_size, int)")}
 

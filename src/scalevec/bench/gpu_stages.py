@@ -1,10 +1,11 @@
-"""The in-process stages of ``scripts/gpu_check.sh`` (DESIGN.md §8): each measures one thing about the
-CUDA path and writes its figures as ``WORK/NAME.json``. ``scalevec.bench.gpu_check`` runs each in its own process
-(under a timeout, ``torchrun`` for ``resume``) so that a crash or a hang in one never stops the next.
+"""The GPU check's in-process stages (DESIGN.md §8): each measures one thing about scalevec's CUDA path and
+writes its figures as ``WORK/NAME.json``; any of them runs on its own. A checkout's ``scripts/gpu_check.sh`` runs
+each in its own process (under a timeout, ``torchrun`` for ``resume``) so that a crash or a hang in one never stops
+the next.
 
     python -m scalevec.bench.gpu_stages env|parity|busy|resume|torchtitan --work DIR --device cuda|cpu
 
-The sizes depend on the device: on CUDA the stages measure at the sizes the issue names (a GPU-ladder rung,
+The sizes depend on the device: on CUDA the stages measure at the sizes of real runs (a GPU-ladder rung,
 ``llama-0.12b``); on CPU (the rehearsal, ``DEVICE=cpu``) the same code runs at tiny sizes in seconds.
 
 - ``env``: torch / CUDA / GPU, bf16 support, ``torch.nn.functional.grouped_mm``, and that every scalevec module
@@ -257,7 +258,7 @@ def resume(device: str, work: Path) -> dict:
     ``device_id``, and used as is by the three trainings."""
     import torch.distributed as dist
 
-    from scalevec.bench.gpu_summary import run_figures
+    from scalevec.bench.run_speed import run_figures
     from scalevec.resolve import resolve_config
     from scalevec.training.distributed import init_group
     from scalevec.training.rundir import read_metrics

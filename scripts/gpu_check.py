@@ -1,7 +1,11 @@
 """The GPU check (DESIGN.md §8): every stage of the CUDA path, cheapest first, within one wall-time
-budget, everything it learns written into one output folder. ``scripts/gpu_check.sh OUT`` calls this module.
+budget, everything it learns written into one output folder. ``scripts/gpu_check.sh OUT`` runs this script.
 
-    python -m scalevec.bench.gpu_check OUT [--device cuda|cpu] [--budget-s S]
+    python scripts/gpu_check.py OUT [--device cuda|cpu] [--budget-s S] [--only STAGE,...]
+
+It is the checkout's tool, not the library's: it runs this checkout's GPU tests and ``scripts/gpu_ladder.sh``, so
+it lives beside them; what it measures in-process is the installed ``scalevec.bench.gpu_stages`` (each stage a
+``python -m scalevec.bench.gpu_stages NAME`` of its own) and ``scalevec bench``.
 
 Stages (each its own process and timeout; a failed or timed-out stage never stops the next; a stage that would
 not fit in what is left of the budget is skipped and said so), what matters first:
@@ -54,22 +58,75 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scalevec.bench.gpu_summary import PASSING, Stage, write_summary
-from scalevec.config.typed import is_number
-from scalevec.training.checkpoint.layout import CKPT_DIR
-from scalevec.training.rundir import DONE, METRICS, SUMMARY
+# the checkout whose scripts/, tests/ and results/ the stages run: this script's own
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # scalevec from this checkout
 
-# the checkout whose scripts/, tests/ and results/ the stages run: scripts/gpu_check.sh names it, else the working
-# directory (an installed module never finds a checkout from its own path)
-ROOT = Path(os.environ.get("SCALEVEC_CHECKOUT") or Path.cwd()).resolve()
+from scalevec.config.typed import is_number  # noqa: E402
+from scalevec.training.checkpoint.layout import CKPT_DIR  # noqa: E402
+from scalevec.training.rundir import DONE, METRICS, SUMMARY  # noqa: E402
+
 # cuda: two runs and a machine's start fit in 15 minutes of GPU time; cpu: the compiled bench alone takes minutes
 BUDGET_S = {"cuda": 360, "cpu": 360}
 MIN_STAGE_S = 20  # a stage that would get less than this is skipped
 LADDER_RUNG = "cpu-1m"
 MAX_TAR_BYTES = 16 * 2**20
+
+
+# "not run": a stage that needs something this machine lacks by choice (torchtitan): neither ok nor a failure
+STATUSES = ("ok", "failed", "skipped", "not run")
+PASSING = ("ok", "not run")  # the statuses that leave the check's exit status 0
+
+
+@dataclass
+class Stage:
+    """One stage of the check: ``status`` one of ``STATUSES``; ``seconds`` wall time; ``figures`` its key
+    numbers; ``note`` one line (why it failed or was skipped, what it saw). Raises ``ValueError`` for another
+    status."""
+
+    name: str
+    status: str
+    seconds: float = 0.0
+    figures: dict = field(default_factory=dict)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"stage {self.name}: status {self.status!r} is not one of {', '.join(STATUSES)}")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def summary_markdown(stages: list[Stage], header: dict) -> str:
+    """The check as a markdown table: one row per stage with its status, seconds and key figures."""
+    lines = ["# GPU check", ""] + [f"- {k}: {_fmt(v)}" for k, v in header.items()] + [
+        "", "| stage | status | seconds | figures | note |", "|---|---|---:|---|---|"]
+    for s in stages:
+        figs = "; ".join(f"{k} {_fmt(v)}" for k, v in s.figures.items() if not isinstance(v, (dict, list)))
+        lines.append(f"| {s.name} | {s.status} | {s.seconds:.0f} | {figs} | {s.note.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def write_summary(out: str | Path, stages: list[Stage], header: dict) -> None:
+    """Write ``out/summary.json`` (``{"header": ..., "stages": [...]}``) and ``out/summary.md``, each atomically, so
+    a check killed between stages still leaves a readable summary of the stages it finished."""
+    out = Path(out)
+    _atomic_write(out / "summary.json", json.dumps({"header": header, "stages": [asdict(s) for s in stages]},
+                                                   indent=1, default=str))
+    _atomic_write(out / "summary.md", summary_markdown(stages, header))
 
 
 @dataclass
