@@ -103,6 +103,21 @@ def test_scalevec_groups_and_folded_models_pass():
     opt.step()
 
 
+def test_scalevec_trainer_at_transformers_default_weight_decay_names_the_fix(tmp_path):
+    """``ScalevecTrainer`` under ``TrainingArguments``' default weight_decay=0 on ``unified`` (which decays the
+    Input-Norm scales): one ValueError naming the argument to set, before any step; before, the guard refused the
+    step telling the user to use ScalevecTrainer, which they were. ``scale_weight_decay`` alone fixes it."""
+    model = tiny_llama()
+    before = _state(model)
+    trainer = ScalevecTrainer(model=model, args=training_args(tmp_path), train_dataset=Blocks())
+    with pytest.raises(ValueError, match=r"^strategy unified decays input_scale .* weight decay here is 0: pass "
+                                         r"weight_decay > 0 \(transformers: TrainingArguments\(weight_decay=0\.1\)"):
+        trainer.train()
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    groups = {g["role"]: g for g in param_groups(model, lr=1e-2, weight_decay=0.0, scale_weight_decay=0.1)}
+    assert groups["input_scale"]["weight_decay"] == 0.1 and groups["matrix"]["weight_decay"] == 0.0
+
+
 def test_scalevec_trainer_trains_unified_with_param_groups(tmp_path):
     """``ScalevecTrainer`` trains ``unified`` (no refusal; the loss falls over 4 steps on counting sequences) and its
     optimizer's groups are ``param_groups(model, lr, weight_decay)``: the same tensors, lr and decay per role; its logs
@@ -144,7 +159,7 @@ def test_scalevec_trainer_builds_its_optimizer_in_create_optimizer(tmp_path):
 
 def test_scalevec_trainer_refuses_an_optimizer_with_its_own_layout(tmp_path):
     """``args.optim`` that lays out its own parameters (LOMO) cannot carry roles: one clear ``ValueError``."""
-    trainer = ScalevecTrainer(model=tiny_llama(), args=training_args(tmp_path, optim="adamw_torch"),
+    trainer = ScalevecTrainer(model=tiny_llama(), args=training_args(tmp_path, optim="adamw_torch", weight_decay=0.1),
                               train_dataset=Blocks())
     trainer.optimizer_cls_and_kwargs = (torch.optim.AdamW, {"model": trainer.model, "lr": 1e-3})
     with pytest.raises(ValueError, match="builds its own parameter groups"):

@@ -16,7 +16,9 @@ from torch import nn
 
 from scalevec.config import OptimConfig, ScaleConfig
 from scalevec.config.typed import read_flag, read_number
+from scalevec.integrations.wd_guard import OPT_OUT
 from scalevec.model.roles import BIAS, model_roles
+from scalevec.model.scales import decayed_scale_roles
 from scalevec.training import optim
 
 EXTRA_ROLES = (BIAS,)  # a plain model's biases and other 1-D parameters outside norms: never decayed
@@ -58,7 +60,8 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.1, *, stra
     decay on norm gains). Every trainable parameter is in exactly one group (asserted); tied parameters count once.
     Returns a ``ParamGroups`` (a list; ``.table()`` prints it). Raises ``ValueError`` for an lr or weight decay
     that is not a finite number >= 0 (lr > 0), an ``embedding_wd`` / ``router_wd`` that is not a bool, or a
-    ``strategy`` that is neither a name nor a ``ScaleConfig``.
+    ``strategy`` that is neither a name nor a ``ScaleConfig``, and for a model carrying a strategy that decays a scale
+    role given a weight decay of 0 for it (``wd_guard`` would refuse its first step).
     """
     read_number(lr, "lr", above=0, like="3e-3")
     read_number(weight_decay, "weight_decay", least=0, like="0.1")
@@ -75,8 +78,26 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float = 0.1, *, stra
                                    **({"weight_decay": scale_weight_decay} if scale_weight_decay is not None else {}))
         scfg.validate()
     ocfg = OptimConfig(lr=float(lr), weight_decay=float(weight_decay), embedding_wd=embedding_wd, router_wd=router_wd)
-    return ParamGroups({"params": g.params, "lr": g.lr, "weight_decay": g.weight_decay, "role": g.role,
-                        "names": g.names} for g in optim.param_groups(model, ocfg, scfg, model_roles(model)))
+    groups = ParamGroups({"params": g.params, "lr": g.lr, "weight_decay": g.weight_decay, "role": g.role,
+                          "names": g.names} for g in optim.param_groups(model, ocfg, scfg, model_roles(model)))
+    _check_guarded_decay(model, scfg, groups)
+    return groups
+
+
+def _check_guarded_decay(model: nn.Module, scfg: ScaleConfig, groups: list[dict]) -> None:
+    """Refuse groups that ``wd_guard`` would refuse at the first step for a reason only these arguments can fix:
+    the model's strategy decays a scale role (``unified``, ``iwd``: the Input-Norm scales) but its weight decay
+    here is 0 (``weight_decay=0`` and no ``scale_weight_decay``; transformers' ``TrainingArguments`` default is 0),
+    so the guard's advice, "build the optimizer from param_groups", would send the user back here."""
+    if getattr(model, "scalevec_info", None) is None or model.__dict__.get(OPT_OUT):
+        return
+    decayed = decayed_scale_roles(scfg)
+    for g in groups:
+        if g["role"] in decayed and g["params"] and not g["weight_decay"] > 0:
+            raise ValueError(f"strategy {model.scalevec_info.strategy} decays {g['role']} (DESIGN.md §5), but its "
+                             f"weight decay here is 0: pass weight_decay > 0 (transformers: TrainingArguments("
+                             f"weight_decay=0.1); its default is 0) or scale_weight_decay > 0, or call "
+                             f"scalevec.allow_any_weight_decay(model) to train it undecayed on purpose")
 
 
 __all__ = ["EXTRA_ROLES", "ParamGroups", "model_roles", "param_groups", "strategy_of"]
