@@ -33,7 +33,9 @@ not fit in what is left of the budget is skipped and said so), what matters firs
    in the format of ``results/``.
 
 The default budget on CUDA (360 s) leaves room for a second run within 15 minutes of GPU time. Every speed figure
-is checked for plausibility (``PLAUSIBLE``): a ratio or an MFU no training step can have marks its stage failed.
+is checked for plausibility (``PLAUSIBLE``): on CUDA a ratio or an MFU no training step can have marks its stage
+failed; on CPU the note names it and the stage stays ok (a shared CPU's measured peak and step times move with its
+load: the rehearsal once failed this way at random).
 On CPU (``--device cpu``, the rehearsal) the same stages run at tiny sizes in about five minutes (compiling takes most).
 
 ``OUT`` receives at most 5 files: ``summary.json`` and ``summary.md`` (rewritten after every stage),
@@ -262,8 +264,10 @@ def stage_result(plan: Plan, rc: int | None, seconds: float, text: str, work: Pa
             ok = rc in (0, 5) and figures.get("failed", 0) == 0 and ran > 0
             note = note or f"{figures.get('skipped', 0)} gpu test(s) skipped: no CUDA device"
     odd = implausible(figures)
-    if ok and odd:
+    if ok and odd and device == "cuda":
         ok, note = False, f"implausible: {', '.join(odd)}"
+    elif ok and odd:  # a shared CPU's peak and step times move with its load: the rehearsal reports, never fails, them
+        note = f"implausible on a shared CPU (not judged): {', '.join(odd)}"
     if not ok and not note:
         tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or [""]
         note = f"exit {rc}: {tail[0][:200]}"
