@@ -206,3 +206,18 @@ def test_typed_input_tests_refuse_bools_and_text():
     assert [is_number(v) for v in (0, 1e-3, -2, True, "1e-3", None, math.inf, math.nan)] == [True] * 3 + [False] * 5
     assert is_number(math.inf, finite=False) and is_number(math.nan, finite=False) and not is_number(True, finite=False)
     assert not is_number(0, above=0) and is_number(0, least=0) and not is_number(-1e-9, least=0)
+
+
+@pytest.mark.parametrize("items, widest", [(["model.d_model=100000000000000000000"], "n_heads·head_dim"),
+                                           (["model.vocab_size=100000000000000000000000000"], "vocab_size"),
+                                           (["moe.n_experts=100000000000", "moe.d_expert=100000000"],
+                                            "moe.n_experts·d_expert")])
+def test_a_model_whose_largest_weight_torch_cannot_make_is_refused(items, widest, capsys):
+    """Sizes whose largest weight passes 2**60 values (torch's storage limit, even on the meta device) are one
+    ValueError naming d_model and the widest size; ``scalevec info`` (which builds on meta) raised a TypeError."""
+    from scalevec.cli import main
+
+    with pytest.raises(ValueError, match=rf"^model\.d_model=[\d,]+ × {widest}=[\d,]+ is a weight of .* past torch's"):
+        apply_overrides(RunConfig(), items).validate()
+    assert main(["info", "--preset", "tiny", *items]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -180,6 +180,18 @@ class ModelConfig:
             self.moe.validate()
             if self.moe.first_dense > self.n_layers:
                 raise ValueError(f"moe.first_dense={self.moe.first_dense} exceeds model.n_layers={self.n_layers}")
+        # torch cannot make a tensor of 2**63 bytes or more, even on the meta device (`scalevec info` and a sweep's
+        # parameter count build there): model.d_model=10**20 was a TypeError from torch.empty, not a message
+        widths = {"vocab_size": self.vocab_size, "d_ff": self.d_ff, "n_heads·head_dim": self.n_heads * self.head_dim,
+                  "max_seq_len": self.max_seq_len}
+        if self.moe is not None:
+            widths["moe.n_experts·d_expert"] = self.moe.n_experts * self.moe.d_expert
+            widths["moe.n_shared_experts·d_expert"] = self.moe.n_shared_experts * self.moe.d_expert
+        name, width = max(widths.items(), key=lambda kv: kv[1])
+        if self.d_model * width >= TENSOR_LIMIT:
+            raise ValueError(f"model.d_model={self.d_model:,} × {name}={width:,} is a weight of "
+                             f"{self.d_model * width:.3g} values, past torch's largest tensor (2**60); choose "
+                             f"smaller sizes")
 
 
 # --------------------------------------------------------------------------------------------- scales
@@ -628,6 +640,7 @@ def checkpoint_blocks(spec: str, n_layers: int) -> list[int]:
 
 SEED_LIMIT = 2**63  # seeds are below it: torch's generators take a 64-bit seed, and derived seeds stay below 2**64
 COUNT_LIMIT = 2**63  # train.steps and train.tokens are below it: int64 counters
+TENSOR_LIMIT = 2**60  # values of a model's largest weight: 8 bytes each stay below torch's 2**63-byte storage
 
 # How a run executes, not what it computes: these may differ when a run is resumed or a sweep is rerun
 # (DESIGN.md §8: the same global batch gives the same losses on 1 or N processes; the thread count and
