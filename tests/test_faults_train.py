@@ -246,6 +246,20 @@ def test_a_checkpoint_whose_step_does_not_fit_is_skipped_not_fed_to_the_schedule
     assert_same_as_reference(env, out)
 
 
+def test_resume_after_the_steps_were_lowered_below_a_checkpoint_changes_nothing(env, capsys):
+    """A run stopped at step 6 whose config.yaml is then edited to 3 steps: --resume is refused in one line naming
+    the checkpoints past 3 and the fix, and the run's metrics and checkpoints are as they were; before, it resumed
+    from step_0000002 and dropped the metrics of steps 3-6 (with no checkpoint at or below 3: all of them)."""
+    out = env["root"] / "lowered"
+    assert train(env["cfg"], out, stop_at=6, quiet=True) == {"stopped_at": 6}
+    config = out / rundir.CONFIG
+    config.write_text(config.read_text().replace(f"steps: {STEPS}\n", "steps: 3\n", 1))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != rundir.LOCK}
+    assert main(["train", "--resume", "--out", str(out), "--quiet"]) == 2
+    one_line_error(capsys, "step_0000004, step_0000006 are past the 3 steps", "restore the step count", "--overwrite")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != rundir.LOCK} == before
+
+
 def test_schedule_step_error_says_which_setting_bounds_it():
     """lr_multiplier outside the run's steps names the settings that make the count."""
     cfg = resolve_config("tiny", "baseline", []).schedule

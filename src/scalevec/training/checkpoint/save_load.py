@@ -337,10 +337,21 @@ def resume_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: list, d
 
     Raises ``rundir.RunDirError`` when a checkpoint failed to load part-way and no older one loads: the
     model and optimizer then hold part of it, so training from step 0 would not be a fresh run; the
-    message names the checkpoints and the way on (delete them, or ``--overwrite``).
+    message names the checkpoints and the way on (delete them, or ``--overwrite``). Also, before anything is
+    loaded, when a checkpoint is past the steps of the run's ``config.yaml`` (edited to fewer steps): resuming
+    from an earlier one, or from step 0, would drop the metrics of the steps it holds.
     """
+    from scalevec.config.run_budget import total_steps
+
+    steps = total_steps(rundir.load_config(run_dir))
+    past = sorted(c.name for c in checkpoint_dirs(run_dir) if integrity.step_of(c) > steps and not c.is_symlink())
+    if past:  # resuming below them (or from step 0) would drop the metrics of the steps they hold
+        raise rundir.RunDirError(f"{run_dir}'s checkpoints {', '.join(past)} are past the {steps} steps of its "
+                                 f"{rundir.CONFIG} (were train.steps or train.tokens lowered?); restore the step count "
+                                 f"to resume, branch with --init-from {run_dir}/{CKPT_DIR}/step_N, or pass --overwrite "
+                                 f"(nothing was changed)")
     skipped, tried = 0, []
-    for ckpt, problem in integrity.checkpoint_candidates(run_dir):
+    for ckpt, problem in integrity.checkpoint_candidates(run_dir, steps=steps):
         if problem is None:
             try:
                 state = load_checkpoint(ckpt, model, optimizers, device, verified=True)
