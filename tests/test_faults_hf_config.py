@@ -101,7 +101,24 @@ def test_a_200k_deep_config_json_is_one_line(models, tmp_path, capsys, command):
     shutil.copytree(models["exp"], d)
     (d / "config.json").write_text('{"model_type": "llama", "x": ' + "[" * 200_000 + "]" * 200_000 + "}")
     assert main(argv_of(command, d, models, tmp_path)) == 2
-    one_line_error(capsys, str(d / "config.json"), "nests too deeply")
+    assert "custom code" not in one_line_error(capsys, str(d / "config.json"), "nests too deeply")
+
+
+@pytest.mark.parametrize("command", ["generate", "eval", "convert", "train"])
+@pytest.mark.parametrize("raw, words", [(b"", "is not valid JSON"), (b"\xff{}", "is not valid JSON"),
+                                        (b"[1]", "is not a JSON object")])
+def test_an_unreadable_config_json_is_named_by_every_command(models, tmp_path, capsys, command, raw, words):
+    """An empty, non-UTF-8 or non-object config.json is one line naming config.json from every command; convert
+    and train --init-from said the directory was "neither a Hugging Face model ... nor a run" (and a too-deep one
+    was called custom code by convert). Nothing is written."""
+    d = tmp_path / "hf"
+    shutil.copytree(models["exp"], d)
+    (d / "config.json").write_bytes(raw)
+    argv = (["train", "--init-from", str(d), "--out", str(tmp_path / "c")] if command == "train"
+            else argv_of(command, d, models, tmp_path))
+    assert main(argv) == 2
+    last = one_line_error(capsys, str(d / "config.json"), words)
+    assert "custom code" not in last and not (tmp_path / "c").exists()
 
 
 def perplexity_line(out: str) -> str:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from scalevec import outpath
 from scalevec.config.run_budget import total_steps, usable_cpus
+from scalevec.hf_format.hf_import import read_config_json
 from scalevec.model.forward_check import check_forward
 from scalevec.training import distributed, init_from, rundir
 from scalevec.training.command import config_from_args
@@ -93,6 +94,7 @@ def convert(args: argparse.Namespace) -> Path:
     if init.kind == "hf":
         from scalevec.hf.generate import custom_code_trusted
 
+        read_config_json(source)  # a config.json it cannot read named as such, not as custom code below
         try:
             custom_code_trusted(source, args.trust_remote_code)
         except ValueError as e:

@@ -63,14 +63,15 @@ class PlainWeights:
 
 def is_hf_dir(path: str | Path) -> bool:
     """True when ``path`` looks like a Hugging Face model directory (``config.json`` with a ``model_type``; one
-    too deep to parse counts, so that ``read_config_json`` names the problem)."""
+    that is no JSON object counts: empty, not UTF-8, too deep, so that ``read_config_json`` names the problem
+    instead of "not a model directory")."""
     p = Path(path) / HF_CONFIG
     if not p.is_file():
         return False
     try:
         conf = read_config_json(path)
-    except ValueError as e:
-        return "nests" in str(e)
+    except ValueError:
+        return True
     except OSError:
         return False
     return "model_type" in conf
