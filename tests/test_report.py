@@ -215,6 +215,21 @@ def test_done_without_summary_is_refused_by_report_and_sweep_alike(tmp_path, cap
         run_status(runs[0], tmp_path / "runs")
 
 
+@pytest.mark.parametrize("value", [True, "2.0", None, [2.0]])
+def test_a_summary_whose_final_loss_is_no_number_is_refused(tmp_path, capsys, value):
+    """summary.json with final_val_loss true or "2.0" was ranked as a loss of 1.0 or 2.0 (true won the lr pick),
+    null or a list raised a TypeError: the report refuses it in one line naming the file and the fix."""
+    spec = {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline"], "lr": [1e-3, 3e-3]}}
+    runs = fabricate(tmp_path, spec)
+    summary = tmp_path / "runs" / runs[0].name / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_val_loss": value}))
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{summary}: final_val_loss is" in err and "not a finite number" in err and "DONE" in err
+    assert not (tmp_path / "report.md").exists()
+
+
 def test_token_efficiency_interpolates_to_baseline_loss(tmp_path):
     """Baseline ends at 2.0 after 2 evals; a strategy at 2.5 then 1.5 gets there at 3/4 of the tokens: 1.33×."""
     fabricate(tmp_path, {"base": {**BASE, "preset": "tiny"}, "grid": {"strategy": ["baseline", "unified", "none"]}},

@@ -170,7 +170,7 @@ def _final(runs_dir: Path, name: str) -> float | None:
         return math.inf
     if status != "done":
         return None
-    return float(rundir.read_json(d / rundir.SUMMARY)["final_val_loss"])
+    return float(rundir.read_summary(d, fix="retrain the run, or delete its DONE to train it again")["final_val_loss"])
 
 
 def _grow(lrs: list[float], losses: dict[float, list[float | None]], factor: float) -> float | None:

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalevec.config.typed import is_int
+from scalevec.config.typed import is_int, is_number, short
 from scalevec.hf_format.names import HF_CONFIG
 
 # rundir's own messages use check_out_path, link_words and one_line too; open_owned and replace_file are the rule
@@ -263,11 +263,15 @@ def write_summary(run_dir: str | Path, summary: dict) -> None:
 
 def read_summary(run_dir: str | Path, fix: str = "restore it from a copy of the run or retrain the run") -> dict:
     """The run's ``summary.json``; ``RunDirError`` naming the file and ``fix`` when it is missing,
-    unreadable or not a mapping."""
+    unreadable, not a mapping, or its ``final_val_loss`` (what reports and studies rank runs by) is not a
+    finite number: ``true`` or ``"2.0"`` was ranked as a loss, null raised a TypeError in the report."""
     path = Path(run_dir) / SUMMARY
     data = read_json(path, fix)
     if not isinstance(data, dict):
         raise RunDirError(f"{path} is not a summary (a JSON object); {fix}")
+    if not is_number(data.get("final_val_loss")):
+        raise RunDirError(f"{path}: final_val_loss is {short(data.get('final_val_loss'))}, not a finite number; "
+                          f"{fix}")
     return data
 
 
