@@ -144,6 +144,23 @@ def test_eval_errors_exit_2(tmp_path, capsys):
     assert "--tasks is empty" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--text", "t.txt", "--limit", "5"], "--limit only apply to --tasks"),  # --text ignored it
+    (["--text", "t.txt", "--num-fewshot", "2"], "--num-fewshot only apply to --tasks"),
+    (["--tasks", SHAKESPEARE_TASK, "--limit", "inf"], "--limit=inf must be a finite number > 0"),  # OverflowError
+    (["--tasks", SHAKESPEARE_TASK, "--limit", "nan"], "--limit=nan must be a finite number > 0"),
+    (["--tasks", SHAKESPEARE_TASK, "--num-fewshot", "-1"], "--num-fewshot=-1 must be >= 0"),
+])
+def test_task_settings_are_checked_before_anything_is_scored(tmp_path, capsys, extra, message):
+    """--limit / --num-fewshot without --tasks, an infinite or NaN --limit and a negative --num-fewshot are one line,
+    exit 2, before a model is read or a text scored (the path here holds no model at all)."""
+    (tmp_path / "t.txt").write_text("some held-out text\n")
+    extra = [str(tmp_path / "t.txt") if e == "t.txt" else e for e in extra]
+    assert main(["eval", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("scalevec eval: error: ") and message in err, err
+
+
 # -------------------------------------------------------------------------- --text: held-out perplexity
 
 HELD_OUT = ("In the beginning God created the heaven and the earth. — And the earth was without form, and void;\n"

@@ -409,3 +409,14 @@ def test_a_finished_study_on_its_own_lrs_dry_runs_after_its_data_moved(tmp_path,
     with pytest.raises(FileNotFoundError, match="corpus.txt' does not exist"):
         run_study(*parse(spec), tmp_path / "new", dry_run=True, train_cmd=FAKE)
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.parametrize("jobs", [0, -1])
+def test_jobs_below_one_are_refused_before_the_folder_is_written(tmp_path, dry_run, jobs):
+    """``--jobs 0`` printed a dry run's plan as if fine, and a real study created its folder, lock and spec before
+    phase 1's sweep refused it: refused at once now, nothing written."""
+    spec, plan, stored = parse(STUDY)
+    with pytest.raises(ValueError, match=rf"^--jobs {jobs} must be >= 1$"):
+        run_study(spec, plan, stored, tmp_path / "out", jobs=jobs, dry_run=dry_run, train_cmd=FAKE)
+    assert not (tmp_path / "out").exists()

@@ -58,7 +58,7 @@ from scalevec.config.typed import Fields, bad_input, is_number, short, yaml_numb
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.study_grid import LR, SEED, STRATEGY, cell_of, grid_cells, narrowed, phase1_runs
-from scalevec.experiments.sweep import check_sources, dry_run_text, measured_rate, run_sweep
+from scalevec.experiments.sweep import check_jobs, check_sources, dry_run_text, measured_rate, run_sweep
 from scalevec.experiments.sweep_grid import Run, expand, run_params, run_status
 from scalevec.experiments.sweep_spec import SweepSpec, spec_from_dict, strategy_label
 from scalevec.training import rundir
@@ -285,6 +285,7 @@ def run_study(spec: SweepSpec, plan: StudyPlan, stored: dict, out: str | Path, j
     the running ones checkpoint at it (``run_sweep``), and a rerun of the same command resumes."""
     out = Path(out)
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    check_jobs(jobs)  # phase 1's sweep checks it too, but only after the folder, its lock and spec are written
     sweepdir.check_folder(out, spec.file)  # before the study's spec is written there
     # phase 1's runs still to train (later phases' runs are checked by their sweeps, as they start)
     check_sources([r for r in phase1_runs(spec, plan.lr_grids)

@@ -157,8 +157,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, jobs: int = 1, dry_run: bool = F
     (``run_jobs``); both are said, neither counts as failed, and a rerun resumes them.
     """
     train_cmd = tuple(train_cmd or spec.command or DEFAULT_TRAIN_CMD)
-    if jobs < 1:
-        raise ValueError(f"--jobs {jobs} must be >= 1")
+    check_jobs(jobs)
     out = Path(out)
     sweepdir.check_folder(out, spec.file)
     runs = expand(spec) if runs is None else runs
@@ -295,6 +294,12 @@ def measured_rate(runs_dir: Path) -> tuple[float, int]:
         if math.isfinite(wall) and wall > 0 and work > 0:
             seconds, flops, n = seconds + wall, flops + work, n + 1
     return (seconds / flops, n) if n else (math.nan, 0)
+
+
+def check_jobs(jobs: int) -> None:
+    """Raise ``ValueError`` for a ``--jobs`` below 1 (sweep, and study before its dry run or its folder)."""
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs} must be >= 1")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

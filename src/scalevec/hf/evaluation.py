@@ -411,6 +411,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_trust_argument(p)
 
 
+def task_limit(args: argparse.Namespace) -> int | float | None:
+    """``--limit`` as lm-eval takes it (a count of documents, or a share below 1), checked with ``--tasks``,
+    ``--num-fewshot`` and the flags' pairing. Raises ``ValueError``: ``--limit`` or ``--num-fewshot`` without
+    ``--tasks`` (``--text`` ignored them), an empty ``--tasks``, a limit that is not a finite number > 0 (inf raised
+    OverflowError), a negative few-shot count."""
+    if args.tasks is None:
+        given = [f for f, v in (("--limit", args.limit), ("--num-fewshot", args.num_fewshot)) if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} only apply to --tasks (lm-eval), and none is given; add --tasks "
+                             f"(e.g. hellaswag) or drop {' and '.join(given)}")
+        return None
+    if not any(t.strip() for t in args.tasks.split(",")):
+        raise ValueError("--tasks is empty; pass e.g. --tasks hellaswag,arc_easy")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise ValueError(f"--num-fewshot={args.num_fewshot} must be >= 0 (0: zero-shot)")
+    if args.limit is None:
+        return None
+    if not (args.limit > 0 and math.isfinite(args.limit)):
+        raise ValueError(f"--limit={args.limit} must be a finite number > 0 (documents per task, e.g. 100)")
+    return int(args.limit) if args.limit >= 1 else args.limit
+
+
 def run(args: argparse.Namespace) -> int:
     from scalevec.hf.generate import check_device
 
@@ -420,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tasks is not None and not args.no_write:
         check_eval_file(args.path)  # before --text's scoring and the tasks: one line, nothing evaluated
     dtype, batch_size = eval_settings(args.device, args.dtype, args.batch_size)  # bad values: one line, at once
+    limit = task_limit(args)  # and the tasks' own settings too, before --text scores anything
     if args.text is not None:
         text_batch = batch_size if isinstance(batch_size, int) else 8  # --text's windows per forward
         print_perplexity(text_perplexity(args.path, args.text, args.seq_len, text_batch, args.device,
@@ -427,11 +450,6 @@ def run(args: argparse.Namespace) -> int:
         if args.tasks is None:
             return 0
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks:
-        raise ValueError("--tasks is empty; pass e.g. --tasks hellaswag,arc_easy")
-    if args.limit is not None and not args.limit > 0:
-        raise ValueError(f"--limit={args.limit} must be > 0")
-    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     results = evaluate(args.path, tasks, args.num_fewshot, limit, batch_size, args.device, args.include_path,
                        write=not args.no_write, trust_remote_code=args.trust_remote_code, dtype=dtype)
     print(f"{'task':<24} {'metric':<14} {'value':>8} {'stderr':>8}")
