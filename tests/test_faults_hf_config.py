@@ -121,6 +121,20 @@ def test_an_unreadable_config_json_is_named_by_every_command(models, tmp_path, c
     assert "custom code" not in last and not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("command", ["generate", "convert", "train"])
+def test_a_deeply_nested_safetensors_index_is_one_line(models, tmp_path, capsys, command):
+    """A model.safetensors.index.json nested 100,000 deep (a RecursionError traceback before) is one line naming the
+    index and the fix, from every command that reads the weights."""
+    d = tmp_path / "hf"
+    shutil.copytree(models["exp"], d)
+    (d / "model.safetensors.index.json").write_text("[" * 100_000 + "]" * 100_000)
+    argv = (["train", "--init-from", str(d), "--out", str(tmp_path / "c")] if command == "train"
+            else argv_of(command, d, models, tmp_path))
+    assert main(argv) == 2
+    one_line_error(capsys, str(d / "model.safetensors.index.json"), "nests too deeply", "save_pretrained")
+    assert not (tmp_path / "c").exists()
+
+
 def perplexity_line(out: str) -> str:
     return next(line for line in out.splitlines() if line.startswith("perplexity "))
 

@@ -253,6 +253,9 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     return fmt, cfg
 
 
+MAX_INDEX_BYTES = 1 << 26  # a safetensors index names each tensor once: a few MB for the largest models
+
+
 def weight_files(hf_dir: str | Path) -> list[Path]:
     """The safetensors files of a Hugging Face directory: the shards named by ``model.safetensors.index.json``,
     else ``model.safetensors``. Only safetensors are ever read: a pickled ``pytorch_model.bin`` would run
@@ -262,11 +265,14 @@ def weight_files(hf_dir: str | Path) -> list[Path]:
     d = Path(hf_dir)
     index = d / "model.safetensors.index.json"
     if index.is_file():
+        fix = "re-save the model with save_pretrained(..., safe_serialization=True)"
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(read_bounded(index, "safetensors index", MAX_INDEX_BYTES, fix))["weight_map"]
+        except RecursionError:  # the C scanner recurses once per nesting level: 100,000 '[' was a traceback
+            raise ValueError(f"{index} nests too deeply to be a safetensors index; {fix}") from None
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{index} is not a safetensors index ({type(e).__name__}: {e}); re-save the model with "
-                             f"save_pretrained(..., safe_serialization=True)") from None
+            raise ValueError(f"{index} is not a safetensors index ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:200]}); {fix}") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise ValueError(f"{index} has no weight_map of tensor name -> shard file; re-save the model with "
                              f"save_pretrained(..., safe_serialization=True)")
