@@ -396,6 +396,22 @@ def test_tokenizer_json_path_and_errors(tmp_path):
         load_tokenizer_dir(tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("file, raw, words", [
+    ("tokenizer.json", b"\xff\xfe{}", "is not UTF-8 text, so no tokenizer.json"),  # Python's words alone before
+    ("tokenizer_config.json", b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),  # a RecursionError before
+    ("tokenizer_config.json", b'{"x": ' + b"9" * 5000 + b"}", "is not valid JSON"),  # no file named before
+])
+def test_an_unreadable_tokenizer_file_is_named(tmp_path, file, raw, words):
+    """A tokenizer.json that is not UTF-8, or a tokenizer_config.json beside it nested 100,000 deep or holding a
+    5,000-digit integer, is one ValueError naming the file."""
+    tok = load_tokenizer("bpe:300", DOCS, tmp_path / "cache")
+    tok.save(tmp_path / "t")
+    (tmp_path / "t" / file).write_bytes(raw)
+    with pytest.raises(ValueError, match=words) as e:
+        load_tokenizer(str(tmp_path / "t" / "tokenizer.json"))
+    assert str(tmp_path / "t" / file) in str(e.value) and "\n" not in str(e.value)
+
+
 # --------------------------------------------------------------------------------------------- token cache
 
 

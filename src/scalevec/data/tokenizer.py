@@ -226,9 +226,11 @@ def _tokenizer_from_file(path: Path, spec: str) -> Tokenizer:
     if config.get("scalevec_tokenizer") == "bytes":
         return ByteTokenizer()
     try:
-        hf = HFTokenizer.from_str(read_regular(path, TOKENIZER_HELP).decode("utf-8"))
-    except ValueError:
-        raise
+        text = read_regular(path, TOKENIZER_HELP).decode("utf-8")
+    except UnicodeDecodeError:  # a ValueError, but Python's words alone named neither the file nor the fix
+        raise ValueError(f"tokenizer file {path} is not UTF-8 text, so no tokenizer.json; {TOKENIZER_HELP}") from None
+    try:
+        hf = HFTokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception for malformed files
         raise ValueError(f"tokenizer file {path} is not a valid tokenizer.json ({first_line(e)}); "
                          f"{TOKENIZER_HELP}") from None
@@ -252,8 +254,10 @@ def _read_tokenizer_config(directory: Path) -> dict:
         return {}
     try:
         config = json.loads(read_regular(path, "fix or delete it").decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); fix or delete it") from None
+    except RecursionError:  # the C scanner recurses once per nesting level
+        raise ValueError(f"{path} nests too deeply to be a tokenizer config; fix or delete it") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
+        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:200]}); fix or delete it") from None
     return config if isinstance(config, dict) else {}
 
 
