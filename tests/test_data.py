@@ -175,6 +175,24 @@ def test_parquet_without_pyarrow_says_pip_install(tmp_path, monkeypatch):
         load_documents(str(path))
 
 
+@pytest.mark.parametrize("value, words", [("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+                                          ("9" * 5000, "Exceeds the limit (4300 digits)")])
+def test_a_jsonl_line_json_cannot_read_names_the_file_and_line(tmp_path, capsys, value, words):
+    """A .jsonl line nested 100,000 deep (a RecursionError traceback before) or holding a 5,000-digit integer
+    (Python's message alone before) is one line naming the file, the line and the fix, from the loader and
+    prepare-data alike; nothing is written."""
+    from scalevec.cli import main
+
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "a", "x": ' + value + "}\n")
+    with pytest.raises(ValueError, match=rf"^data file {path} line 2 is not valid JSON \(.*\); fix or remove"):
+        load_documents(str(path))
+    assert main(["prepare-data", str(path), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "line 2 is not valid JSON" in err and words in err, err
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.parametrize("case, error, message", [
     ("missing", FileNotFoundError, "does not exist"),
     ("empty_file", ValueError, "is empty"),

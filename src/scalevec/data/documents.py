@@ -213,6 +213,11 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
                                  f"fix or remove that line") from None
+            except (ValueError, RecursionError) as e:  # a 5,000-digit integer; 100,000 nested '[' (the C scanner
+                # recurses once per level): Python's words alone named neither the file nor the line
+                problem = "it nests too deeply" if isinstance(e, RecursionError) else " ".join(str(e).split())[:120]
+                raise ValueError(f"data file {path} line {i} is not valid JSON ({problem}); "
+                                 f"fix or remove that line") from None
             if not isinstance(row, dict) or "text" not in row:
                 raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like '
                                  f'{{"text": "..."}}')
