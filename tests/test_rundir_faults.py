@@ -1129,3 +1129,23 @@ def test_overwrite_removes_the_done_marker_before_the_summary(tmp_path, monkeypa
     rundir.remove_run(out)
     top = [n for n in removed if (out / n).parent == out]
     assert set(top[:2]) == {"DONE", "DIVERGED"} and top[-1] == "meta.json" and "summary.json" in top, top
+
+
+def test_run_files_nested_too_deeply_are_damaged_files_not_tracebacks(tmp_path):
+    """meta.json, summary.json and a checkpoint's manifest or train state nested 100,000 deep (JSON's C scanner
+    recurses once per level) raised RecursionError tracebacks from resume and report; each is now what any other
+    damaged file of its kind is: meta unreadable ({}), a RunDirError naming summary.json, a CorruptCheckpoint."""
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / rundir.META).write_text(deep)
+    assert rundir.read_meta(tmp_path) == {}
+    (tmp_path / rundir.SUMMARY).write_text(deep)
+    with pytest.raises(rundir.RunDirError, match=r"summary\.json cannot be read \(maximum recursion depth"):
+        rundir.read_summary(tmp_path)
+    ckpt = tmp_path / layout.CKPT_DIR / "step_0000004"
+    ckpt.mkdir(parents=True)
+    for name in (layout.MANIFEST, layout.TRAIN_STATE):
+        (ckpt / name).write_text(deep)
+    with pytest.raises(integrity.CorruptCheckpoint, match=rf"{layout.MANIFEST} cannot be read"):
+        integrity.verify_checkpoint(ckpt)
+    with pytest.raises(integrity.CorruptCheckpoint, match=rf"{layout.TRAIN_STATE} cannot be read"):
+        integrity.read_train_state(ckpt)

@@ -131,7 +131,7 @@ def read_json(path: str | Path, fix: str = "restore it from a copy of the run or
         return json.loads(read_regular(path, fix).decode("utf-8"))
     except FileNotFoundError:
         raise RunDirError(f"{path} does not exist; {fix}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: 100,000 nested '['
         raise RunDirError(f"{path} cannot be read ({one_line(e)}); {fix}") from None
 
 
@@ -151,7 +151,7 @@ def _not_a_run(path: Path, config: bool = True) -> str | None:
     if (path / META).is_file():  # a regular file: reading a FIFO there would wait forever
         try:
             meta = json.loads(read_regular(path / META).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: 100,000 nested '['
             pass
     if isinstance(meta, dict) and meta.get("format") == RUN_FORMAT and not config:
         return None
@@ -251,7 +251,7 @@ def read_meta(run_dir: str | Path) -> dict:
     path = Path(run_dir) / META
     try:
         meta = json.loads(read_regular(path).decode("utf-8")) if path.is_file() else {}
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: 100,000 nested '['
         return {}
     return meta if isinstance(meta, dict) else {}
 

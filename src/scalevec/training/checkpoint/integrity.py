@@ -94,7 +94,7 @@ def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> 
             raise ValueError(f"it describes step {manifest.get('step')!r}, not {step_of(ckpt)}")
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{ckpt} has no {MANIFEST} (incomplete or damaged)") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: 100,000 nested '['
         raise CorruptCheckpoint(f"{path} cannot be read ({one_line(e)})") from None
     names = list(files) if only is None else list(only)
     for name in names:
@@ -188,7 +188,7 @@ def read_train_state(ckpt: Path) -> dict:
             raise ValueError(f"rng_cpu is not a CPU generator state ({size} bytes)")
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path} does not exist") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise CorruptCheckpoint(f"{path} cannot be read ({one_line(e)})") from None
     return state
 
