@@ -441,6 +441,16 @@ def test_bytes_streams_are_the_documents_joined(tmp_path):
     assert bytes(data.val.astype(np.uint8)) == DOCS[3].encode("utf-8")
 
 
+@pytest.mark.parametrize("damage", ["", "[" * 100_000 + "]" * 100_000, '{"dtype": "no such dtype"}'])
+def test_a_damaged_token_cache_is_named_with_the_fix(tmp_path, damage):
+    """A token cache whose meta.json is empty, nested 100,000 deep or names no dtype raised json's, a
+    RecursionError's or numpy's words (no file, no fix): one ValueError naming the cache and "delete that folder"."""
+    data = prepare_data(cfg(tmp_path, write_txt(tmp_path)))
+    (data.cache_path / "meta.json").write_text(damage)
+    with pytest.raises(ValueError, match=rf"^the token cache {data.cache_path} is damaged .*delete that folder"):
+        prepare_data(cfg(tmp_path, write_txt(tmp_path)))
+
+
 def test_bpe_streams_wrap_every_document_in_bos_eos(tmp_path):
     """With BOS/EOS every document is [BOS] + ids + [EOS], documents back to back, train/val disjoint by document."""
     data = prepare_data(cfg(tmp_path, write_txt(tmp_path), "bpe:300"))

@@ -42,6 +42,15 @@ def test_report_reads_eval_json_into_runs_csv(tmp_path):
     assert eval_columns(tmp_path) == {}  # no eval.json: no columns
 
 
+def test_an_eval_json_nested_too_deeply_adds_no_columns(tmp_path):
+    """A run's eval.json nested 100,000 deep is an unreadable scores file to the report ({}), as a malformed one
+    is, not a RecursionError traceback."""
+    from scalevec.training.eval_results import EVAL, eval_columns
+
+    (tmp_path / EVAL).write_text("[" * 100_000 + "]" * 100_000)
+    assert eval_columns(tmp_path) == {}
+
+
 def test_shakespeare_task_is_four_way_with_the_true_next_line(tmp_path):
     """Every item has 4 distinct candidates, one of them (at ``label``) the line that follows the passage."""
     from scalevec.data.documents import load_documents

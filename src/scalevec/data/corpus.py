@@ -26,7 +26,7 @@ from scalevec.data.prepared import ShardedTokens, is_prepared, load_prepared, re
 from scalevec.data.split import split_documents
 from scalevec.data.tokenizer import Tokenizer, load_tokenizer
 from scalevec.data.tokens import TokenData, token_dtype
-from scalevec.outpath import temporary_folder
+from scalevec.outpath import one_line, temporary_folder
 
 
 def prepare_data(cfg: DataConfig) -> TokenData:
@@ -64,8 +64,12 @@ def prepare_data(cfg: DataConfig) -> TokenData:
                 "dtype": token_dtype(tok.vocab_size).name, "val_frac": cfg.val_frac, "split": record.note,
                 "train_docs": len(train_docs), "val_docs": len(val_docs)}
         _write_cache(path, train_docs, val_docs, tok, meta)
-    meta = json.loads((path / "meta.json").read_text())
-    dtype = np.dtype(meta["dtype"])
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        dtype = np.dtype(meta["dtype"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # the cache's own file, damaged
+        raise ValueError(f"the token cache {path} is damaged ({path / 'meta.json'}: {one_line(e)[:120]}); delete "
+                         f"that folder and rerun (it is rebuilt from the corpus)") from None
     train, val = (np.memmap(path / f"{split}.bin", dtype=dtype, mode="r") for split in ("train", "val"))
     meta |= {"documents": record.documents, "documents_from": source_note(cfg.source),
              "validation": record.as_dict(len(train), len(val))}
