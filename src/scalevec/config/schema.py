@@ -604,7 +604,8 @@ class RunConfig:
         if self.train.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"train.seq_len={self.train.seq_len} exceeds the model's max_seq_len={self.model.max_seq_len}; "
-                f"lower --seq-len or set model.max_seq_len"
+                f"set train.seq_len={self.model.max_seq_len} or less (train: --seq-len; convert and the rest: the "
+                f"key=value) or raise model.max_seq_len"
             )
         if (self.train.sharpness_every or self.train.probe_every) and self.train.dist == "fsdp2":
             # rank 0 alone runs them, and FSDP2's sharded parameters need every rank for each gather
