@@ -277,34 +277,45 @@ def edit_train_state(ckpt: Path, edit) -> None:
     (ckpt / "train_state.json").write_text(json.dumps(state))
 
 
-@pytest.mark.parametrize("how", ["step-huge", "step-older", "folder-huge"])
+@pytest.mark.parametrize("how", ["step-huge", "step-older"])
 @pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
 def test_checkpoint_that_contradicts_itself_falls_back(env, partial, capsys, how):
     """A newest checkpoint whose train_state.json says step 10^15 (it would mark the run DONE untrained) or
-    step 4 inside step_0000006 (it would retrain steps 4-5 from step 6's weights), or a folder renamed to
-    step 10^15 with all its files saying so (past train.steps), each with a manifest rewritten to match:
-    --resume skips it with a note and ends bit for bit equal to the uninterrupted run."""
+    step 4 inside step_0000006 (it would retrain steps 4-5 from step 6's weights), each with a manifest
+    rewritten to match: --resume skips it with a note and ends bit for bit equal to the uninterrupted run."""
     out = env["root"] / f"contradicts-{how}"
     shutil.copytree(partial, out)
     ckpt = out / "checkpoints" / "step_0000006"
-    if how == "folder-huge":
-        huge = ckpt.with_name(f"step_{10 ** 15}")
-        ckpt.rename(huge)
-        ckpt = huge
-        edit_train_state(ckpt, lambda st: st.update(step=10 ** 15))
-        manifest = json.loads((ckpt / "MANIFEST.json").read_text())
-        (ckpt / "MANIFEST.json").unlink()
-        integrity.write_manifest(ckpt, 10 ** 15)
-        assert manifest["step"] == 6
-    else:
-        edit_train_state(ckpt, lambda st: st.update(step=10 ** 15 if how == "step-huge" else 4))
-        rewrite_manifest(ckpt)
+    edit_train_state(ckpt, lambda st: st.update(step=10 ** 15 if how == "step-huge" else 4))
+    rewrite_manifest(ckpt)
     found, skipped = integrity.resumable_checkpoint(out)
     assert found.name == "step_0000004" and skipped[0].startswith(ckpt.name), skipped
     assert main(resume_argv(out)) == 0
     err = capsys.readouterr().err
     assert f"skipped checkpoint {ckpt.name}" in err and "resuming from step_0000004" in err, err
     assert_same_as_reference(env, out)
+
+
+@pytest.mark.slow  # fault injection: subprocess trainings, kills and resumes
+def test_checkpoint_folder_renamed_past_the_steps_is_refused_and_kept(env, partial, capsys):
+    """A folder renamed to step 10^15 with all its files saying so is, to --resume, a checkpoint past
+    train.steps: the same case as a config edited to fewer steps (test_faults_train), so it is refused in
+    one line naming the ways on, before anything is loaded, and every file of the run is left as it was
+    (skipping it would train steps 5-8 again and leave a checkpoint the run can never reach)."""
+    out = env["root"] / "contradicts-folder-huge"
+    shutil.copytree(partial, out)
+    ckpt = out / "checkpoints" / "step_0000006"
+    huge = ckpt.rename(ckpt.with_name(f"step_{10 ** 15}"))
+    edit_train_state(huge, lambda st: st.update(step=10 ** 15))
+    (huge / "MANIFEST.json").unlink()
+    integrity.write_manifest(huge, 10 ** 15)
+    found, skipped = integrity.resumable_checkpoint(out)  # as a candidate it is unusable, never resumed from
+    assert found.name == "step_0000004" and skipped[0].startswith(huge.name), skipped
+    before = {f: f.read_bytes() for f in sorted(out.rglob("*")) if f.is_file()}
+    assert main(resume_argv(out)) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoints {huge.name} are past the 8 steps" in err and "--overwrite" in err, err
+    assert {f: f.read_bytes() for f in sorted(out.rglob("*")) if f.is_file()} == before
 
 
 def malform(ckpt: Path, how: str) -> None:
