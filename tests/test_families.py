@@ -52,6 +52,16 @@ def tiny(family: str, seed: int = 0, tie: bool = False):
     return model.eval()
 
 
+def test_hg_on_a_post_norm_family_lists_the_strategies_to_use_unambiguously():
+    """The refusal of HG on OLMo 2 is the exact sentence, its strategies listed with commas only: with "a, b or c"
+    the strategy named ``or`` read "dnp, or or er"."""
+    with pytest.raises(ValueError) as e:
+        apply_strategy(tiny("olmo2"), "hg")
+    assert str(e.value) == ("olmo2 cannot carry strategy hg: HG splits an Input-Norm's γ per branch, and olmo2 has "
+                            "none before attention and MLP (its norms follow them: post-norm order); use one of these "
+                            "strategies on it: baseline, iwd, dp, dnp, or, er")
+
+
 def batch(seed: int = 1, b: int = 2, t: int = 24) -> torch.Tensor:
     return torch.randint(0, 256, (b, t), generator=torch.Generator().manual_seed(seed))
 
@@ -71,7 +81,7 @@ def test_family_keeps_the_function_of_every_foldable_strategy(family, strategy):
     model, x = tiny(family), batch()
     cls, ref = type(model), logits(model, x)
     if family in REORDERED and strategy in HG:
-        with pytest.raises(ValueError, match=f"^{family} cannot carry strategy {strategy}: HG .* use baseline"):
+        with pytest.raises(ValueError, match=f"^{family} cannot carry strategy {strategy}: HG .* on it: baseline"):
             apply_strategy(model, strategy)
         assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # nothing changed
         return

@@ -397,6 +397,13 @@ def _plan(scfg: ScaleConfig, cfg: ModelConfig, fam: Family):
     return scale_plan(scfg, dataclasses.replace(cfg, qk_norm=cfg.qk_norm or bool(fam.output_norms())))
 
 
+def shared_gain_strategies() -> tuple[str, ...]:
+    """The named strategies (``STRATEGIES``) that keep one γ per norm (``scale="shared"``): what a post-norm family
+    carries where HG (one γ per branch) has no Input-Norm to split. Listed with commas only, never "a, b or c": one
+    strategy is called ``or``."""
+    return tuple(n for n in PRESET_NAMES if ScaleConfig.preset(n).scale == "shared")
+
+
 def _check(model: nn.Module, fam: Family, cfg: ModelConfig, plan, scfg: ScaleConfig, name: str) -> None:
     """Raise ``ValueError`` for what ``_apply_family`` cannot put in, before it changes anything: a projection with a
     bias the family does not have, MoE experts in another layout,
@@ -406,7 +413,7 @@ def _check(model: nn.Module, fam: Family, cfg: ModelConfig, plan, scfg: ScaleCon
     if hg and fam.order == "reordered":
         raise ValueError(f"{fam.name} cannot carry strategy {name}: HG splits an Input-Norm's γ per branch, and "
                          f"{fam.name} has none before attention and MLP (its norms follow them: post-norm order); use "
-                         f"baseline, iwd, dp, dnp, or or er on it")
+                         f"one of these strategies on it: {', '.join(shared_gain_strategies())}")
     for _, layer in _layers(model, fam):
         mlp_parent = fam.gate_up[0].rpartition(".")[0]
         experts = _find(layer, fam.experts)
