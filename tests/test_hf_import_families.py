@@ -16,6 +16,7 @@ ignored moves the logits by > 1e-2 (``test_a_short_window_changes_the_function``
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -158,3 +159,41 @@ def test_scalevec_convert_refuses_a_family_in_one_line_and_writes_nothing(tmp_pa
     fails(capsys, ["convert", str(tmp_path / "hf"), "--strategy", "baseline", "--out", str(tmp_path / "out")],
           "qwen2: scalevec's Transformer does not compute q/k/v biases", "scalevec.apply_strategy")
     assert not (tmp_path / "out").exists()
+
+
+# a tiny config of each family, as save_pretrained writes it; only the keys under test are then removed
+SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=96, head_dim=16)
+
+
+def saved_config_without(tmp_path, config, *keys) -> dict:
+    """``config`` written by save_pretrained into ``tmp_path``, then its config.json without ``keys``; returns it."""
+    config.save_pretrained(tmp_path)
+    conf = json.loads((tmp_path / "config.json").read_text())
+    for key in keys:
+        del conf[key]
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    return conf
+
+
+@pytest.mark.parametrize("config", [transformers.LlamaConfig, transformers.Qwen3Config, transformers.MixtralConfig])
+def test_a_config_without_max_position_embeddings_gets_its_familys_default(tmp_path, config):
+    """A config.json without max_position_embeddings imports with the context transformers builds from the same file
+    (Llama 2048, Qwen3 32768, Mixtral 131072): before, every family got 2048."""
+    conf = saved_config_without(tmp_path, config(**SMALL), "max_position_embeddings")
+    want = transformers.AutoConfig.from_pretrained(tmp_path).max_position_embeddings
+    assert model_config_from_hf(conf)[1].max_seq_len == want
+
+
+def test_the_families_defaults_differ_where_the_import_reads_them(tmp_path):
+    """The test above can fail: Llama's and Qwen3's default contexts differ, and so do Llama's and Mixtral's RMSNorm
+    eps, which a config.json without rms_norm_eps takes from transformers too."""
+    seen = {}
+    for config in (transformers.LlamaConfig, transformers.Qwen3Config, transformers.MixtralConfig):
+        conf = saved_config_without(tmp_path / config.model_type, config(**SMALL), "max_position_embeddings",
+                                    "rms_norm_eps")
+        cfg = model_config_from_hf(conf)[1]
+        loaded = transformers.AutoConfig.from_pretrained(tmp_path / config.model_type)
+        assert (cfg.max_seq_len, cfg.norm_eps) == (loaded.max_position_embeddings, loaded.rms_norm_eps)
+        seen[config.model_type] = (cfg.max_seq_len, cfg.norm_eps)
+    assert seen["llama"][0] != seen["qwen3"][0] and seen["llama"][1] != seen["mixtral"][1], seen

@@ -18,17 +18,19 @@ weights (exact up to rounding), except the QK-norm γ, which has no slot there.
 
 Name maps: the matrices use ``names.name_map`` read backwards (one home per map: ``hf_format/names.py``); the
 norm sites are ``names.NORM_SITES`` (export writes them as ones). Reading Hugging Face files needs only
-``safetensors`` (no transformers).
+``safetensors``; transformers only for a field that a config.json leaves to its family's default.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -173,6 +175,23 @@ def _check_window(conf: dict, max_pos: int) -> None:
                          f"model instead")
 
 
+@functools.cache
+def transformers_default(model_type: str, key: str) -> Any:
+    """The value transformers gives ``key`` when a ``config.json`` of ``model_type`` leaves it out (or null): the
+    default of that family's own config class, built as ``AutoConfig`` builds it (``AutoConfig.for_model``).
+    The defaults differ per family (``max_position_embeddings``: LlamaConfig 2048, Qwen3Config 32768,
+    MistralConfig and MixtralConfig 131072; ``rms_norm_eps``: MixtralConfig 1e-5, the others 1e-6), so one
+    default of ours would build another model than transformers does from the same file. Raises ``ValueError``
+    naming the key and the fix when transformers is not installed (the import reads only safetensors otherwise)."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise ValueError(f"config.json has no {key}, whose default is that of transformers' {model_type} config "
+                         f"class; write {key} in config.json, or install transformers (pip install "
+                         f"'scalevec[hf]')") from None
+    return getattr(AutoConfig.for_model(model_type), key)
+
+
 def _moe_config(conf: dict, fam) -> MoEConfig:
     """The ``MoEConfig`` of an MoE family's config.json, read at the keys of its record (``Family.moe_keys``).
     Raises ``ValueError`` for top-k weights that are not renormalized and for dense layers other than the first k."""
@@ -223,7 +242,9 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     if rope.get("partial_rotary_factor", conf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json has partial_rotary_factor != 1; scalevec rotates the whole head")
     fields, rope_fields = _fields(conf), _fields(rope)
-    max_pos = fields.int("max_position_embeddings", 2048, least=1)
+    max_pos = fields.int("max_position_embeddings", None, least=1)
+    if max_pos is None:
+        max_pos = transformers_default(fmt, "max_position_embeddings")
     _check_window(conf, max_pos)
     scaling = None
     if rope_type == "llama3":
@@ -242,11 +263,13 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
                          f"{kv_heads}; fix config.json")
     d_ff = fields.int("intermediate_size", least=1)
     moe = _moe_config(conf, fam) if fam.router is not None else None
+    eps = fields.number("rms_norm_eps", None, above=0)
+    eps = transformers_default(fmt, "rms_norm_eps") if eps is None else eps
     cfg = ModelConfig(
         d_model=d, n_layers=fields.int("num_hidden_layers", least=1), n_heads=heads, n_kv_heads=kv_heads,
         head_dim=None if head_dim in (None, d // heads) and d % heads == 0 else head_dim,
         d_ff=d_ff, vocab_size=fields.int("vocab_size", least=1), max_seq_len=max_pos,
-        rope_theta=theta, rope_scaling=scaling, norm_eps=fields.number("rms_norm_eps", 1e-6, above=0),
+        rope_theta=theta, rope_scaling=scaling, norm_eps=eps,
         tie_embeddings=fields.flag("tie_word_embeddings", False), layout="pre",
         qk_norm=fam.qk_norm is not None, init_std=fields.number("initializer_range", 0.02, above=0), moe=moe)
     cfg.validate()
