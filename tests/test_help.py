@@ -83,23 +83,26 @@ def config_classes() -> list[type]:
 
 
 def test_every_field_has_a_description():
-    """Every field of every config class has a one-line description (its attribute docstring): a field
-    added without one fails here, named."""
+    """Every field of every config class has a one-line description (its attribute docstring), a first line
+    that is a whole paragraph (what `train --help` shows): a field added without one fails here, named."""
     classes = config_classes()
     assert {c.__name__ for c in classes} >= {"RunConfig", "ModelConfig", "MoEConfig", "RopeScalingConfig",
                                              "ScaleConfig", "OptimConfig", "ScheduleConfig", "DataConfig",
                                              "TrainConfig"}
-    missing, long = [], []
+    missing, long, cut = [], [], []
     for cls in classes:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
-            first = docs.get(f.name, "").split("\n", 1)[0].strip()
-            if not first:
+            first, _, rest = docs.get(f.name, "").partition("\n")
+            if not first.strip():
                 missing.append(f"{cls.__name__}.{f.name}")
             elif len(first) > 115:  # one line of `train --help` after the name, type and default columns
                 long.append(f"{cls.__name__}.{f.name} ({len(first)} characters)")
+            if rest and not rest.startswith("\n"):  # `train --help` shows only the first line
+                cut.append(f"{cls.__name__}.{f.name}")
     assert not missing, f"give these fields a description (a docstring line right under the field): {missing}"
     assert not long, f"shorten these descriptions' first line to 115 characters: {long}"
+    assert not cut, f"end these descriptions' first line with its sentence, more after a blank line: {cut}"
 
 
 def test_field_docs_reads_only_the_docstring_under_a_field():

@@ -443,8 +443,10 @@ class DataConfig:
     val_tokens: int = 131072
     """Tokens of the fixed validation set: the same for every run of a comparison."""
     val_windows: str = "head"
-    """Which windows of the validation stream are scored: head (its first val_tokens, what every study before the
-    packages corpus used) | per_document (a fixed sample from every validation document; data/sampler.py)."""
+    """Which validation windows are scored: head (the stream's first val_tokens) | per_document (some of every doc).
+
+    head is what every study before the packages corpus used; per_document gives every validation document at least
+    one window, the rest in proportion to its length (data/sampler.py)."""
     cache_dir: str = ""
     """Where tokenized corpora and trained tokenizers are cached; "": $SCALEVEC_CACHE, else ~/.cache/scalevec."""
 
@@ -501,8 +503,10 @@ class TrainConfig:
     log_every: int = 10
     """Write a training row (loss, lr, gradient norm, scale statistics) to metrics.jsonl every this many steps."""
     ckpt_every: int = 100
-    """Checkpoint every this many steps, after a step that ends 30 minutes since the last checkpoint
-    (trainer.CKPT_MINUTES) and at the end; the two newest are kept. 0: only at the end."""
+    """Checkpoint every this many steps, at least every 30 minutes, and at the end (0: only at the end).
+
+    The 30 minutes (trainer.CKPT_MINUTES) count training time: the checkpoint is written after the first step that
+    ends 30 minutes or more after the last one. The two newest checkpoints are kept."""
     compile: str = "auto"
     """auto | true | false: torch.compile each block (training/autocompile.py decides for auto)."""
     peak_flops: float = 0.0
