@@ -3,14 +3,16 @@ prints the resolved config without training or writing anything."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import importlib
 import typing
 from dataclasses import replace
 
 import pytest
 import yaml
 
-from scalevec.cli import main
+from scalevec.cli import SUBCOMMANDS, main
 from scalevec.config import RunConfig
 from scalevec.config.codec import from_dict, to_dict
 from scalevec.config.fieldhelp import config_fields, field_docs
@@ -103,6 +105,21 @@ def test_every_field_has_a_description():
     assert not missing, f"give these fields a description (a docstring line right under the field): {missing}"
     assert not long, f"shorten these descriptions' first line to 115 characters: {long}"
     assert not cut, f"end these descriptions' first line with its sentence, more after a blank line: {cut}"
+
+
+def test_every_option_of_every_subcommand_has_a_help_text():
+    """`scalevec SUBCOMMAND --help` says what each of its options and arguments does: none is listed bare."""
+    bare = []
+
+    class Recording(argparse.ArgumentParser):  # what each add_arguments declares, through the public call
+        def add_argument(self, *names, **kwargs):
+            if not kwargs.get("help"):
+                bare.append(f"{self.prog} {'/'.join(names) or kwargs.get('dest')}")
+            return super().add_argument(*names, **kwargs)
+
+    for name, module, _ in SUBCOMMANDS:
+        importlib.import_module(module).add_arguments(Recording(prog=f"scalevec {name}"))
+    assert len(SUBCOMMANDS) >= 14 and not bare, f"give these a help= text: {bare}"
 
 
 def test_field_docs_reads_only_the_docstring_under_a_field():

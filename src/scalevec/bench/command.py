@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the peak TFLOP/s for MFU (default: measured in this process, best square matmul)")
     p.add_argument("--threads", type=int,
                    help="CPU threads for torch (default torch's); 1 is steadier on a shared machine")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the models' initial weights and of the random tokens they run on (default 0)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="print the results as JSON instead of tables; with FILE, write the JSON there instead")
     p.add_argument("--save", help="also write the JSON results to this file (missing folders are created)")

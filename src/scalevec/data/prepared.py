@@ -701,7 +701,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "every 1/val-frac-th (strided) or a seeded random choice (random); docs/data.md")
     p.add_argument("--val-seed", type=int, default=0, help="the seed of --val-split random (default 0)")
     p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
-                   help="tokens per shard before a new one starts")
+                   help=f"tokens a shard holds before the next one starts, after a document "
+                        f"(default {DEFAULT_SHARD_TOKENS:,})")
     p.add_argument("--overwrite", action="store_true", help="replace existing prepared data in --out")
     p.add_argument("--verify", metavar="DIR",
                    help="re-hash the shards of a prepared folder against its manifest, write nothing")

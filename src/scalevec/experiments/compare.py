@@ -112,17 +112,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", default=d["lr"],
                    help="'tuned' (default: each strategy at the study's best lr for this setting), a comma list "
                         "to tune per strategy now, or one lr for every strategy")
-    p.add_argument("--optimizer", default=d["optimizer"], choices=["adamw", "muon"])
-    p.add_argument("--schedule", default=d["schedule"], choices=["cosine", "wsd", "linear", "constant"])
-    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="sequences per step")
-    p.add_argument("--seq-len", type=int, default=d["seq_len"])
+    p.add_argument("--optimizer", default=d["optimizer"], choices=["adamw", "muon"],
+                   help=f"as train's (default {d['optimizer']})")
+    p.add_argument("--schedule", default=d["schedule"], choices=["cosine", "wsd", "linear", "constant"],
+                   help=f"as train's (default {d['schedule']})")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"],
+                   help=f"sequences per step (default {d['batch_size']})")
+    p.add_argument("--seq-len", type=int, default=d["seq_len"], help=f"tokens per sequence (default {d['seq_len']})")
     p.add_argument("--data", help="corpus (default: the bundled Shakespeare); see `scalevec train --help`")
     p.add_argument("--tokenizer", help="bytes (default), bpe:N or a tokenizer.json")
     p.add_argument("--out", default=d["out"], help=f"output folder (default {d['out']}); rerun to resume")
     p.add_argument("--results", default=d["results"],
                    help=f"the study's results folder that --lr tuned reads (default {d['results']}, as in the "
                         f"repository checkout)")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default 1)")
     p.add_argument("--threads", type=int, help="CPU threads per run (default: the usable CPUs split between --jobs); "
                                                "a loss is bitwise reproducible at the same thread count only")
     p.add_argument("--dry-run", action="store_true", help="print the runs (with each one's lr) and the token budget")

@@ -464,7 +464,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the whole plan, phase by phase (phase 1's runs; later phases at their worst case), "
                         "with run counts and a time estimate; train nothing")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (default 1)")
     p.add_argument("--step-time", type=float, metavar="SECONDS",
                    help="seconds per optimizer step of the first run, for the time estimate (default: measured "
                         "from the folder's finished runs)")

@@ -306,7 +306,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="sweep YAML file (see sweeps/smoke.yaml)")
     p.add_argument("--out", help="output folder (default runs/<sweep name>); rerun the command to resume")
     p.add_argument("--dry-run", action="store_true", help="print the runs and the total token budget, train nothing")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained at the same time (threads split between them)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at the same time (default 1; threads split between them)")
     p.add_argument("--no-report", action="store_true", help="skip `scalevec report` at the end")
 
 

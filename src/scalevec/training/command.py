@@ -77,19 +77,25 @@ def fields_help() -> str:
     return "\n".join(line.rstrip() for line in out)
 
 
+def flag_help(name: str) -> str:
+    """The --help of a flag that only sets a config field: which field, described in the list below (one home
+    for the description: the field's docstring in config/schema.py)."""
+    return f"sets {FLAG_FIELDS[name]} (config fields, below)"
+
+
 def add_arguments(p) -> None:
     p.formatter_class = _HelpFormatter
     p.epilog = FIELDS_EPILOG
     p.add_argument("--config", help="YAML file with any RunConfig fields (preset, strategy, model, scale, optim, ...)")
     p.add_argument("--preset", help="model preset (default small; see `scalevec info`)")
     p.add_argument("--strategy", help="scale-vector strategy (default baseline)")
-    p.add_argument("--optimizer", choices=["adamw", "muon"])
+    p.add_argument("--optimizer", choices=["adamw", "muon"], help=flag_help("optimizer"))
     p.add_argument("--schedule", choices=["cosine", "wsd", "linear", "constant"],
                    help="wsd decays to 0 unless schedule.min_lr_ratio is given")
     for flag, kind in (("lr", float), ("warmup", int), ("steps", int), ("tokens", int), ("batch-size", int),
                        ("micro-batch-size", int), ("seq-len", int), ("seed", int), ("eval-every", int),
                        ("probe-every", int), ("sharpness-every", int)):
-        p.add_argument(f"--{flag}", type=kind)
+        p.add_argument(f"--{flag}", type=kind, help=flag_help(flag.replace("-", "_")))
     p.add_argument("--data", help="shakespeare (default), kjv, a .txt file or folder, .jsonl, .parquet, "
                                   "hf:NAME[:CONFIG], "
                                    "a folder written by `scalevec prepare-data` (memory-mapped shards), or token files "
@@ -99,7 +105,7 @@ def add_arguments(p) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda")
     p.add_argument("--threads", type=int, help="CPU threads (default: every CPU this process may use); the "
                    "thread count changes the last bits of fp32 sums, so reproduce a run with the same one")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], help=flag_help("dtype"))
     p.add_argument("--dist", choices=["none", "ddp", "fsdp2"], help="data parallelism under torchrun")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile each block (--no-compile: eager); default train.compile=auto: compiled on "
@@ -117,7 +123,8 @@ def add_arguments(p) -> None:
                         "parent's step")
     p.add_argument("--tracker", choices=["none", "tensorboard", "wandb"],
                    help="mirror metrics.jsonl to TensorBoard (RUN/tensorboard) or Weights & Biases (default none)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines (warnings and notes still go to stderr; metrics.jsonl is written as always)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (the config.yaml this command would store) as YAML and exit "
                         "without training or writing anything")
