@@ -132,7 +132,9 @@ def repick(curve: dict[float, dict[int, float]], sample: list[int]) -> float | N
 class Repick:
     """The re-pick bootstrap of one arm: ``lo``/``hi`` the 2.5/97.5 % quantiles of the held-out Δ over the draws
     whose re-picked lrs both have held-out runs (``covered`` of ``draws``; nan when none), ``moved`` the share of
-    draws in which either pick moved, ``picks`` = ``{(baseline lr, arm lr): draws}``."""
+    draws in which either pick moved, ``moved_covered`` the covered draws among those (0: the interval is a
+    bootstrap of the held-out pairs at the picks alone, blind to how far a moved pick moves Δ), ``picks`` =
+    ``{(baseline lr, arm lr): draws}``."""
 
     lo: float
     hi: float
@@ -140,6 +142,7 @@ class Repick:
     draws: int
     moved: float
     picks: dict
+    moved_covered: int = 0
 
 
 def repick_bootstrap(runs: list[Run], picks: dict[str, protocol3.Pick], arm: str, draws: int = DRAWS,
@@ -154,7 +157,7 @@ def repick_bootstrap(runs: list[Run], picks: dict[str, protocol3.Pick], arm: str
     held = held_out_seeds(runs, picks, arm)
     curves = {s: tuning_curve(runs, s, set(tuning)) for s in ("baseline", arm)}
     cache: dict[tuple[float, float], list[float]] = {}
-    values, tally, moved = [], {}, 0
+    values, tally, moved, moved_covered = [], {}, 0, 0
     for _ in range(draws):
         sample = [rng.choice(tuning) for _ in tuning]
         lb = repick(curves["baseline"], sample)
@@ -162,26 +165,29 @@ def repick_bootstrap(runs: list[Run], picks: dict[str, protocol3.Pick], arm: str
         if lb is None or la is None:
             continue
         tally[(lb, la)] = tally.get((lb, la), 0) + 1
-        moved += not (same_lr(lb, picks["baseline"].lr) and same_lr(la, picks["baseline" if at_base else arm].lr))
+        moves = not (same_lr(lb, picks["baseline"].lr) and same_lr(la, picks["baseline" if at_base else arm].lr))
+        moved += moves
         if (lb, la) not in cache:
             cache[(lb, la)] = [p.delta for p in pairs_at(runs, lb, arm, la, held)]
         d = cache[(lb, la)]
         if d:
             values.append(sum(rng.choice(d) for _ in d) / len(d))
+            moved_covered += moves
     values.sort()
     if values:
         lo, hi = values[int(0.025 * (len(values) - 1))], values[int(math.ceil(0.975 * (len(values) - 1)))]
     else:
         lo = hi = math.nan
-    return Repick(lo, hi, len(values), draws, moved / draws if draws else math.nan, tally)
+    return Repick(lo, hi, len(values), draws, moved / draws if draws else math.nan, tally, moved_covered)
 
 
 @dataclass(frozen=True)
 class ArmControl:
     """One arm of a cell: ``tuned`` = protocol v3's held-out Δ at the tuned lrs, ``at_base`` Δ with the arm at
     the baseline's lr over ``pairs`` (``same_pick``: the arm's own pick is the baseline's lr, so the two Δs are
-    one), ``repick`` / ``repick_base`` the re-pick bootstrap of each (``repick_bootstrap``; ``repick_base`` puts the
-    arm at the baseline's re-picked lr)."""
+    one), ``repick`` / ``repick_base`` the re-pick bootstrap of each (``repick_bootstrap``: ``repick`` on the cell's
+    runs, the pairs ``tuned`` is read on; ``repick_base`` on the cell's and the control's, with the arm at the
+    baseline's re-picked lr)."""
 
     strategy: str
     tuned_lr: float
@@ -235,7 +241,9 @@ def read_control(results: Path, cell_name: str, draws: int = DRAWS) -> CellContr
         at_base = pairs_at(runs, base.lr, s, base.lr, seeds)
         out.arms[s] = ArmControl(s, cell.picks[s].lr, base.lr, delta_of(tuned), tuple(tuned), delta_of(at_base),
                                  tuple(at_base), same_lr(cell.picks[s].lr, base.lr),
-                                 repick_bootstrap(runs, cell.picks, s, draws) if draws else None,
+                                 # the cell's runs, as ``tuned``: a control holding an arm at its own pick on
+                                 # another kind (the WSD cell's) would otherwise swap in that kind's pairs
+                                 repick_bootstrap(cell_runs, cell.picks, s, draws) if draws else None,
                                  repick_bootstrap(runs, cell.picks, s, draws, at_base=True) if draws else None)
     return out
 
@@ -392,9 +400,9 @@ def _boot(r: Repick | None) -> str:
 
 
 def cpu_hours(folder: Path) -> float:
-    """Training CPU time of the finished runs of ``folder`` in hours: each ``summary.json``'s mean CPU seconds per
-    step times its steps (evaluation and start-up not counted; a machine shared with other work inflates the
-    wall clock, not this)."""
+    """Training CPU time of the finished runs of ``folder`` in hours: each ``summary.json``'s CPU seconds per step
+    (``cpu_time_s``, the median over its logged steps) times its steps (evaluation and start-up not counted; a
+    machine shared with other work inflates the wall clock, not this)."""
     total = 0.0
     for f in sorted((Path(folder) / "runs").glob("*/summary.json")) if (Path(folder) / "runs").is_dir() else []:
         if (f.parent / rundir.DONE).is_file():
@@ -424,8 +432,9 @@ def section(results: Path, draws: int = DRAWS) -> list[str]:
              "lrs; a draw whose re-picked lrs have no held-out runs (they exist at the picks and, with a control, at "
              "the baseline's lr) cannot be computed: the share of draws covered and the share whose pick moved are "
              "given, and the interval is over the covered draws only. With two tuning seeds a resample is one of "
-             "three ({0, 0}, {1, 1}, {0, 1}), so this interval shows how far a pick made on one seed moves Δ, not a "
-             "full account of the pick's noise.", ""]
+             "three ({0, 0}, {1, 1}, {0, 1}); a draw whose pick moved shows how far that moves Δ only where it is "
+             "covered (the line below the table counts those), and the interval is never a full account of the "
+             "pick's noise.", ""]
     lines += ["| cell | arm | lr: arm's pick / baseline's | Δ at tuned lrs [95 % CI] (pairs: kinds) | re-pick "
               "interval | Δ at the baseline's lr [95 % CI] (pairs: kinds) | re-pick interval | control runs "
               "(CPU h) |", "|---|---|---|---:|---:|---:|---:|---:|"]
@@ -446,6 +455,8 @@ def section(results: Path, draws: int = DRAWS) -> list[str]:
                          f"({len(a.tuned_pairs)}: {_kinds(a.tuned_pairs)}) | {_boot(a.repick)} | {base} | "
                          f"{'—' if a.same_pick else _boot(a.repick_base)} | {c.runs} ({cpu_hours(folder):.2f}) |")
     lines.append("")
+    lines += [repick_note([r for c in controls for a in c.arms.values()
+                           for r in (a.repick, None if a.same_pick else a.repick_base)]), ""]
     for name, differ in missing:
         lines.append(f"- `{name}`: " + ("no control run yet" + (f" (`scalevec sweep sweeps/control-"
                      f"{name.removeprefix('ladder-')}.yaml --out results/control-{name.removeprefix('ladder-')} "
@@ -477,10 +488,38 @@ def section(results: Path, draws: int = DRAWS) -> list[str]:
     return lines
 
 
+def repick_note(boots: list[Repick | None]) -> str:
+    """One line on what the table's re-pick intervals (``boots``; None: not computed) can show: how many have a
+    covered draw whose pick moved; where none has, every interval is a bootstrap of the held-out pairs at the picks."""
+    shown = [r for r in boots if r is not None and r.covered]
+    moving = [r for r in shown if r.moved_covered]
+    if not shown:
+        return "**Re-pick intervals**: none computed."
+    if not moving:
+        return (f"**Re-pick intervals**: in none of the {len(shown)} intervals did a covered draw move a pick, so each "
+                "is a bootstrap of the held-out pairs at the picked lrs: the share moved says how often a pick made on "
+                "one tuning seed differs, not how far that would move Δ.")
+    return (f"**Re-pick intervals**: in {len(moving)} of the {len(shown)} intervals some covered draws moved a pick "
+            f"({sum(r.moved_covered for r in moving)} draws in all); in the other {len(shown) - len(moving)} the "
+            "interval is a bootstrap of the held-out pairs at the picked lrs alone.")
+
+
+def _named(group: list[EqualLr], tuned: EqualLr) -> str:
+    """The equal-lr lrs of ``group``, each with whose pick it is in the ``tuned`` comparison (``0.0178 (the
+    baseline's pick)``)."""
+    out = []
+    for e in group:
+        b, a = same_lr(e.base_lr, tuned.base_lr), same_lr(e.base_lr, tuned.arm_lr)
+        whose = " (both picks)" if a and b else " (the baseline's pick)" if b else " (the arm's pick)" if a else ""
+        out.append(f"{e.base_lr:.3g}{whose}")
+    return ", ".join(out)
+
+
 def wsd_verdict(comps: list[EqualLr]) -> str:
     """One sentence per arm on the stable-phase claim at equal lr (our rule): a gain *remains* at an lr where the
-    stable-phase mean's 95 % interval lies below 0; *not distinguishable from 0* where every equal-lr interval
-    (≥ 2 pairs) spans 0; *not measured* below 2 pairs."""
+    stable-phase mean's 95 % interval lies below 0, a *deficit* where it lies above, *not distinguishable from 0*
+    where it spans 0 (every equal-lr lr is named with its class and whose pick it is, so a gain at the arm's pick
+    never hides a null at the baseline's); *not measured* below 2 pairs."""
     parts = []
     for arm in ARMS:
         rows = [e for e in comps if e.arm == arm]
@@ -496,9 +535,13 @@ def wsd_verdict(comps: list[EqualLr]) -> str:
         at = "; ".join(f"{_ci(e.stable)} with both at {e.base_lr:.3g} ({e.stable.n} pairs)" for e in measured)
         below = [e for e in measured if e.stable.hi < 0]
         above = [e for e in measured if e.stable.lo > 0]
-        verdict = ("a gain remains at equal lr (" + ", ".join(f"{e.base_lr:.3g}" for e in below) + ")" if below else
-                   "a deficit at equal lr (" + ", ".join(f"{e.base_lr:.3g}" for e in above) + ")" if above else
-                   "at equal lr the stable-phase gain is not distinguishable from 0")
+        spans = [e for e in measured if e not in below and e not in above]
+        if not below and not above:
+            verdict = "at equal lr the stable-phase gain is not distinguishable from 0"
+        else:
+            verdict = "; ".join(([f"a gain remains at equal lr {_named(below, tuned)}"] if below else [])
+                                + ([f"a deficit at equal lr {_named(above, tuned)}"] if above else [])
+                                + ([f"not distinguishable from 0 at {_named(spans, tuned)}"] if spans else []))
         missing = [e for e in equal if e not in measured]
         more = (" (not measured yet at " + ", ".join(f"{e.base_lr:.3g}" for e in missing) + ")") if missing else ""
         parts.append(f"{head}, {at}: {verdict}{more}.")

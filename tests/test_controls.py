@@ -123,6 +123,48 @@ def test_repick_at_base_puts_the_arm_at_the_baselines_repicked_lr(tmp_path):
     assert a.repick.lo == pytest.approx(0.05, abs=1e-9)
 
 
+def test_tuned_repick_reads_the_cells_pairs_not_a_controls_rerun_on_another_kind(tmp_path):
+    """A control holding unified at its own pick 0.01 and the baseline at 0.02 on AMD (Δ −0.02, as the WSD cell's
+    control does) must not replace the cell's Intel pairs (Δ +0.05) in the tuned column's re-pick interval: that
+    interval belongs to the tuned Δ beside it (+0.05), while the baseline-lr column's reads the control."""
+    write_cell(tmp_path)
+    control = controls.control_folder(tmp_path, "ladder-cpu-10k-shakespeare")
+    for k in range(2, 6):
+        add_run(control, "baseline", 0.02, k, 2.0 + k / 1000, kind=AMD)
+        add_run(control, "unified", 0.01, k, 2.0 + k / 1000 - 0.02, kind=AMD)
+        add_run(control, "unified", 0.02, k, 2.0 + k / 1000 + 0.01, kind=AMD)
+    a = controls.read_control(tmp_path, "ladder-cpu-10k-shakespeare", draws=200).arms["unified"]
+    assert a.tuned.delta == pytest.approx(0.05, abs=1e-12)
+    assert a.repick.lo == pytest.approx(0.05, abs=1e-9) and a.repick.hi == pytest.approx(0.05, abs=1e-9)
+    assert a.repick_base.lo == pytest.approx(0.01, abs=1e-9) and a.repick_base.hi == pytest.approx(0.01, abs=1e-9)
+
+
+def test_repick_counts_covered_draws_whose_pick_moved(tmp_path):
+    """Seed 1 alone re-picks the baseline at 0.04: with no held-out baseline there, those draws are uncovered
+    (``moved_covered`` 0, and the note says every interval is a bootstrap at the picks); once held-out baselines
+    and unified ran at 0.04 the same draws are covered and counted (about a quarter of 2000)."""
+    cell = tmp_path / "ladder-cpu-10k-kjv"
+    seed_curves = {0: {0.01: 2.10, 0.02: 2.00, 0.04: 2.08}, 1: {0.01: 2.10, 0.02: 2.06, 0.04: 2.04}}
+    for k, curve in seed_curves.items():
+        for lr, loss in curve.items():
+            add_run(cell, "baseline", lr, k, loss)
+            add_run(cell, "unified", lr, k, CURVES["unified"][lr])
+    for k in range(2, 8):
+        add_run(cell, "baseline", 0.02, k, 2.0 + k / 100)
+        add_run(cell, "unified", 0.02, k, 2.05 + k / 100)
+    control = controls.control_folder(tmp_path, cell.name)
+    control.mkdir()
+    r = controls.read_control(tmp_path, cell.name, draws=2000).arms["unified"].repick_base
+    assert r.moved == pytest.approx(0.25, abs=0.05) and r.moved_covered == 0  # binomial(2000, 1/4): sd 0.0097
+    assert "in none of the 1 intervals did a covered draw move a pick" in controls.repick_note([r, None])
+    for k in range(2, 8):
+        add_run(control, "baseline", 0.04, k, 2.0 + k / 100)
+        add_run(control, "unified", 0.04, k, 2.0 + k / 100)
+    r = controls.read_control(tmp_path, cell.name, draws=2000).arms["unified"].repick_base
+    assert r.covered == 2000 and r.moved_covered / 2000 == pytest.approx(0.25, abs=0.05)
+    assert controls.repick_note([r]).startswith("**Re-pick intervals**: in 1 of the 1 intervals some covered draws")
+
+
 def test_stable_evaluations_end_where_the_wsd_decay_starts():
     """WSD over 2005 steps, 5 % warmup (100 steps), decay over the last 20 % (401 steps, from step 1604): the
     evaluations every 100 steps in the stable phase are 200-1600 (not 100, which ends the warmup, nor 1700+)."""
@@ -175,9 +217,25 @@ def test_wsd_verdict_says_a_gain_remains_only_where_the_equal_lr_interval_is_bel
     gain = paired_delta([2.0, 2.0, 2.0], [1.97, 1.98, 1.96])  # Δ −0.03, interval below 0
     flat = paired_delta([2.0, 2.0, 2.0], [2.01, 1.99, 2.00])  # Δ 0, interval spans 0
     v = controls.wsd_verdict([row(True, 0, gain), row(False, 0.0089, gain)])
-    assert "a gain remains at equal lr (0.0089)" in v
+    assert "a gain remains at equal lr 0.0089 (the arm's pick)." in v
     v = controls.wsd_verdict([row(True, 0, gain), row(False, 0.0089, flat)])
     assert "not distinguishable from 0" in v and "a gain remains at equal lr" not in v
+
+
+def test_wsd_verdict_names_the_equal_lr_where_the_gain_does_not_remain():
+    """A gain at the arm's pick (0.0089) with a null at the baseline's (0.0178) is said as both, each lr named with
+    whose pick it is: the gain never stands alone as the verdict."""
+    from scalevec.experiments.stats import paired_delta
+
+    def row(tuned, lr, stable):
+        return controls.EqualLr("x", tuned, "none", 0.0178 if tuned else lr, 0.0089 if tuned else lr, (), [],
+                                stable, None)
+
+    gain = paired_delta([2.0, 2.0, 2.0], [1.97, 1.98, 1.96])
+    flat = paired_delta([2.0, 2.0, 2.0], [2.01, 1.99, 2.00])
+    v = controls.wsd_verdict([row(True, 0, gain), row(False, 0.0089, gain), row(False, 0.0178, flat)])
+    assert ("a gain remains at equal lr 0.0089 (the arm's pick); not distinguishable from 0 at 0.0178 (the "
+            "baseline's pick).") in v
 
 
 def test_a_cell_read_from_its_runs_csv_pairs_with_control_run_directories(tmp_path):
