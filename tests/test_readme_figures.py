@@ -17,8 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- BEGIN GENERATED (scripts/reproduction.py) -->", "<!-- END GENERATED -->"
-# a decimal not inside a longer dotted number, not followed by a unit letter (model sizes, token counts)
-FIGURE = re.compile(r"(?<![\w.])([+\-−]?)(\d{1,3}\.\d+)(?![\d.]|[KMB]\b)")
+# a decimal not inside a longer dotted number (a version: a dot and a digit after it; a full stop ends a sentence,
+# not the figure), not followed by a unit letter (model sizes, token counts)
+FIGURE = re.compile(r"(?<![\w.])([+\-−]?)(\d{1,3}\.\d+)(?!\d|\.\d|[KMB]\b)")
 CITED = re.compile(r"`?(results/[\w.\-/]+\.csv)`?")
 
 
@@ -166,6 +167,14 @@ def test_the_checker_catches_a_hand_quoted_figure(tmp_path):
             "```\nunified +0.0056 [+0.0035, +0.0077] *\n```\n")
     assert unbacked_figures(text, doc, tmp_path) == ["+0.0079"]
     assert unbacked_figures(text.replace("+0.0061", "-0.0061"), doc, tmp_path) == ["-0.0061", "+0.0079"]
+
+
+def test_a_figure_ending_a_sentence_is_checked():
+    """A figure before a full stop is a figure (a dotted version such as 2.13.0 and a size such as 0.12B are not):
+    a hand-typed result at the end of a sentence is flagged like any other."""
+    found = FIGURE.findall("Δ was +0.0123. torch 2.13.0, the 0.12B model, lr 0.02.")
+    assert [n for _, n in found] == ["0.0123", "0.02"]
+    assert unbacked_figures("### The main job\nΔ was +0.0123.\n", "| +0.0456 |", ROOT) == ["+0.0123"]
 
 
 def test_github_slug_matches_githubs_anchors():
