@@ -117,6 +117,16 @@ def test_readme_quotes_only_figures_the_generated_docs_or_cited_results_hold():
                          f"files README cites do not hold; link the generated section instead of quoting it")
 
 
+def test_readme_main_job_prose_quotes_no_delta():
+    """README's main-job prose holds no signed figure (a Δ, an interval's end): the generated section holds ~700
+    signed 4-decimal values, so a hand-typed Δ would pass the look-up above by coincidence three times in four;
+    README links the generated tables instead. The main job's output block (fenced) is not prose."""
+    readme = (ROOT / "README.md").read_text()
+    signed = [s + n for s, n in FIGURE.findall(_normal(prose(main_job_section(readme)))) if s]
+    assert not signed, f"README's main-job prose quotes {signed}; link the generated section of docs/reproduction.md"
+    assert FIGURE.findall("unified is +0.0061 [−0.0009, +0.0131]")[0][0] == "+"  # a signed figure is seen as one
+
+
 def test_readme_links_land_on_generated_headings():
     """Each README link into docs/reproduction.md#anchor names a heading of the generated section."""
     readme = (ROOT / "README.md").read_text()
