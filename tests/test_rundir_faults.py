@@ -1150,7 +1150,7 @@ def test_run_files_nested_too_deeply_are_damaged_files_not_tracebacks(tmp_path):
     (tmp_path / rundir.META).write_text(deep)
     assert rundir.read_meta(tmp_path) == {}
     (tmp_path / rundir.SUMMARY).write_text(deep)
-    with pytest.raises(rundir.RunDirError, match=r"summary\.json cannot be read \(maximum recursion depth"):
+    with pytest.raises(rundir.RunDirError, match=r"summary\.json cannot be read \(is not valid JSON \(it nests too"):
         rundir.read_summary(tmp_path)
     ckpt = tmp_path / layout.CKPT_DIR / "step_0000004"
     ckpt.mkdir(parents=True)

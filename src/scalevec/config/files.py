@@ -1,13 +1,19 @@
-"""Bounded YAML and file reading: what a config, sweep, study or manifest file may be before it is parsed.
+"""Bounded YAML and JSON and file reading: what a config, sweep, study, manifest or run file may be before it is
+parsed.
 
 ``read_bounded`` opens a regular file of bounded size without blocking on a FIFO; ``safe_load`` parses YAML with
 ``BoundedLoader`` (plain data, aliases counted as expanded, nesting bounded); ``load_yaml`` is the two together for
 a YAML mapping (``--config FILE``, a sweep or study file, a run's ``config.yaml``), with one-line errors naming the
-file and the fix; ``check_plain`` refuses values that are not plain data. Nothing here knows a config field.
+file and the fix; ``check_plain`` refuses values that are not plain data. ``parse_json`` / ``load_json`` are the
+one JSON reader of every file a user or an earlier run wrote (a Hugging Face ``config.json``, a prepared-data
+manifest, a run's meta, summary and checkpoint files, ``eval.json``): UTF-8, nesting bounded by Python's recursion
+limit (one line, never a traceback) and, as for YAML, no object that sets one key twice (``json.loads`` keeps the
+last silently). Nothing here knows a config field.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -212,5 +218,76 @@ def load_yaml(path: str | Path, what: str = "config file") -> dict:
     return data
 
 
+# ------------------------------------------------------------------------------------------------------ JSON
+
+MAX_JSON_BYTES = 1 << 28  # the default bound of load_json: far above any run or model file; readers of
+# smaller kinds pass their own (a config.json, a manifest, eval.json)
+
+
+class JSONProblem(ValueError):
+    """What is wrong with a JSON text (``parse_json``) or file (``load_json``): the message in one line, and
+    ``problem``, the clause without the file (``is not valid JSON (...)``, ``sets the key
+    'lr' twice in one object ...``) for a caller that words its own error around it."""
+
+    def __init__(self, message: str, problem: str):
+        super().__init__(message)
+        self.problem = problem
+
+
+class DuplicateKey(JSONProblem):
+    """A JSON object sets one key twice (``parse_json``): the file was edited or damaged, never cut off."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``json``'s ``object_pairs_hook``: the object as a dict, or ``JSONProblem`` naming the first key it sets
+    twice (without the hook the last value would win silently, as PyYAML's does: ``check_unique_keys``)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                problem = f"sets the key {short(key, 40)} twice in one object (the last would win silently); keep one"
+                raise DuplicateKey(problem, problem)
+            seen.add(key)
+    return obj
+
+
+def parse_json(data: bytes | str) -> Any:
+    """The value of the JSON text ``data`` (bytes are UTF-8), as ``json.loads`` gives it for a valid file with
+    distinct keys (``NaN`` and ``Infinity`` included: a run's train state writes them).
+
+    Raises ``JSONProblem`` whose message is the clause ``problem`` (no file: ``load_json`` adds it): not UTF-8 or
+    not JSON (an integer of more than 4,300 digits too), nested past Python's recursion limit (the C scanner recurses
+    once per level: 100,000 ``[`` was a ``RecursionError``), or an object that sets one key twice."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except JSONProblem:
+        raise
+    except RecursionError:
+        problem = "is not valid JSON (it nests too deeply for Python's parser)"
+    except UnicodeDecodeError:
+        problem = "is not valid JSON (it is not UTF-8 text)"
+    except ValueError as e:  # JSONDecodeError; an integer of more than 4,300 digits
+        problem = f"is not valid JSON ({' '.join(str(e).split())[:200]})"
+    raise JSONProblem(problem, problem)
+
+
+def load_json(path: str | Path, what: str, fix: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in ``path``, a regular file of at most ``limit`` bytes (``read_bounded``), read by
+    ``parse_json``. ``what`` names the kind of file in a message (``config.json``, ``manifest``).
+
+    Raises ``ValueError`` in one line naming ``what``, the path and ``fix``: for the file (missing, a directory or
+    FIFO, too large: ``read_bounded``) or, as ``JSONProblem`` (``problem`` holds the clause alone), for its text;
+    ``OSError`` for the rest (permissions). What the value must be is the caller's to check."""
+    p = Path(path)
+    raw = read_bounded(p, what, limit, fix)
+    try:
+        return parse_json(raw)
+    except JSONProblem as e:
+        raise type(e)(f"{what} {p} {e.problem}; {fix}", e.problem) from None
+
+
 __all__ = ["MAX_YAML_BYTES", "MAX_YAML_NODES", "MAX_YAML_DEPTH", "MAX_YAML_CHARS", "YAMLBoundError", "BoundedLoader",
-           "check_expansion", "safe_load", "PLAIN", "check_plain", "read_bounded", "load_yaml"]
+           "check_expansion", "safe_load", "PLAIN", "check_plain", "read_bounded", "load_yaml", "MAX_JSON_BYTES",
+           "JSONProblem", "DuplicateKey", "parse_json", "load_json"]

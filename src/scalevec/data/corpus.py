@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import DataConfig
+from scalevec.config.files import load_json
 from scalevec.data import documents, token_files
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import DOC_SEP, load_documents, source_note
@@ -65,9 +66,9 @@ def prepare_data(cfg: DataConfig) -> TokenData:
                 "train_docs": len(train_docs), "val_docs": len(val_docs)}
         _write_cache(path, train_docs, val_docs, tok, meta)
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = load_json(path / "meta.json", "token cache file", "")
         dtype = np.dtype(meta["dtype"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # the cache's own file, damaged
+    except (OSError, ValueError, KeyError, TypeError) as e:  # the cache's own file, damaged
         raise ValueError(f"the token cache {path} is damaged ({path / 'meta.json'}: {one_line(e)[:120]}); delete "
                          f"that folder and rerun (it is rebuilt from the corpus)") from None
     train, val = (np.memmap(path / f"{split}.bin", dtype=dtype, mode="r") for split in ("train", "val"))

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import codecs
 import gzip
-import json
 from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
+
+from scalevec.config.files import JSONProblem, parse_json
 
 BUNDLED = ("shakespeare", "kjv")
 DOC_SEP = "\n\n\n"  # document separator inside .txt files (and the joiner when a tokenizer has no EOS)
@@ -209,15 +210,9 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"data file {path} line {i} is not valid JSON ({e.msg}); "
-                                 f"fix or remove that line") from None
-            except (ValueError, RecursionError) as e:  # a 5,000-digit integer; 100,000 nested '[' (the C scanner
-                # recurses once per level): Python's words alone named neither the file nor the line
-                problem = "it nests too deeply" if isinstance(e, RecursionError) else " ".join(str(e).split())[:120]
-                raise ValueError(f"data file {path} line {i} is not valid JSON ({problem}); "
-                                 f"fix or remove that line") from None
+                row = parse_json(line)
+            except JSONProblem as e:  # not JSON, a 5,000-digit integer, 100,000 nested '[', "text" set twice
+                raise ValueError(f"data file {path} line {i} {e.problem}; fix or remove that line") from None
             if not isinstance(row, dict) or "text" not in row:
                 raise ValueError(f'data file {path} line {i} has no "text" field; every line must be an object like '
                                  f'{{"text": "..."}}')

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import VAL_SPLITS
-from scalevec.config.files import read_bounded
+from scalevec.config.files import load_json
 from scalevec.config.typed import Fields, is_int, read_kind
 from scalevec.data import token_files
 from scalevec.data.documents import DOC_SEP, SOURCE_HELP, iter_documents
@@ -463,13 +463,7 @@ def read_manifest(path: str | Path) -> dict:
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist; "
                                 f"write prepared data with `scalevec prepare-data SOURCE --out {path}`")
-    raw = read_bounded(p, "manifest", MAX_MANIFEST_BYTES, _REDO)  # a FIFO or a directory: one line, no hang
-    try:
-        m = json.loads(raw.decode("utf-8"))
-    except RecursionError:  # the C scanner recurses once per nesting level: 100,000 '[' overflowed Python's stack
-        raise ValueError(f"{p} nests too deeply to be a manifest; {_REDO}") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
-        raise ValueError(f"{p} is not valid JSON ({' '.join(str(e).split())[:200]}); {_REDO}") from None
+    m = load_json(p, "manifest", _REDO, MAX_MANIFEST_BYTES)  # a FIFO or a directory: one line, no hang
     return check_manifest(root, m)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from scalevec.config.files import load_json
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import first_line
 from scalevec.outpath import read_regular, replace_file
@@ -252,12 +253,7 @@ def _read_tokenizer_config(directory: Path) -> dict:
     path = directory / "tokenizer_config.json"
     if not path.exists():
         return {}
-    try:
-        config = json.loads(read_regular(path, "fix or delete it").decode("utf-8"))
-    except RecursionError:  # the C scanner recurses once per nesting level
-        raise ValueError(f"{path} nests too deeply to be a tokenizer config; fix or delete it") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4,300 digits
-        raise ValueError(f"{path} is not valid JSON ({' '.join(str(e).split())[:200]}); fix or delete it") from None
+    config = load_json(path, "tokenizer config", "fix or delete it")
     return config if isinstance(config, dict) else {}
 
 

@@ -243,17 +243,13 @@ def check_eval_file(directory: str | Path) -> None:
     into: not a regular file, larger than ``MAX_EVAL_JSON_BYTES``, not JSON, or not ``{"tasks": {...}}`` as
     ``write_eval`` writes it (checked first: ``[]`` would fail after the whole evaluation, with a traceback). Raises
     ``ValueError`` naming the file and the fix; an absent file passes."""
-    from scalevec.config.files import read_bounded
+    from scalevec.config.files import load_json
 
     file = Path(directory) / EVAL
     if not file.exists() and not file.is_symlink():
         return
     fix = "move it away (the scores are merged into it) or pass --no-write"
-    raw = read_bounded(file, "the scores file", MAX_EVAL_JSON_BYTES, fix)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ValueError(f"the scores file {file} is not JSON; {fix}") from None
+    data = load_json(file, "the scores file", fix, MAX_EVAL_JSON_BYTES)
     if not isinstance(data, dict) or not isinstance(data.get("tasks", {}), dict):
         raise ValueError(f"the scores file {file} is not one scalevec eval writes (it holds "
                          f"{type(data).__name__ if not isinstance(data, dict) else 'tasks that are no mapping'}, not "

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +51,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from scalevec.config.files import load_json
 from scalevec.hf.sampling import CachedFn, LogitsFn, check_sampling, sample  # noqa: F401 (sample: the reference loop)
 from scalevec.model.forward_check import check_forward
-from scalevec.outpath import read_regular
 from scalevec.training import rundir
 
 
@@ -85,13 +84,7 @@ def shipped_code_hashes() -> dict[str, str]:
 def _read_json(f: Path):
     """The parsed JSON of ``f`` (config.json, a tokenizer file). Raises ``ValueError`` naming ``f`` when it
     is not JSON."""
-    raw = read_regular(f, "fix it or export the model again")  # a FIFO never hangs the check
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except RecursionError:  # the C scanner recurses once per nesting level
-        raise ValueError(f"{f} nests too deeply to be a model's file; fix it or export the model again") from None
-    except ValueError as e:
-        raise ValueError(f"{f} is not valid JSON ({e}); fix it or export the model again") from None
+    return load_json(f, "model file", "fix it or export the model again")  # a FIFO never hangs the check
 
 
 def _auto_map_refs(hf_dir: Path) -> list[tuple[str, str]]:

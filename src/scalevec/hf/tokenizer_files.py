@@ -16,10 +16,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalevec.config.files import load_json
 from scalevec.data.tokenizer import BYTES_PREFIX
 
 # the files of a Hugging Face tokenizer directory that ``write_tokenizer`` writes (the last only when the source has it)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+FIX = "restore the tokenizer folder from a copy of the run, or retrain the run"  # a source file that does not read
 
 
 @dataclass
@@ -79,7 +81,9 @@ def write_tokenizer(tokenizer_dir: Path, out: Path, sp: Specials, max_len: int) 
                                                           special_tokens=[sp.bos])
     hf.save(str(out / "tokenizer.json"))
     src = tokenizer_dir / "tokenizer_config.json"
-    config = json.loads(src.read_text(encoding="utf-8")) if src.is_file() else {}
+    config = load_json(src, "tokenizer config", FIX) if src.is_file() else {}
+    if not isinstance(config, dict):
+        raise ValueError(f"tokenizer config {src} is not a JSON object; {FIX}")
     config.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len)
     for key, value in (("bos_token", sp.bos), ("eos_token", sp.eos), ("pad_token", sp.pad)):
         if value is not None:
@@ -88,7 +92,9 @@ def write_tokenizer(tokenizer_dir: Path, out: Path, sp: Specials, max_len: int) 
                                                encoding="utf-8")
     special_map = tokenizer_dir / "special_tokens_map.json"
     if special_map.is_file():
-        smap = json.loads(special_map.read_text(encoding="utf-8"))
+        smap = load_json(special_map, "special tokens map", FIX)
+        if not isinstance(smap, dict):
+            raise ValueError(f"special tokens map {special_map} is not a JSON object; {FIX}")
         smap.update({k: config[k] for k in ("bos_token", "eos_token", "pad_token") if k in config})
         (out / "special_tokens_map.json").write_text(json.dumps(smap, indent=2, ensure_ascii=False) + "\n",
                                                      encoding="utf-8")

@@ -12,12 +12,12 @@ Needs the optional dependency ``transformers`` (``pip install 'scalevec[hf]'``).
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from scalevec.hf_format.hf_import import read_config_json
 from scalevec.model.fold import fold_scales
 from scalevec.model.transformer import Transformer
 
@@ -63,7 +63,7 @@ def verify(out_dir: str | Path, model: Transformer, tokens: Tensor, atol: float 
 
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
-    config = json.loads((out_dir / "config.json").read_text())
+    config = read_config_json(out_dir)
     remote = "auto_map" in config
     atol = atol if atol is not None else (VERIFY_ATOL_REMOTE if remote else VERIFY_ATOL)
     hf, info = AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32, output_loading_info=True,

@@ -24,7 +24,6 @@ norm sites are ``names.NORM_SITES`` (export writes them as ones). Reading Huggin
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import re
@@ -36,7 +35,7 @@ import torch
 from torch import Tensor
 
 from scalevec.config import ModelConfig, MoEConfig, RopeScalingConfig
-from scalevec.config.files import read_bounded
+from scalevec.config.files import load_json
 from scalevec.config.typed import Fields, short
 from scalevec.hf_format.families import FAMILIES, IMPORTS
 from scalevec.hf_format.names import FORMATS, HF_CONFIG, NORM_SITES, name_map
@@ -88,15 +87,7 @@ def read_config_json(hf_dir: str | Path) -> dict:
     (``check_hf_config`` validates what it holds). Raises ``ValueError`` naming the file and the fix (a 200k-deep
     nesting is one line, never a ``RecursionError``); ``OSError`` for the rest."""
     p = Path(hf_dir) / HF_CONFIG
-    raw = read_bounded(p, "config.json", MAX_CONFIG_BYTES, "fix config.json (or re-save the model with "
-                                                           "save_pretrained)")
-    try:
-        conf = json.loads(raw.decode("utf-8"))
-    except RecursionError:  # the C scanner recurses once per nesting level
-        raise ValueError(f"{p} nests too deeply to be a model config; fix config.json (or re-save the model with "
-                         f"save_pretrained)") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{p} is not valid JSON ({' '.join(str(e).split())[:200]}); fix config.json") from None
+    conf = load_json(p, "config.json", FIX, MAX_CONFIG_BYTES)
     if not isinstance(conf, dict):
         raise ValueError(f"{p} is not a JSON object; fix config.json (or re-save the model with save_pretrained)")
     return conf
@@ -289,11 +280,10 @@ def weight_files(hf_dir: str | Path) -> list[Path]:
     index = d / "model.safetensors.index.json"
     if index.is_file():
         fix = "re-save the model with save_pretrained(..., safe_serialization=True)"
+        data = load_json(index, "safetensors index", fix, MAX_INDEX_BYTES)
         try:
-            weight_map = json.loads(read_bounded(index, "safetensors index", MAX_INDEX_BYTES, fix))["weight_map"]
-        except RecursionError:  # the C scanner recurses once per nesting level: 100,000 '[' was a traceback
-            raise ValueError(f"{index} nests too deeply to be a safetensors index; {fix}") from None
-        except (ValueError, KeyError, TypeError) as e:
+            weight_map = data["weight_map"]
+        except (KeyError, TypeError) as e:
             raise ValueError(f"{index} is not a safetensors index ({type(e).__name__}: "
                              f"{' '.join(str(e).split())[:200]}); {fix}") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from scalevec.config import ModelConfig
+from scalevec.config.files import load_json
 from scalevec.config.typed import is_number
 from scalevec.outpath import replace_file
 
@@ -123,9 +124,10 @@ def peak_flops(device: torch.device, dtype: torch.dtype, given: float = 0.0) -> 
     key = f"{device.type}|{name}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
     path = _cache_path()
     try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
+        cache = load_json(path, "matmul peak cache", "")
+    except (OSError, ValueError):  # missing or damaged: measured again and rewritten
         cache = {}
+    cache = cache if isinstance(cache, dict) else {}
     if is_number(cache.get(key), finite=False):
         return float(cache[key]), "measured (cached)"
     value = matmul_peak(device, dtype)

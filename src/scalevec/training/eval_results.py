@@ -13,8 +13,8 @@ import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from scalevec.config.files import load_json
 from scalevec.config.typed import is_number
-from scalevec.outpath import read_regular
 from scalevec.training.rundir import EVAL, RunDirError, read_json, write_atomic
 
 
@@ -44,7 +44,7 @@ def eval_columns(directory: str | Path) -> dict[str, float]:
     out; ``{}`` when the file is absent or unreadable. ``scalevec report`` puts them in runs.csv."""
     file = Path(directory) / EVAL
     try:
-        tasks = json.loads(read_regular(file))["tasks"]
+        tasks = load_json(file, "the scores file", "")["tasks"]
         return {f"eval.{task}.{name}": value for task, entry in sorted(tasks.items())
                 for name, value, _ in main_metrics(entry["metrics"])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # 100,000 nested '['

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalevec.config.files import DuplicateKey, JSONProblem, load_json, parse_json
 from scalevec.config.typed import is_int, is_number, short
 from scalevec.hf_format.names import HF_CONFIG
 
@@ -125,13 +126,18 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 def read_json(path: str | Path, fix: str = "restore it from a copy of the run or retrain the run") -> Any:
-    """A JSON file; ``RunDirError`` naming the file and ``fix`` when it is missing, unreadable or invalid."""
+    """A JSON file of a run (``load_json``: bounded, one key once per object); ``RunDirError`` naming the file and
+    ``fix`` when it is missing, unreadable or invalid."""
     path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        raise RunDirError(f"{path} does not exist; {fix}")
     try:
-        return json.loads(read_regular(path, fix).decode("utf-8"))
-    except FileNotFoundError:
-        raise RunDirError(f"{path} does not exist; {fix}") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: 100,000 nested '['
+        return load_json(path, "run file", fix)
+    except JSONProblem as e:
+        raise RunDirError(f"{path} cannot be read ({e.problem}); {fix}") from None
+    except ValueError as e:  # read_bounded: a folder, a FIFO, too large; it names the file and the fix
+        raise RunDirError(str(e)) from None
+    except OSError as e:
         raise RunDirError(f"{path} cannot be read ({one_line(e)}); {fix}") from None
 
 
@@ -150,8 +156,8 @@ def _not_a_run(path: Path, config: bool = True) -> str | None:
     meta = None
     if (path / META).is_file():  # a regular file: reading a FIFO there would wait forever
         try:
-            meta = json.loads(read_regular(path / META).decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: 100,000 nested '['
+            meta = load_json(path / META, "run file", "")
+        except (OSError, ValueError):
             pass
     if isinstance(meta, dict) and meta.get("format") == RUN_FORMAT and not config:
         return None
@@ -250,8 +256,8 @@ def read_meta(run_dir: str | Path) -> dict:
     report reads from it, the CPU or a branch's parent, is informative: a damaged file costs that only)."""
     path = Path(run_dir) / META
     try:
-        meta = json.loads(read_regular(path).decode("utf-8")) if path.is_file() else {}
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: 100,000 nested '['
+        meta = load_json(path, "run file", "") if path.is_file() else {}
+    except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
 
@@ -295,16 +301,19 @@ def _scan_metrics(path: Path) -> tuple[list[dict], str | None, str | None]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = parse_json(line)
             if not isinstance(row, dict) or "kind" not in row or "step" not in row:
                 raise ValueError("not a metrics row")
-        except ValueError:
+        except ValueError as e:
             # a cut-off write is a prefix of one JSON row on the last line; NUL bytes or undecodable bytes
-            # (U+FFFD) are not what an append leaves, but a damaged file, and so is anything past a bad line
-            if i == len(lines) - 1 and line.startswith("{") and "\x00" not in line and "\ufffd" not in line:
+            # (U+FFFD) are not what an append leaves, but a damaged file, and so is anything past a bad line, and a
+            # row that sets one key twice (edited: whole, but which value is meant?)
+            whole = isinstance(e, DuplicateKey)
+            last = i == len(lines) - 1
+            if not whole and last and line.startswith("{") and "\x00" not in line and "\ufffd" not in line:
                 cut = f"{path}: dropped a cut-off last line ({len(line)} bytes, left by an interrupted write)"
             elif damage is None:
-                damage = f"line {i + 1} is not a metrics row"
+                damage = f"line {i + 1} {e.problem if whole else 'is not a metrics row'}"
             continue
         rows.append(row)
     return rows, cut, damage
@@ -384,9 +393,9 @@ def last_row(run_dir: str | Path, kind: str, tail_bytes: int = TAIL_BYTES) -> di
         tail = f.read().decode("utf-8", errors="replace")
     for line in reversed(tail.split("\n")):
         try:
-            row = json.loads(line)
+            row = parse_json(line)
         except ValueError:
-            continue  # empty, cut off by the tail window, or being written
+            continue  # empty, cut off by the tail window, or being written (or edited: a key twice)
         if isinstance(row, dict) and row.get("kind") == kind:
             return row
     return None

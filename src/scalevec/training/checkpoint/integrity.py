@@ -23,9 +23,10 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+from scalevec.config.files import JSONProblem, load_json
 from scalevec.config.typed import is_int
-from scalevec.outpath import read_regular
 from scalevec.training.checkpoint.layout import (
     CKPT_DIR,
     CKPT_FORMAT,
@@ -76,6 +77,16 @@ def write_manifest(ckpt: Path, step: int) -> None:
         os.fsync(f.fileno())
 
 
+def _load(path: Path) -> Any:
+    """A checkpoint's JSON file (``load_json``). Raises ``ValueError``, for its text with the problem alone (the
+    caller names the file): not JSON, nested too deeply, a key twice in one object; and for a FIFO, folder or
+    oversized file."""
+    try:
+        return load_json(path, "checkpoint file", "it is damaged")
+    except JSONProblem as e:
+        raise ValueError(e.problem) from None
+
+
 def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> dict:
     """Check ``ckpt`` against its manifest (all files, or those named in ``only``) and return the manifest.
 
@@ -85,16 +96,16 @@ def verify_checkpoint(ckpt: str | Path, only: tuple[str, ...] | None = None) -> 
     """
     ckpt = Path(ckpt)
     path = ckpt / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        raise CorruptCheckpoint(f"{ckpt} has no {MANIFEST} (incomplete or damaged)")
     try:
-        manifest = json.loads(read_regular(path).decode("utf-8"))
+        manifest = _load(path)
         files = manifest["files"]
         if manifest.get("format") != CKPT_FORMAT or not isinstance(files, dict):
             raise ValueError(f"unknown format {manifest.get('format')!r}")
         if is_step_name(ckpt.name) and manifest.get("step") != step_of(ckpt):
             raise ValueError(f"it describes step {manifest.get('step')!r}, not {step_of(ckpt)}")
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{ckpt} has no {MANIFEST} (incomplete or damaged)") from None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: 100,000 nested '['
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"{path} cannot be read ({one_line(e)})") from None
     names = list(files) if only is None else list(only)
     for name in names:
@@ -166,8 +177,10 @@ def read_train_state(ckpt: Path) -> dict:
     import torch
 
     path = Path(ckpt) / TRAIN_STATE
+    if not path.exists() and not path.is_symlink():
+        raise CorruptCheckpoint(f"{path} does not exist")
     try:
-        state = json.loads(read_regular(path).decode("utf-8"))
+        state = _load(path)
         if not isinstance(state, dict):
             raise ValueError("not a JSON object")
         step = state.get("step")
@@ -186,9 +199,7 @@ def read_train_state(ckpt: Path) -> dict:
         size = torch.get_rng_state().numel()
         if state["rng_cpu"] is None or state["rng_cpu"].numel() != size:
             raise ValueError(f"rng_cpu is not a CPU generator state ({size} bytes)")
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{path} does not exist") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptCheckpoint(f"{path} cannot be read ({one_line(e)})") from None
     return state
 
