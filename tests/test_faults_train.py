@@ -14,6 +14,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,7 +35,7 @@ from scalevec.training import command, rundir
 from scalevec.training import trainer as train_mod
 from scalevec.training.checkpoint import integrity, layout
 from scalevec.training.schedule import lr_multiplier
-from scalevec.training.trainer import BLOWUP_RATIO, Preempted, TrainingDiverged, train
+from scalevec.training.trainer import BLOWUP_RATIO, Preempted, TrainingDiverged, check_train_extra, train
 from test_rundir_faults import STEPS, tiny_cfg, tiny_setup  # the fault suite's tiny run
 
 UNIFORM = math.log(256)  # tiny's byte vocabulary
@@ -244,6 +245,49 @@ def test_a_checkpoint_whose_step_does_not_fit_is_skipped_not_fed_to_the_schedule
     err = capsys.readouterr().err
     assert f"skipped checkpoint step_0000006: {ckpt / layout.TRAIN_STATE}" in err and "outside" not in err, err
     assert_same_as_reference(env, out)
+
+
+# edits of step_0000006's trainer extras: (the edit, the words its skip note must hold)
+BAD_EXTRAS = {
+    "best_val a string": (lambda x: x.update(best_val="x"), "extra.best_val is 'x', not a loss"),  # a TypeError
+    "guard.recent a string": (lambda x: x["guard"].update(recent="x"), "extra.guard.recent is 'x'"),  # resumed on
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_EXTRAS))
+def test_a_checkpoint_with_edited_trainer_extras_is_skipped_naming_its_train_state(env, capsys, case):
+    """train_state.json of step_0000006 with a best validation loss of "x" (manifest rewritten to match) was a
+    TypeError traceback at the first evaluation after --resume, and a guard whose recent losses are "x" resumed
+    with the letter as a loss; each is now skipped in one note naming the file and the key, and the run resumes
+    from step_0000004 bit for bit."""
+    edit, words = BAD_EXTRAS[case]
+    out = env["root"] / f"extras-{case.replace(' ', '-')}"
+    assert train(env["cfg"], out, stop_at=6, quiet=True) == {"stopped_at": 6}
+    ckpt = out / "checkpoints" / "step_0000006"
+    state = json.loads((ckpt / layout.TRAIN_STATE).read_text())
+    edit(state["extra"])
+    (ckpt / layout.TRAIN_STATE).write_text(json.dumps(state))
+    (ckpt / layout.MANIFEST).unlink()
+    integrity.write_manifest(ckpt, 6)
+    assert main(["train", "--resume", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"skipped checkpoint step_0000006: {ckpt / layout.TRAIN_STATE}: {words}" in err, err
+    assert "Traceback" not in err
+    assert_same_as_reference(env, out)
+
+
+@pytest.mark.parametrize("extra, key", [
+    ({"elapsed_s": -1.0}, "extra.elapsed_s"), ({"elapsed_s": float("nan")}, "extra.elapsed_s"),
+    ({"best_val": None}, "extra.best_val"), ({"guard": [1]}, "extra.guard is"),
+    ({"guard": {"dead_run": 1.5}}, "extra.guard.dead_run"), ({"guard": {"bad_since": "3"}}, "extra.guard.bad_since"),
+    ({"guard": {"reference": 0}}, "extra.guard.reference"), ({"monitors": {"m": 1}}, "extra.monitors"),
+])
+def test_check_train_extra_names_the_key_of_a_value_resume_cannot_use(extra, key):
+    """Each extra value that Trainer.load would take wrongly (or trip over later) is refused naming its key; the
+    extras of a fresh run's checkpoint (best_val inf, an empty guard) pass."""
+    check_train_extra({"best_val": math.inf, "elapsed_s": 0.0, "guard": {}})
+    with pytest.raises(ValueError, match=f"^{re.escape(key)}"):
+        check_train_extra(extra)
 
 
 def test_resume_after_the_steps_were_lowered_below_a_checkpoint_changes_nothing(env, capsys):

@@ -16,6 +16,7 @@ from collections import deque
 from pathlib import Path
 
 from scalevec.config import RunConfig
+from scalevec.config.typed import is_int, is_number, short
 from scalevec.training import rundir
 from scalevec.training.checkpoint import layout
 from scalevec.training.checkpoint.integrity import resumable_checkpoint
@@ -60,6 +61,28 @@ class HealthGuard:
         """The guard's state, JSON-ready (the checkpoint's ``extra["guard"]``)."""
         return {"recent": list(self.recent), "dead_run": self.dead_run, "high_run": self.high_run,
                 "bad_since": self.bad_since, "reference": self.reference}
+
+    @staticmethod
+    def check_state(state) -> None:
+        """Raise ``ValueError`` naming the key where ``state`` (a checkpoint's ``extra["guard"]``) is not what
+        ``state_dict`` writes: ``None`` or a mapping whose ``recent`` is a list of numbers, ``dead_run`` and
+        ``high_run`` counts, ``bad_since`` a step or null and ``reference`` a finite number > 0 or null (any key may
+        be absent: a checkpoint from before it was kept). Before, ``"recent": "x"`` resumed with the letters of a
+        string as losses and ``"guard": "x"`` was an AttributeError traceback."""
+        if state is None:
+            return
+        if not isinstance(state, dict):
+            raise ValueError(f"extra.guard is {short(state)}, not a mapping")
+        recent = state.get("recent", [])
+        if not isinstance(recent, list) or not all(is_number(x, finite=False) for x in recent):
+            raise ValueError(f"extra.guard.recent is {short(recent)}, not a list of losses")
+        for key in ("dead_run", "high_run"):
+            if not is_int(state.get(key, 0), least=0):
+                raise ValueError(f"extra.guard.{key} is {short(state[key])}, not a count of steps")
+        if state.get("bad_since") is not None and not is_int(state["bad_since"], least=0):
+            raise ValueError(f"extra.guard.bad_since is {short(state['bad_since'])}, not a step or null")
+        if state.get("reference") is not None and not is_number(state["reference"], above=0):
+            raise ValueError(f"extra.guard.reference is {short(state['reference'])}, not a loss > 0 or null")
 
     def load_state_dict(self, state: dict | None, fresh_start: bool = False) -> None:
         """Restore ``state_dict``'s output (``None`` or ``{}``: a checkpoint from before the guard kept state).

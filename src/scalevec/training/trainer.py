@@ -39,6 +39,7 @@ import torch
 from scalevec.config import RunConfig, checkpoint_blocks
 from scalevec.config.codec import config_diff, format_diff
 from scalevec.config.run_budget import tokens_per_step, total_steps
+from scalevec.config.typed import is_number, short
 from scalevec.data.corpus import prepare_data
 from scalevec.data.sampler import TrainSampler, val_batches, val_window_record, val_window_starts
 from scalevec.model.flops import flops_per_token, peak_flops
@@ -64,6 +65,22 @@ from scalevec.training.telemetry import ScaleTelemetry
 # after the first step that ends CKPT_MINUTES of training after the last one, so a slow run (a big model, a
 # loaded machine) never loses more than that to a kill. 0 turns both off (a checkpoint at the end only).
 CKPT_MINUTES = 30.0
+
+
+def check_train_extra(extra: dict) -> None:
+    """Raise ``ValueError`` naming the key where a checkpoint's trainer extras (``Trainer.checkpoint`` writes them)
+    are not what ``Trainer.load`` reads: ``best_val`` a number (infinite before any evaluation), ``elapsed_s`` a
+    finite number >= 0, ``guard`` the health guard's state (``HealthGuard.check_state``), ``monitors`` a mapping of
+    each monitor's mapping; any may be absent. ``resume_checkpoint`` skips a checkpoint that fails, naming its
+    ``train_state.json``: an edited ``"best_val": "x"`` was a TypeError traceback at the first evaluation."""
+    if "best_val" in extra and not is_number(extra["best_val"], finite=False):
+        raise ValueError(f"extra.best_val is {short(extra['best_val'])}, not a loss")
+    if "elapsed_s" in extra and not is_number(extra["elapsed_s"], least=0):
+        raise ValueError(f"extra.elapsed_s is {short(extra['elapsed_s'])}, not a number of seconds >= 0")
+    HealthGuard.check_state(extra.get("guard"))
+    stored = extra.get("monitors") or {}
+    if not isinstance(stored, dict) or not all(isinstance(v, dict) for v in stored.values()):
+        raise ValueError(f"extra.monitors is {short(stored)}, not a mapping of each monitor's state")
 
 
 class Trainer:
@@ -178,7 +195,8 @@ class Trainer:
         (read-only, full disk) is a one-line ``RunDirError``, exit 2, on every rank."""
         self.run_dir.prepare(self._write_run_files)
         if self.resume:
-            state = resume_checkpoint(self.out, self.model, self.optimizers, self.device, notice=self.run_dir.notice)
+            state = resume_checkpoint(self.out, self.model, self.optimizers, self.device, notice=self.run_dir.notice,
+                                      check_extra=check_train_extra)
             if state is not None:
                 self.load(state)
                 self.run_dir.truncate_metrics(self.step)  # rows past the checkpoint belong to a lost future
@@ -240,7 +258,7 @@ class Trainer:
                                                                                        if states else {})},
                         tag=self.tmp_tag, keep_window=self.guard.keep_window(self.step))
 
-    def load(self, state: dict) -> None:
+    def load(self, state: dict) -> None:  # its extras passed check_train_extra (resume_checkpoint)
         """Restore the trainer from a loaded checkpoint's train state (``resume_checkpoint`` loaded the
         model, optimizer and RNG states): step, best validation loss, time so far, the guard's state, and each
         monitor's stored state (a monitor the checkpoint holds none for starts empty: one added since, or any

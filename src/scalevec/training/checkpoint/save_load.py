@@ -290,18 +290,24 @@ def _dcp_quiet():
 
 
 def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizers: list, device: torch.device,
-                    verified: bool = False) -> dict:
+                    verified: bool = False, check_extra: Callable[[dict], None] | None = None) -> dict:
     """Load a checkpoint into ``model`` and ``optimizers`` in place (all ranks call; any number of
     processes, resharded by DCP), restore the RNG states, and return the train state (``step``,
     ``extra``). Only safetensors and JSON are read; the files are checked against the manifest first
     unless ``verified`` (``integrity.resumable_checkpoint`` did it). Raises ``CorruptCheckpoint``
     for every checkpoint that does not load, also one that passes its manifest (malformed shards, a
-    tensor of another shape, a train state of another form); ``model`` and ``optimizers`` may then hold
-    part of it (load another checkpoint, or rebuild them)."""
+    tensor of another shape, a train state of another form, or trainer extras that ``check_extra`` refuses with a
+    ``ValueError``, checked before anything is loaded); ``model`` and ``optimizers`` may then hold part of it (load
+    another checkpoint, or rebuild them)."""
     ckpt = Path(ckpt)
     if not verified:
         integrity.verify_checkpoint(ckpt)
     state = integrity.read_train_state(ckpt)
+    if check_extra is not None:
+        try:
+            check_extra(state["extra"])
+        except ValueError as e:
+            raise CorruptCheckpoint(f"{ckpt / TRAIN_STATE}: {e} (damaged or edited)") from None
     model_sd, optim_sd = get_state_dict(model, optimizers)  # the layout to load into (sharded or not)
     aliases = tied_aliases(model)
     layout = {"model": {k: v for k, v in model_sd.items() if k not in aliases}, "optim": optim_sd}
@@ -328,12 +334,14 @@ def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizers: list, device
 
 
 def resume_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: list, device: torch.device,
-                      notice: Callable[[str], None] | None = None) -> dict | None:
+                      notice: Callable[[str], None] | None = None,
+                      check_extra: Callable[[dict], None] | None = None) -> dict | None:
     """Load the newest checkpoint of ``run_dir`` that loads (all ranks call) and return its train state
     (``load_checkpoint``), or ``None`` when the run has no intact checkpoint (train it from step 0: nothing
     was loaded). Each checkpoint skipped (``integrity.checkpoint_candidates``: damaged, or one that does not
     load) is one line to ``notice``, and so is the one resumed from after a skip. The ranks agree on each
-    attempt, so that they move on together.
+    attempt, so that they move on together. ``check_extra``: the trainer's check of the extras it wrote
+    (``load_checkpoint``): a checkpoint whose extras it refuses is skipped as a damaged one, naming its train state.
 
     Raises ``rundir.RunDirError`` when a checkpoint failed to load part-way and no older one loads: the
     model and optimizer then hold part of it, so training from step 0 would not be a fresh run; the
@@ -354,7 +362,7 @@ def resume_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: list, d
     for ckpt, problem in integrity.checkpoint_candidates(run_dir, steps=steps):
         if problem is None:
             try:
-                state = load_checkpoint(ckpt, model, optimizers, device, verified=True)
+                state = load_checkpoint(ckpt, model, optimizers, device, verified=True, check_extra=check_extra)
             except CorruptCheckpoint as e:
                 problem = str(e)
             if distributed.world_size() > 1:  # every rank tried the same checkpoint; one failure fails it for all
