@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from scalevec.config import DataConfig
-from scalevec.config.files import load_json
+from scalevec.config.files import JSONProblem, load_json
 from scalevec.data import documents, token_files
 from scalevec.data.cache import FORMAT_VERSION, cache_root, content_key, docs_hash
 from scalevec.data.documents import DOC_SEP, load_documents, source_note
@@ -69,7 +69,8 @@ def prepare_data(cfg: DataConfig) -> TokenData:
         meta = load_json(path / "meta.json", "token cache file", "")
         dtype = np.dtype(meta["dtype"])
     except (OSError, ValueError, KeyError, TypeError) as e:  # the cache's own file, damaged
-        raise ValueError(f"the token cache {path} is damaged ({path / 'meta.json'}: {one_line(e)[:120]}); delete "
+        why = e.problem if isinstance(e, JSONProblem) else one_line(e)
+        raise ValueError(f"the token cache {path} is damaged ({path / 'meta.json'}: {why[:120]}); delete "
                          f"that folder and rerun (it is rebuilt from the corpus)") from None
     train, val = (np.memmap(path / f"{split}.bin", dtype=dtype, mode="r") for split in ("train", "val"))
     meta |= {"documents": record.documents, "documents_from": source_note(cfg.source),
