@@ -479,3 +479,28 @@ def test_lr_sweep_plots_the_tuning_seeds_and_says_so(tmp_path):
     assert seeds_text([0]) == "seed 0" and seeds_text([0, 1, 2]) == "seeds 0-2"
     plot_lr_sweep(a, tmp_path / "lr_sweep.png")
     assert (tmp_path / "lr_sweep.png").stat().st_size > 1000
+
+
+def test_a_compare_at_tuned_lrs_draws_no_lr_sweep_and_says_what_it_waits_for(tmp_path):
+    """A compare at the study's tuned lrs (one lr per strategy, tuned key optim.lr for the "best lr" column) has no
+    lr curve to draw: no lr_sweep.png; a strategy whose run at its one lr is unfinished waits for that run, not
+    for "tuning runs" of a pick it does not make. A folder where a strategy ran two lrs still gets the figure."""
+    from scalevec.experiments.figures import swept_cells
+
+    base = {**BASE, "preset": "tiny"}
+    grid = {"strategy": [{"name": "baseline", "strategy": "baseline", "optim.lr": 3e-3},
+                         {"name": "unified", "strategy": "unified", "optim.lr": 1e-2}], "seed": [0, 1]}
+    fabricate(tmp_path / "c", {"base": base, "grid": grid, "tune": ["optim.lr"]})
+    a = write_report(tmp_path / "c", quiet=True)
+    assert [r.pick.lr for r in a.cells[0].results] == [3e-3, 1e-2] and swept_cells(a) == []
+    assert not (tmp_path / "c" / "lr_sweep.png").exists() and (tmp_path / "c" / "loss_curves.png").is_file()
+    assert "lr_sweep.png" not in (tmp_path / "c" / "report.md").read_text()
+    (tmp_path / "c" / "runs" / "unified_s1" / "DONE").unlink()
+    w = analyze(load_runs(tmp_path / "c"), yaml.safe_load((tmp_path / "c" / "sweep.yaml").read_text())).warnings
+    assert any("unified: no result until its 1 unfinished or not yet started run(s) at its one optim.lr finish "
+               "(unified_s1)" in x for x in w), w
+    assert not any("tuning run" in x for x in w), w
+    fabricate(tmp_path / "t", {"base": base, "grid": {"strategy": ["baseline", "unified"], "lr": [3e-3, 1e-2],
+                                                      "seed": [0]}})
+    t = write_report(tmp_path / "t", quiet=True)
+    assert len(swept_cells(t)) == 1 and (tmp_path / "t" / "lr_sweep.png").is_file()

@@ -147,8 +147,10 @@ def _strategy_result(strategy: str, runs: list[RunRecord], tune_key: str | None,
         held += sorted({m for r in runs for m in not_started.get(r.name, [])} - set(held))
         if held:
             waiting.add(strategy)
-            warnings.append(f"[{label}] {strategy}: no {tune_key} pick until its {len(held)} unfinished or not yet "
-                            f"started tuning run(s) finish ({', '.join(held)})")
+            waits_for = (f"no result until its {len(held)} unfinished or not yet started run(s) at its one "
+                         f"{tune_key} finish" if len(seeds_of) == 1 else  # a compare at the study's tuned lrs
+                         f"no {tune_key} pick until its {len(held)} unfinished or not yet started tuning run(s) finish")
+            warnings.append(f"[{label}] {strategy}: {waits_for} ({', '.join(held)})")
             return None
         by_value: dict[float, list[float]] = defaultdict(list)
         for r in runs:

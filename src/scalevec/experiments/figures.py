@@ -1,7 +1,7 @@
 """The report's figures: loss curves per cell, final loss against the tuned lr, scaling fits (DESIGN.md §9).
 
 ``loss_curves.png`` (seed mean with a min–max band; a branched run's parent dashed up to the branch
-point), ``lr_sweep.png`` (when an axis is tuned) and ``scaling.png`` (when cells span 3 or more sizes).
+point), ``lr_sweep.png`` (when a strategy ran two or more values of the tuned axis) and ``scaling.png`` (when cells span 3 or more sizes).
 matplotlib is imported inside ``panels`` (Agg backend), so importing this module stays cheap.
 """
 
@@ -135,11 +135,17 @@ def lr_sweep_series(cell: Cell) -> tuple[str, list[dict]]:
     return ylabel, series
 
 
+def swept_cells(a: Analysis) -> list[Cell]:
+    """The cells where some strategy ran two or more values of the tuned key: the ones ``lr_sweep.png`` has a
+    curve for. A compare at the study's tuned lrs (one value per strategy, ``--lr tuned``) has none."""
+    return [c for c in a.cells if c.tune_key and any(r.pick and len(r.pick.mean_loss) >= 2 for r in c.results)]
+
+
 def plot_lr_sweep(a: Analysis, path: Path) -> None:
-    """Final loss vs the tuned value (log x) per strategy, one panel per cell (``lr_sweep_series``): the mean
-    over the tuning seeds at every value, the pick circled, and a star for the mean over all seeds at the
-    pick when confirmation seeds were added there."""
-    cells = [c for c in a.cells if c.tune_key]
+    """Final loss vs the tuned value (log x) per strategy, one panel per cell of ``swept_cells``
+    (``lr_sweep_series``): the mean over the tuning seeds at every value, the pick circled, and a star for the
+    mean over all seeds at the pick when confirmation seeds were added there."""
+    cells = swept_cells(a)
     with panels(len(cells), path) as axes:
         for ax, cell in zip(axes, cells):
             ylabel, series = lr_sweep_series(cell)

@@ -12,7 +12,7 @@ axis was tuned, which strategy is the baseline), like lingua's run folder → Da
   reach the baseline's final loss, on the seed-averaged validation curve), parameters and step time
   relative to the baseline; scaling fits ``L(N) = E + A·N^(-α)`` over non-embedding parameters with
   compute multipliers at the measured sizes (none beyond them); an overhead table;
-- figures: ``loss_curves.png`` (one panel per cell), ``lr_sweep.png`` (when an lr is tuned),
+- figures: ``loss_curves.png`` (one panel per cell), ``lr_sweep.png`` (when a strategy ran two or more lrs),
   ``scaling.png`` (when a group of cells spans 3 or more sizes).
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scalevec.experiments import sweepdir
 from scalevec.experiments.analysis import Analysis, analyze
-from scalevec.experiments.figures import plot_loss_curves, plot_lr_sweep, plot_scaling
+from scalevec.experiments.figures import plot_loss_curves, plot_lr_sweep, plot_scaling, swept_cells
 from scalevec.experiments.frames import results_frame, runs_frame, to_csv
 from scalevec.experiments.gamma_plot import plot_cells
 from scalevec.experiments.records import RunRecord, load_runs, machines, validation_splits
@@ -177,7 +177,7 @@ def write_report(root: str | Path, quiet: bool = False) -> Analysis:
     try:
         figures = ["loss_curves.png"]
         _figure(plot_loss_curves, a, root / "loss_curves.png")
-        if any(c.tune_key for c in a.cells):
+        if swept_cells(a):  # a strategy ran two or more lrs somewhere (not a compare at tuned lrs)
             _figure(plot_lr_sweep, a, root / "lr_sweep.png")
             figures.append("lr_sweep.png")
         if a.scaling:
