@@ -1,7 +1,8 @@
 """The report's figures: loss curves per cell, final loss against the tuned lr, scaling fits (DESIGN.md §9).
 
 ``loss_curves.png`` (seed mean with a min–max band; a branched run's parent dashed up to the branch
-point), ``lr_sweep.png`` (when a strategy ran two or more values of the tuned axis) and ``scaling.png`` (when cells span 3 or more sizes).
+point), ``lr_sweep.png`` (when a strategy ran two or more values of the tuned axis) and ``scaling.png`` (when
+cells span 3 or more sizes).
 matplotlib is imported inside ``panels`` (Agg backend), so importing this module stays cheap.
 """
 
