@@ -1,5 +1,6 @@
 """``scales.batched_scales`` (fewer kernels per step): a block's OR/ER γ computed in one node per width give the
-numbers of one node per vector, bitwise, values and gradients, on whole models (dense and MoE, shared and per expert)."""
+numbers of one node per vector, bitwise, values and gradients, on whole models
+(dense and MoE, shared and per expert)."""
 
 from __future__ import annotations
 
