@@ -128,8 +128,8 @@ def test_a_short_window_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=want):
         to_scalevec(hf)
     conf = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
-            "num_attention_heads": 4, "intermediate_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
-            "max_position_embeddings": 64}
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 16, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "max_position_embeddings": 64}
     assert model_config_from_hf({**conf, "sliding_window": 64})[1].moe.n_experts == 4
     with pytest.raises(ValueError, match="sliding_window=63 < max_position_embeddings=64"):
         model_config_from_hf({**conf, "sliding_window": 63})
@@ -161,39 +161,64 @@ def test_scalevec_convert_refuses_a_family_in_one_line_and_writes_nothing(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
-# a tiny config of each family, as save_pretrained writes it; only the keys under test are then removed
+# a tiny config of each family as save_pretrained writes it, and the keys then removed from its config.json: every
+# field whose default differs between the families' transformers config classes (Mistral's KV heads default to 8,
+# removed with 16 attention heads; Qwen3's 32 would not divide them, nor Mixtral's 8 the 4 heads of its MoE config)
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, head_dim=16)
+DEFAULTED = ["max_position_embeddings", "rms_norm_eps", "rope_parameters", "head_dim"]
+LEFT_OUT = {
+    "llama": (transformers.LlamaConfig(**SMALL), [*DEFAULTED, "num_key_value_heads"]),
+    "mistral": (transformers.MistralConfig(**{**SMALL, "num_attention_heads": 16, "head_dim": 4}, sliding_window=None),
+                [*DEFAULTED, "num_key_value_heads"]),
+    "qwen3": (transformers.Qwen3Config(**SMALL), DEFAULTED),
+    "mixtral": (transformers.MixtralConfig(**SMALL, num_local_experts=4), DEFAULTED),
+}
 
 
-def saved_config_without(tmp_path, config, *keys) -> dict:
-    """``config`` written by save_pretrained into ``tmp_path``, then its config.json without ``keys``; returns it."""
+def shape_of(d_model: int, heads: int, kv_heads: int | None, head_dim: int | None, max_pos: int, eps: float,
+             theta: float) -> tuple:
+    """The fields a config.json's defaults decide, head_dim resolved (None: d_model / heads)."""
+    return (head_dim or d_model // heads, kv_heads or heads, max_pos, eps, theta)
+
+
+@pytest.mark.parametrize("family", list(LEFT_OUT))
+def test_a_config_json_that_leaves_fields_out_imports_as_transformers_builds_it(tmp_path, family):
+    """A config.json without max_position_embeddings, rms_norm_eps, rope_theta, head_dim (and the KV heads) imports
+    with the values transformers builds from the same file: before, every family got Llama's (2048, 1e-6, 1e4,
+    d_model / heads, heads), so a Mixtral had another eps and RoPE base, a Qwen3 or Mistral the wrong shapes."""
+    config, keys = LEFT_OUT[family]
     config.save_pretrained(tmp_path)
     conf = json.loads((tmp_path / "config.json").read_text())
     for key in keys:
         del conf[key]
     (tmp_path / "config.json").write_text(json.dumps(conf))
-    return conf
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    cfg = model_config_from_hf(conf)[1]
+    ours = shape_of(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.max_seq_len, cfg.norm_eps,
+                    cfg.rope_theta)
+    assert ours == shape_of(hf.hidden_size, hf.num_attention_heads, hf.num_key_value_heads,
+                            getattr(hf, "head_dim", None), hf.max_position_embeddings, hf.rms_norm_eps,
+                            hf.rope_parameters["rope_theta"])
 
 
-@pytest.mark.parametrize("config", [transformers.LlamaConfig, transformers.Qwen3Config, transformers.MixtralConfig])
-def test_a_config_without_max_position_embeddings_gets_its_familys_default(tmp_path, config):
-    """A config.json without max_position_embeddings imports with the context transformers builds from the same file
-    (Llama 2048, Qwen3 32768, Mixtral 131072): before, every family got 2048."""
-    conf = saved_config_without(tmp_path, config(**SMALL), "max_position_embeddings")
-    want = transformers.AutoConfig.from_pretrained(tmp_path).max_position_embeddings
-    assert model_config_from_hf(conf)[1].max_seq_len == want
+def test_kv_heads_left_to_a_default_that_does_not_divide_the_heads_is_refused_naming_the_default():
+    """A Mixtral config.json with 4 attention heads and no num_key_value_heads: transformers builds 8 KV heads
+    (MixtralConfig's default), which do not divide 4; the refusal says the 8 is that default, not a written value."""
+    conf = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2}
+    with pytest.raises(ValueError, match=r"num_key_value_heads=8 \(transformers' mixtral default: config.json leaves"):
+        model_config_from_hf(conf)
 
 
-def test_the_families_defaults_differ_where_the_import_reads_them(tmp_path):
-    """The test above can fail: Llama's and Qwen3's default contexts differ, and so do Llama's and Mixtral's RMSNorm
-    eps, which a config.json without rms_norm_eps takes from transformers too."""
-    seen = {}
-    for config in (transformers.LlamaConfig, transformers.Qwen3Config, transformers.MixtralConfig):
-        conf = saved_config_without(tmp_path / config.model_type, config(**SMALL), "max_position_embeddings",
-                                    "rms_norm_eps")
-        cfg = model_config_from_hf(conf)[1]
-        loaded = transformers.AutoConfig.from_pretrained(tmp_path / config.model_type)
-        assert (cfg.max_seq_len, cfg.norm_eps) == (loaded.max_position_embeddings, loaded.rms_norm_eps)
-        seen[config.model_type] = (cfg.max_seq_len, cfg.norm_eps)
-    assert seen["llama"][0] != seen["qwen3"][0] and seen["llama"][1] != seen["mixtral"][1], seen
+def test_the_families_defaults_differ_where_the_import_reads_them():
+    """The test above can fail: the defaults it checks differ from Llama's in at least one field per other family
+    (Mistral: context and KV heads; Qwen3: context and head_dim; Mixtral: context, eps and RoPE base)."""
+    llama = transformers.AutoConfig.for_model("llama", hidden_size=64, num_attention_heads=16)
+    for family, fields in (("mistral", ["max_position_embeddings", "num_key_value_heads"]),
+                           ("qwen3", ["max_position_embeddings", "head_dim"]),
+                           ("mixtral", ["max_position_embeddings", "rms_norm_eps"])):
+        other = transformers.AutoConfig.for_model(family, hidden_size=64, num_attention_heads=16)
+        assert all(getattr(other, f) != getattr(llama, f) for f in fields), family
+    mixtral = transformers.AutoConfig.for_model("mixtral")
+    assert mixtral.rope_parameters["rope_theta"] != llama.rope_parameters["rope_theta"]

@@ -167,20 +167,34 @@ def _check_window(conf: dict, max_pos: int) -> None:
 
 
 @functools.cache
-def transformers_default(model_type: str, key: str) -> Any:
-    """The value transformers gives ``key`` when a ``config.json`` of ``model_type`` leaves it out (or null): the
-    default of that family's own config class, built as ``AutoConfig`` builds it (``AutoConfig.for_model``).
-    The defaults differ per family (``max_position_embeddings``: LlamaConfig 2048, Qwen3Config 32768,
-    MistralConfig and MixtralConfig 131072; ``rms_norm_eps``: MixtralConfig 1e-5, the others 1e-6), so one
-    default of ours would build another model than transformers does from the same file. Raises ``ValueError``
-    naming the key and the fix when transformers is not installed (the import reads only safetensors otherwise)."""
+def _transformers_config(model_type: str, hidden_size: int, num_attention_heads: int):
+    """The config transformers builds for ``model_type`` with these sizes and every other field at its default
+    (``AutoConfig.for_model``), or None when transformers is not installed. Cached: built once per shape."""
     try:
         from transformers import AutoConfig
     except ImportError:
+        return None
+    return AutoConfig.for_model(model_type, hidden_size=hidden_size, num_attention_heads=num_attention_heads)
+
+
+def transformers_default(model_type: str, key: str, hidden_size: int, num_attention_heads: int) -> Any:
+    """The value transformers gives ``key`` when a ``config.json`` of ``model_type`` (with these sizes) leaves it
+    out: that of the family's own config class, built as ``AutoConfig`` builds it. The defaults differ per family
+    (``max_position_embeddings``: LlamaConfig 2048, Qwen3Config 32768, MistralConfig and MixtralConfig 131072;
+    ``rms_norm_eps``: MixtralConfig 1e-5, the others 1e-6; ``rope_theta``: MixtralConfig 1e6, the others 1e4;
+    ``num_key_value_heads``: MistralConfig 8, LlamaConfig the attention heads; ``head_dim``: Qwen3Config 128,
+    the others hidden_size / heads), so one default of ours would build another model than transformers builds
+    from the same file. ``rope_theta`` is read from the config's ``rope_parameters``; None where the class has no
+    such field (``head_dim`` of Mixtral: d_model / heads). Raises ``ValueError`` naming the key and the fix when
+    transformers is not installed (the import reads only safetensors otherwise)."""
+    cfg = _transformers_config(model_type, hidden_size, num_attention_heads)
+    if cfg is None:
         raise ValueError(f"config.json has no {key}, whose default is that of transformers' {model_type} config "
                          f"class; write {key} in config.json, or install transformers (pip install "
-                         f"'scalevec[hf]')") from None
-    return getattr(AutoConfig.for_model(model_type), key)
+                         f"'scalevec[hf]')")
+    if key == "rope_theta":
+        return cfg.rope_parameters["rope_theta"]
+    return getattr(cfg, key, None)
 
 
 def _moe_config(conf: dict, fam) -> MoEConfig:
@@ -233,9 +247,14 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
     if rope.get("partial_rotary_factor", conf.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("config.json has partial_rotary_factor != 1; scalevec rotates the whole head")
     fields, rope_fields = _fields(conf), _fields(rope)
-    max_pos = fields.int("max_position_embeddings", None, least=1)
-    if max_pos is None:
-        max_pos = transformers_default(fmt, "max_position_embeddings")
+    d, heads = fields.int("hidden_size", least=1), fields.int("num_attention_heads", least=1)
+
+    def absent(key: str) -> Any:  # a field config.json leaves out: what transformers builds from the same file
+        return transformers_default(fmt, key, d, heads)
+
+    max_pos = fields.int("max_position_embeddings", None, least=1) or absent("max_position_embeddings")
+    if conf.get("rope_theta") is None and rope.get("rope_theta") is None:
+        theta = absent("rope_theta")
     _check_window(conf, max_pos)
     scaling = None
     if rope_type == "llama3":
@@ -244,18 +263,23 @@ def model_config_from_hf(conf: dict) -> tuple[str, ModelConfig]:
             low_freq_factor=rope_fields.number("low_freq_factor", above=0),
             high_freq_factor=rope_fields.number("high_freq_factor", above=0),
             original_max_position_embeddings=rope_fields.int("original_max_position_embeddings", max_pos, least=1))
-    d, heads = fields.int("hidden_size", least=1), fields.int("num_attention_heads", least=1)
-    kv_heads, head_dim = fields.int("num_key_value_heads", heads, least=1), fields.int("head_dim", None, least=1)
+    # a null is what transformers reads as None: heads for the KV heads, hidden_size / heads for head_dim
+    kv_heads = fields.int("num_key_value_heads", None, least=1)
+    if kv_heads is None:
+        kv_heads = (absent("num_key_value_heads") if "num_key_value_heads" not in conf else None) or heads
+    head_dim = fields.int("head_dim", None, least=1)
+    if head_dim is None and "head_dim" not in conf:
+        head_dim = absent("head_dim")
     if head_dim is None and d % heads:
         raise ValueError(f"config.json has hidden_size={d}, which num_attention_heads={heads} does not divide, and "
                          f"no head_dim; fix config.json")
     if heads % kv_heads:
+        given = "" if "num_key_value_heads" in conf else f" (transformers' {fmt} default: config.json leaves it out)"
         raise ValueError(f"config.json has num_attention_heads={heads}, not a multiple of num_key_value_heads="
-                         f"{kv_heads}; fix config.json")
+                         f"{kv_heads}{given}; fix config.json")
     d_ff = fields.int("intermediate_size", least=1)
     moe = _moe_config(conf, fam) if fam.router is not None else None
-    eps = fields.number("rms_norm_eps", None, above=0)
-    eps = transformers_default(fmt, "rms_norm_eps") if eps is None else eps
+    eps = fields.number("rms_norm_eps", None, above=0) or absent("rms_norm_eps")
     cfg = ModelConfig(
         d_model=d, n_layers=fields.int("num_hidden_layers", least=1), n_heads=heads, n_kv_heads=kv_heads,
         head_dim=None if head_dim in (None, d // heads) and d % heads == 0 else head_dim,
