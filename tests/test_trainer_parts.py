@@ -261,3 +261,19 @@ def test_monitor_state_json_would_change_is_refused_at_the_checkpoint(tmp_path):
     with pytest.raises(TypeError, match="monitor 'PerStepfloat'"):
         train(cfg, tmp_path / "run", quiet=True, monitors=[*monitors.default(), PerStep(1.0)])
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))
+
+
+def test_a_monitor_state_that_is_not_a_dict_is_refused_at_the_checkpoint(tmp_path):
+    """A state_dict() returning a list or str (truthy, so stored) made every checkpoint of the run fail the resume's
+    check of its extras, leaving a run that could only be deleted: refused at the checkpoint, naming the monitor."""
+
+    class Listed(Monitor):
+        def state_dict(self):
+            return [1, 2]
+
+    with pytest.raises(TypeError, match=r"monitor 'Listed': state_dict\(\) returned a list, not a dict"):
+        monitors.checkpoint_state(Listed())
+    cfg = tiny_run(tmp_path, steps=2, **{"train.ckpt_every": 1})
+    with pytest.raises(TypeError, match="monitor 'Listed'"):
+        train(cfg, tmp_path / "run", quiet=True, monitors=[*monitors.default(), Listed()])
+    assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))

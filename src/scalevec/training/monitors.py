@@ -138,10 +138,14 @@ class Monitor:
 
 
 def checkpoint_state(monitor: Monitor) -> dict:
-    """``monitor.state_dict()``, checked to come back from a checkpoint's JSON as it is: dicts with ``str`` keys,
-    lists, ``str``, ``int``, ``float``, ``bool`` and ``None`` only. Raises ``TypeError`` naming the monitor and the
-    first other value (an ``int`` key would come back a ``str``, a tuple a list, a tensor or set not at all)."""
+    """``monitor.state_dict()``, checked to be a dict that comes back from a checkpoint's JSON as it is: dicts with
+    ``str`` keys, lists, ``str``, ``int``, ``float``, ``bool`` and ``None`` only. Raises ``TypeError`` naming the
+    monitor and a state that is not a dict (a resume refuses every checkpoint holding one) or the first other value
+    (an ``int`` key would come back a ``str``, a tuple a list, a tensor or set not at all)."""
     state = monitor.state_dict()
+    if not isinstance(state, dict):  # stored, every checkpoint of the run would fail the resume's check of its extras
+        raise TypeError(f"monitor {monitor.name!r}: state_dict() returned a {type(state).__name__}, not a dict; "
+                        f"return a dict of its state ({{}} for none)")
 
     def check(value, where: str) -> None:
         if isinstance(value, dict):
