@@ -277,3 +277,23 @@ def test_a_monitor_state_that_is_not_a_dict_is_refused_at_the_checkpoint(tmp_pat
     with pytest.raises(TypeError, match="monitor 'Listed'"):
         train(cfg, tmp_path / "run", quiet=True, monitors=[*monitors.default(), Listed()])
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))
+
+
+def test_a_resume_without_a_monitor_keeps_its_stored_state(tmp_path, capsys):
+    """A run resumed without one of its stateful monitors (``scalevec train --resume`` passes only the defaults)
+    carries that monitor's stored state into its later checkpoints, with a note, so that a resume with it again
+    finds it; it was dropped at the next checkpoint without a word."""
+    cfg = tiny_run(tmp_path, **{"train.ckpt_every": 2})
+    out = tmp_path / "run"
+    first = RunningLoss()
+    train(cfg, out, stop_at=2, quiet=True, monitors=[*monitors.default(), first])
+    train(cfg, out, stop_at=4, quiet=True, resume=True)
+    assert "checkpoint holds state of monitor(s) 'RunningLoss', not passed to this run" in capsys.readouterr().err
+    extra = json.loads((out / "checkpoints" / "step_0000004" / "train_state.json").read_text())["extra"]
+    assert extra["monitors"] == {"RunningLoss": {"n": 2, "total": first.total}}
+    again = RunningLoss()
+    train(cfg, out, resume=True, quiet=True, monitors=[*monitors.default(), again])
+    total = first.total
+    for r in rows(out, "train"):  # steps 4 and 5 are both logged; added left to right, as the monitor does
+        total += r["loss"] if r["step"] >= 4 else 0.0
+    assert (again.n, again.total) == (4, total)

@@ -171,6 +171,7 @@ class Trainer:
             self.optimizers, due=lambda: self.step % t.log_every == 0 or self.step + 1 == self.steps)
         self.best_val = math.inf
         self.elapsed = 0.0  # seconds of training before this session (restored on resume)
+        self.kept_states: dict[str, dict] = {}  # stored states of monitors not passed to this session (load)
         self.guard = HealthGuard(cfg, self.out, self.write)  # its state is saved with every checkpoint
         # temporary checkpoint names carry rank 0's PID (every rank writes into the same directory)
         self.tmp_tag = writer_tag()
@@ -254,6 +255,7 @@ class Trainer:
         ``DIVERGED`` would name (``HealthGuard.keep_window``)."""
         extra = {"best_val": self.best_val, "elapsed_s": self.elapsed, "guard": self.guard.state_dict()}
         states = {m.name: s for m in self.monitors if (s := monitors_mod.checkpoint_state(m))}
+        states = {**self.kept_states, **states}
         save_checkpoint(self.out, self.step, self.model, self.optimizers, {**extra, **({"monitors": states}
                                                                                        if states else {})},
                         tag=self.tmp_tag, keep_window=self.guard.keep_window(self.step))
@@ -262,8 +264,8 @@ class Trainer:
         """Restore the trainer from a loaded checkpoint's train state (``resume_checkpoint`` loaded the
         model, optimizer and RNG states): step, best validation loss, time so far, the guard's state, and each
         monitor's stored state (a monitor the checkpoint holds none for starts empty: one added since, or any
-        before monitors kept state). The step is the checkpoint's and within the run's steps (``integrity``
-        skips a checkpoint that is not)."""
+        before monitors kept state; the state of one not passed now is kept, unread, in later checkpoints). The
+        step is the checkpoint's and within the run's steps (``integrity`` skips a checkpoint that is not)."""
         self.step = state["step"]
         extra = state["extra"]
         self.best_val = extra.get("best_val", math.inf)
@@ -273,6 +275,11 @@ class Trainer:
         for m in self.monitors:
             if m.name in stored:
                 m.load_state_dict(stored[m.name])
+        # a monitor not passed this session (a CLI resume of a run trained with one) keeps its state for the next
+        self.kept_states = {k: v for k, v in stored.items() if k not in {m.name for m in self.monitors}}
+        if self.kept_states:
+            self.run_dir.notice(f"the checkpoint holds state of monitor(s) {', '.join(map(repr, self.kept_states))}, "
+                                f"not passed to this run; it is kept in later checkpoints for a resume with them")
         if self.step == 0:
             # written before any step (`scalevec convert`): resume it as the fresh start it is. Its optimizer state
             # is torch's, not a step's: get_state_dict fills an untouched optimizer with one zero-gradient step at lr
