@@ -297,3 +297,23 @@ def test_a_resume_without_a_monitor_keeps_its_stored_state(tmp_path, capsys):
     for r in rows(out, "train"):  # steps 4 and 5 are both logged; added left to right, as the monitor does
         total += r["loss"] if r["step"] >= 4 else 0.0
     assert (again.n, again.total) == (4, total)
+
+
+def test_a_monitor_whose_load_state_dict_raises_fails_the_resume_naming_it(tmp_path):
+    """A monitor whose load_state_dict raises on the stored state fails the resume with a ValueError naming the
+    monitor and the checkpoint (it was the bare KeyError of its code), and the run is left as it was."""
+
+    class Renamed(RunningLoss):
+        def load_state_dict(self, state):
+            self.n = state["count"]  # a key its older version did not write
+
+    cfg = tiny_run(tmp_path, **{"train.ckpt_every": 2})
+    out = tmp_path / "run"
+    train(cfg, out, stop_at=4, quiet=True, monitors=[*monitors.default(), RunningLoss()])
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "LOCK"}
+    with pytest.raises(ValueError, match=r"monitor 'RunningLoss': load_state_dict\(\) raised KeyError\('count'\) on "
+                                         r"the state of checkpoint step_0000004"):
+        newer = Renamed()
+        newer.name = "RunningLoss"
+        train(cfg, out, resume=True, quiet=True, monitors=[*monitors.default(), newer])
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "LOCK"} == before

@@ -264,7 +264,8 @@ class Trainer:
         """Restore the trainer from a loaded checkpoint's train state (``resume_checkpoint`` loaded the
         model, optimizer and RNG states): step, best validation loss, time so far, the guard's state, and each
         monitor's stored state (a monitor the checkpoint holds none for starts empty: one added since, or any
-        before monitors kept state; the state of one not passed now is kept, unread, in later checkpoints). The
+        before monitors kept state; the state of one not passed now is kept, unread, in later checkpoints; a
+        ``load_state_dict`` that raises is a ``ValueError`` naming the monitor, before anything is written). The
         step is the checkpoint's and within the run's steps (``integrity`` skips a checkpoint that is not)."""
         self.step = state["step"]
         extra = state["extra"]
@@ -274,7 +275,12 @@ class Trainer:
         stored = extra.get("monitors") or {}
         for m in self.monitors:
             if m.name in stored:
-                m.load_state_dict(stored[m.name])
+                try:
+                    m.load_state_dict(stored[m.name])
+                except Exception as e:  # the user's code: name the monitor and the checkpoint, not only its error
+                    raise ValueError(f"monitor {m.name!r}: load_state_dict() raised {e!r} on the state of checkpoint "
+                                     f"{layout.step_name(self.step)} ({short(stored[m.name])}); fix its "
+                                     f"load_state_dict, or resume without it (its state is kept)") from e
         # a monitor not passed this session (a CLI resume of a run trained with one) keeps its state for the next
         self.kept_states = {k: v for k, v in stored.items() if k not in {m.name for m in self.monitors}}
         if self.kept_states:
