@@ -473,3 +473,20 @@ def test_step_time_measured_under_another_load_is_flagged():
     assert cpu_share({"cpu_time_s": 0.9, "step_time_s": 0.45}) == 2.0  # two threads busy the whole step
     assert cpu_share({"step_time_s": 0.45}) != cpu_share({"step_time_s": 0.45})  # nan: not logged
     assert "CPU seconds per wall second" in LEGEND
+
+
+def test_yaml_1_1_octal_and_base_60_numbers_are_refused_not_misread(tmp_path, capsys):
+    """YAML 1.1 reads ``010`` as 8 and ``1:30`` as 90, so ``steps: 010`` trained 8 steps: a file is refused in one
+    line naming the value and its line; on the command line the text is the field's own (``train.steps=010`` is
+    10, ``1:30`` refused as no whole number). Hex ``0x10`` and ``1_000`` keep their one meaning."""
+    f = tmp_path / "c.yaml"
+    for text, value in [("010", "010"), ("1:30", "1:30"), ("-007", "-007"), ("1:30.5", "1:30.5")]:
+        f.write_text(f"train:\n  steps: 3\n  seed: {text}\n")
+        assert main(["train", "--config", str(f), "--print-config"]) == 2
+        assert "line 3" in one_line_error(capsys, str(f), f"{value} is a base-8 or base-60 number in YAML 1.1")
+    assert safe_load("a: 0x10\nb: 1_000\nc: 0\nd: '010'\ne: 0.5\nf: 10:00 am") == {
+        "a": 16, "b": 1000, "c": 0, "d": "010", "e": 0.5, "f": "10:00 am"}
+    from scalevec.resolve import resolve_config
+    assert resolve_config("tiny", "unified", ["train.steps=010"]).train.steps == 10
+    with pytest.raises(ValueError, match=r"train.steps must be a whole number; got '1:30'"):
+        resolve_config("tiny", "unified", ["train.steps=1:30"])

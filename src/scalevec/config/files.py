@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,8 @@ class BoundedLoader(yaml.SafeLoader):
     constructed, a document nesting deeper than ``MAX_YAML_DEPTH`` (5,000 nested ``[`` would exhaust Python's
     recursion) and, once composed, one whose alias-expanded size passes ``MAX_YAML_NODES`` nodes,
     ``MAX_YAML_DEPTH`` levels or ``MAX_YAML_CHARS`` characters, or whose aliases refer to themselves
-    (``YAMLBoundError``), and a mapping that sets one key twice (``check_unique_keys``: ``ComposerError``)."""
+    (``YAMLBoundError``), a mapping that sets one key twice (``check_unique_keys``: ``ComposerError``) and a plain
+    number YAML 1.1 reads in base 8 or 60 (``construct_unambiguous``: ``ConstructorError``)."""
 
     _depth = 0
 
@@ -71,6 +73,27 @@ class BoundedLoader(yaml.SafeLoader):
 # a date or time is text to every reader here (a name, a tag): never a datetime object that JSON and the configs'
 # number fields would trip over (`lr: 2024-01-01` is then refused as "must be a number", one line)
 BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+
+
+# YAML 1.1 reads `010` as 8 (octal) and `1:30` as 90 (base 60), where YAML 1.2, JSON and every reader's eye read 10
+# and text: `steps: 010` trained 8 steps. Such a plain scalar is refused (ConstructorError, with its line); `0x10`,
+# `0o10` and `1_000` have one reading and stay numbers, and quoted text stays text
+AMBIGUOUS_NUMBER = re.compile(r"[-+]?(0[0-9_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)")
+
+
+def construct_unambiguous(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    """PyYAML's int or float of ``node``, refused when YAML 1.1 reads it as base 8 or 60 (``AMBIGUOUS_NUMBER``)."""
+    if AMBIGUOUS_NUMBER.fullmatch(node.value):
+        raise yaml.constructor.ConstructorError(None, None, f"{short(node.value, 40)[1:-1]} is a base-8 or base-60 "
+                                                f"number in YAML 1.1; write it without the leading zero or colon, or "
+                                                f"quote it as text", node.start_mark)
+    if node.tag.endswith(":int"):
+        return loader.construct_yaml_int(node)
+    return loader.construct_yaml_float(node)
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", construct_unambiguous)
+BoundedLoader.add_constructor("tag:yaml.org,2002:float", construct_unambiguous)
 
 
 MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base`: its keys may be set again below it, as YAML's merge means
