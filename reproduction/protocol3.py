@@ -99,8 +99,9 @@ def read_runs(folder: Path) -> list[Run]:
     Each run's CPU kind: runs.csv's ``cpu`` and ``cpu_capability``
     columns where it has them, else the run's ``meta.json``. Empty when the cell has neither (or a header-only
     runs.csv and no finished run). ``ValueError`` (``frames.read_runs_csv``) when runs.csv is torn or lists a run
-    twice or a finished row lacks its loss, parameter counts or tokens, or when a finished run's ``summary.json``
-    or a training run's ``config.yaml`` cannot be read."""
+    twice or a finished row lacks its loss, parameter counts or tokens, when a finished run's ``summary.json``
+    or a training run's ``config.yaml`` cannot be read, or when a finished run trained another token count than
+    the cell's (``check_one_budget``)."""
     folder = Path(folder)
     out, seen = [], set()
     f = folder / "runs.csv"
@@ -115,6 +116,7 @@ def read_runs(folder: Path) -> list[Run]:
                            int(float(r["non_embedding_params"] or 0)), int(float(r["params"] or 0)),
                            int(float(r["tokens"] or 0)), float(r["wall_time_s"] or 0), r["status"]))
             seen.add(r["run"])
+    listed = set(seen)  # the runs runs.csv names (check_one_budget says where a run came from)
     for d in sorted((folder / "runs").glob("*/summary.json")) if (folder / "runs").is_dir() else []:
         run = d.parent
         done, diverged = (run / rundir.DONE).is_file(), (run / rundir.DIVERGED).is_file()
@@ -140,7 +142,22 @@ def read_runs(folder: Path) -> list[Run]:
         cfg = rundir.load_config(run)  # RunDirError (a ValueError) names a damaged config
         out.append(Run(run.name, cfg.strategy, float(cfg.optim.lr), int(cfg.train.seed), math.inf, False,
                        _kind({}, run / rundir.META), 0, 0, 0, 0.0, "unfinished"))
+    check_one_budget(folder, out, listed)
     return out
+
+
+def check_one_budget(folder: Path, runs: list[Run], listed: set[str]) -> None:
+    """Raise ``ValueError`` naming the first finished run whose token count is not the one most of the cell's
+    finished runs have (every strategy of a cell trains the tokens its baseline's size and tokens per parameter
+    give): a runs.csv row or a run folder of another rung or budget, read in, would move the picks and Δ."""
+    counts = Counter(r.tokens for r in runs if r.done and r.tokens > 0)
+    if len(counts) < 2:
+        return
+    common = counts.most_common(1)[0][0]
+    odd = next(r for r in runs if r.done and r.tokens > 0 and r.tokens != common)
+    where = folder / "runs.csv" if odd.name in listed else folder / "runs" / odd.name / rundir.SUMMARY
+    raise ValueError(f"{odd.name} in {where} trained {odd.tokens:,} tokens where the cell's other finished runs "
+                     f"trained {common:,} (a run of another cell?); remove it there, or retrain it in this cell")
 
 
 def tuning_seeds(runs: list[Run], strategy: str) -> set[int]:

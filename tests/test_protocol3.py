@@ -328,3 +328,27 @@ def test_a_run_still_training_on_a_tuning_seed_holds_back_the_pick(tmp_path):
     shutil.rmtree(d)
     cell = protocol3.read_cell(folder)
     assert cell.picks["unified"].lr == 0.02 and cell.picks["unified"].curve[0.02] == pytest.approx(CURVE[0.02] + 1)
+
+
+def test_a_run_of_another_cell_is_refused_naming_it(tmp_path):
+    """A finished run whose token count is not the cell's (a runs.csv row or a run folder copied from another rung
+    or tokens-per-parameter) is a ValueError naming it and where it is listed: read in, it moved the picks and Δ."""
+    folder = write_cell_at(tmp_path / "ladder-cpu-10k-shakespeare-tpp100", 1.0)
+    rows = list(csv.DictReader((folder / "runs.csv").open()))
+    rows.append({**rows[-1], "run": "unified_lr0.02_s9", "seed": 9, "tokens": 399360, "final_val_loss": 1.5})
+    with (folder / "runs.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    with pytest.raises(ValueError, match=r"unified_lr0.02_s9 in .*runs.csv trained 399,360 tokens where the cell's "
+                                         r"other finished runs trained 1,990,656"):
+        protocol3.read_runs(folder)
+    write_cell_at(folder.with_name("ladder-cpu-10k-kjv-tpp100"), 1.0)
+    d = folder.with_name("ladder-cpu-10k-kjv-tpp100") / "runs" / "baseline_lr0.02_s9"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"strategy": "baseline", "lr": 0.02, "seed": 9, "final_val_loss": 1.5,
+                                                "tokens": 399360, "params": 19900, "non_embedding_params": 9660}))
+    (d / "DONE").write_text("")
+    with pytest.raises(ValueError, match=r"baseline_lr0.02_s9 in .*runs/baseline_lr0.02_s9/summary.json trained "
+                                         r"399,360 tokens"):
+        protocol3.read_runs(d.parents[1])
