@@ -248,22 +248,10 @@ def read_control(results: Path, cell_name: str, draws: int = DRAWS) -> CellContr
     return out
 
 
-def evals(folder: Path, run: Run) -> dict[int, float]:
-    """``{tokens: validation loss}`` at each evaluation of ``run`` (its ``summary.json``); {} if unreadable."""
-    try:
-        s = json.loads((Path(folder) / "runs" / run.name / rundir.SUMMARY).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {int(e["tokens"]): float(e["val_loss"]) for e in s.get("evals", []) if "val_loss" in e}
-
-
 def _evals_of(results: Path, cell_name: str, run: Run) -> dict[int, float]:
-    for folder in (Path(results) / cell_name, control_folder(results, cell_name)):
-        if (folder / "runs" / run.name / rundir.SUMMARY).is_file():
-            got = evals(folder, run)
-            if got:
-                return got
-    return {}
+    """``run``'s evaluations (``protocol3.run_evals``) from the cell's folder or its control's, whichever holds its
+    own summary."""
+    return protocol3.run_evals([Path(results) / cell_name, control_folder(results, cell_name)], run)
 
 
 def curve(results: Path, cell_name: str, pairs: list[Pair]) -> list[tuple[int, PairedDelta]]:
@@ -287,10 +275,12 @@ def stable_steps(schedule, total: int, steps) -> set[int]:
 def stable_tokens(results: Path, cell_name: str, run: Run) -> set[int]:
     """The evaluations (tokens) of ``run`` taken in its schedule's stable phase (``stable_steps``), from its
     ``config.yaml`` and ``summary.json`` (in the cell's folder or its control's)."""
-    folder = next(f for f in (Path(results) / cell_name, control_folder(results, cell_name))
-                  if (f / "runs" / run.name / rundir.CONFIG).is_file())
-    cfg = rundir.load_config(folder / "runs" / run.name)
-    s = json.loads((folder / "runs" / run.name / rundir.SUMMARY).read_text())
+    d = protocol3.run_dir([Path(results) / cell_name, control_folder(results, cell_name)], run)
+    if d is None:
+        raise ValueError(f"run {run.name} has no summary.json in {results / cell_name} or its control folder; "
+                         f"restore its run directory")
+    cfg = rundir.load_config(d)
+    s = json.loads((d / rundir.SUMMARY).read_text())
     tokens = {int(e["step"]): int(e["tokens"]) for e in s.get("evals", [])}
     return {tokens[k] for k in stable_steps(cfg.schedule, int(s["steps"]), tokens)}
 
@@ -354,7 +344,7 @@ def equal_lr_curves(results: Path, cell_name: str) -> list[EqualLr]:
 
 
 __all__ = ["ARMS", "ArmControl", "CellControl", "EqualLr", "Pair", "Repick", "control_folder", "curve", "delta_of",
-           "equal_lr_curves", "evals", "held_out_seeds", "merged_runs", "pairs_at", "read_control", "repick",
+           "equal_lr_curves", "held_out_seeds", "merged_runs", "pairs_at", "read_control", "repick",
            "repick_bootstrap", "same_lr", "section", "stable_phase", "stable_steps", "stable_tokens", "tuning_curve"]
 
 

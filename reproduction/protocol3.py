@@ -347,6 +347,43 @@ def read_ladder_cells(results: Path) -> list[CellV3]:
     return out
 
 
+def run_dir(folders: list[Path], run: Run) -> Path | None:
+    """The directory of ``run`` among ``folders`` (a cell's and its control's): the first ``FOLDER/runs/NAME``
+    whose ``summary.json`` is the run's (strategy, lr, seed and, finished, final loss equal to ``run``'s: runs.csv
+    copies them from it), so that a control's rerun named as a cell run on another CPU kind reads its own
+    evaluations; None when none of them has a summary of that name. ``ValueError`` naming the files when one
+    cannot be read or none is the run's (a summary of another run or cell copied in)."""
+    found = []
+    for folder in folders:
+        f = Path(folder) / "runs" / run.name / rundir.SUMMARY
+        if not f.is_file():
+            continue
+        try:
+            s = json.loads(f.read_text())
+            own = (s["strategy"] == run.strategy and float(s["lr"]) == run.lr and int(s["seed"]) == run.seed
+                   and (not run.done or float(s["final_val_loss"]) == run.loss))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{f} cannot be read ({type(e).__name__}: {e}); retrain the run, or restore the "
+                             f"file from git") from None
+        if own:
+            return f.parent
+        found.append(str(f))
+    if found:
+        raise ValueError(f"{' and '.join(found)} is not the summary of run {run.name} ({run.strategy}, lr {run.lr:g}, "
+                         f"seed {run.seed}, final loss {run.loss:.6g}); restore the run's own summary.json")
+    return None
+
+
+def run_evals(folders: list[Path], run: Run) -> dict[int, float]:
+    """``{tokens: validation loss}`` at each evaluation of ``run`` (its ``summary.json`` ``evals``, found by
+    ``run_dir``); {} when it has no summary there."""
+    d = run_dir(folders, run)
+    if d is None:
+        return {}
+    s = json.loads((d / rundir.SUMMARY).read_text())
+    return {int(e["tokens"]): float(e["val_loss"]) for e in s.get("evals", []) if "val_loss" in e}
+
+
 def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, PairedDelta]]:
     """Δ(t) of ``strategy`` against the baseline at every evaluation both runs of a pair have (``summary.json``
     ``evals``: ``(tokens, Δ)``), on the held-out same-kind pairs of ``cell``; [] without them."""
@@ -356,19 +393,13 @@ def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, Pa
     runs = read_runs(folder)
     a, b = _at(runs, "baseline", cell.picks["baseline"].lr), _at(runs, strategy, arm.pick.lr)
 
-    def evals(run: Run) -> dict[int, float]:
-        try:
-            s = json.loads((Path(folder) / "runs" / run.name / rundir.SUMMARY).read_text())
-        except (OSError, ValueError):
-            return {}
-        return {int(e["tokens"]): float(e["val_loss"]) for e in s.get("evals", []) if "val_loss" in e}
-
-    ea = {k: evals(a[k]) for k in arm.held_seeds}
-    eb = {k: evals(b[k]) for k in arm.held_seeds}
+    ea = {k: run_evals([folder], a[k]) for k in arm.held_seeds}
+    eb = {k: run_evals([folder], b[k]) for k in arm.held_seeds}
     steps = sorted(set.intersection(*(set(ea[k]) & set(eb[k]) for k in arm.held_seeds)))
     return [(t, paired_delta([ea[k][t] for k in arm.held_seeds], [eb[k][t] for k in arm.held_seeds]))
             for t in steps]
 
 
 __all__ = ["CellV3", "NOISE_SE", "Pick", "Run", "StrategyV3", "compare", "delta_curve", "neighbour_sd",
-           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_runs", "same_kind", "tuning_seeds"]
+           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_runs", "run_dir", "run_evals", "same_kind",
+           "tuning_seeds"]

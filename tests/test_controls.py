@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from reproduction import controls
+from reproduction import controls, protocol3
 
 from scalevec.config import RunConfig, ScheduleConfig
 from scalevec.config.codec import save_yaml
@@ -272,3 +272,30 @@ def test_a_cell_read_from_its_runs_csv_pairs_with_control_run_directories(tmp_pa
     a = controls.read_control(tmp_path, cell.name, draws=0).arms["unified"]
     assert a.tuned.delta == pytest.approx(0.05, abs=1e-12) and a.tuned.n == 3
     assert a.at_base.delta == pytest.approx(-0.02, abs=1e-12) and [p.seed for p in a.pairs] == [2, 3, 4]
+
+
+def test_a_control_rerun_under_a_cell_runs_name_reads_its_own_evaluations(tmp_path):
+    """A control run named as a cell run (the baseline rerun on another CPU kind) gives Δ(t) its own summary's
+    evaluations, not the cell run's (which carry a 0.5 nat offset here: the stable-phase Δ at equal lr would read
+    about −0.5, not 0); a summary of another run under the name in both folders is an error naming the files."""
+    cfg = replace(RunConfig(), schedule=ScheduleConfig(name="wsd", warmup_frac=0.05, min_lr_ratio=0.0, decay_frac=0.2))
+    name = "ladder-cpu-25k-shakespeare-tpp100-wsd"
+    cell, steps = tmp_path / name, [100, 800, 1600, 2005]
+    for s, curve in CURVES.items():
+        for lr in LRS:
+            for seed in (0, 1):
+                add_run(cell, s, lr, seed, curve[lr] + 0.001 * seed, cfg=cfg)
+    control = controls.control_folder(tmp_path, name)
+    for k in range(2, 5):
+        add_run(cell, "baseline", 0.02, k, 2.5, evals=[(t, t * 2048, 2.5) for t in steps], cfg=cfg)
+        add_run(cell, "unified", 0.01, k, 2.0, evals=[(t, t * 2048, 2.0) for t in steps], cfg=cfg)
+        add_run(control, "baseline", 0.02, k, 2.0, kind=AMD, evals=[(t, t * 2048, 2.0) for t in steps], cfg=cfg)
+        add_run(control, "unified", 0.02, k, 2.0, kind=AMD, evals=[(t, t * 2048, 2.0) for t in steps], cfg=cfg)
+    rows = {(e.arm, e.base_lr, e.arm_lr): e for e in controls.equal_lr_curves(tmp_path, name)}
+    equal = rows[("unified", 0.02, 0.02)]
+    assert equal.pairs[0].kind == "AMD EPYC / AVX512" and equal.final.delta == 0.0
+    assert equal.stable.delta == 0.0 and all(d.delta == 0.0 for _, d in equal.curve)
+    listed = replace(equal.pairs[0].base, seed=7)  # a runs.csv row of seed 7 under this run's name
+    with pytest.raises(ValueError, match=r"baseline_lr0.02_s2/summary.json and .*baseline_lr0.02_s2/summary.json is "
+                                         r"not the summary of run baseline_lr0.02_s2 \(baseline, lr 0.02, seed 7"):
+        protocol3.run_dir([cell, control], listed)
