@@ -420,3 +420,21 @@ def test_jobs_below_one_are_refused_before_the_folder_is_written(tmp_path, dry_r
     with pytest.raises(ValueError, match=rf"^--jobs {jobs} must be >= 1$"):
         run_study(spec, plan, stored, tmp_path / "out", jobs=jobs, dry_run=dry_run, train_cmd=FAKE)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--budget-s", "inf"), ("--budget-s", "nan"), ("--budget-s", "0"),
+                                         ("--budget-s", "-5"), ("--budget-s", "1e12"),
+                                         ("--step-time", "inf")])
+def test_a_budget_or_step_time_that_is_no_finite_positive_number_is_refused(tmp_path, capsys, flag, value):
+    """``--budget-s inf`` passed ``> 0`` and became a deadline whose timer thread died with an OverflowError
+    traceback (the slice then had no end): every value that is not a finite number > 0 is one line in the one form,
+    exit 2, before the folder is written."""
+    from scalevec.cli import main
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(STUDY))
+    assert main(["study", str(f), "--out", str(tmp_path / "out"), flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} must be a finite number > 0" in err[0] and ", like " in err[0], err
+    assert f"; got {float(value)!r}" in err[0], err
+    assert not (tmp_path / "out").exists()

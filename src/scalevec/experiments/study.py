@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -54,7 +55,7 @@ from typing import Any
 from scalevec.config import SEED_LIMIT
 from scalevec.config.files import load_yaml
 from scalevec.config.run_budget import run_tokens, total_steps
-from scalevec.config.typed import Fields, bad_input, is_number, short, yaml_number
+from scalevec.config.typed import Fields, bad_input, is_number, read_number, short, yaml_number
 from scalevec.experiments import stats, sweepdir
 from scalevec.experiments.progress import StudyScope, format_seconds
 from scalevec.experiments.study_grid import LR, SEED, STRATEGY, cell_of, grid_cells, narrowed, phase1_runs
@@ -476,10 +477,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec, plan, stored = parse(load_yaml(args.spec), where=str(args.spec))
     spec = replace(spec, file=str(args.spec))  # its relative data paths resolve beside it (sweep_spec.spec_paths)
-    if args.step_time is not None and not args.step_time > 0:
-        raise ValueError(f"--step-time {args.step_time} must be > 0 (seconds per optimizer step, e.g. 0.1)")
-    if args.budget_s is not None and not args.budget_s > 0:
-        raise ValueError(f"--budget-s {args.budget_s} must be > 0 (the slice's seconds, e.g. 480)")
+    # finite and within a timer's reach: an inf budget (or 1e12 s) passed `> 0` and made a deadline whose timer thread
+    # died with an OverflowError traceback, leaving the slice without an end
+    if args.step_time is not None:
+        read_number(args.step_time, "--step-time", above=0, like=0.1, fix="give the seconds per optimizer step")
+    if args.budget_s is not None:
+        read_number(args.budget_s, "--budget-s", above=0, most=threading.TIMEOUT_MAX, like=480,
+                    fix="give the slice's length in seconds")
     deadline = None if args.budget_s is None else time.time() + args.budget_s
     return run_study(spec, plan, stored, args.out or f"runs/{spec.name}", jobs=args.jobs, dry_run=args.dry_run,
                      step_time=args.step_time, deadline=deadline)
