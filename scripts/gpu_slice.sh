@@ -27,6 +27,15 @@ PY=${PYTHON:-}
 [ -n "$PY" ] || { [ -x "$ROOT/.venv/bin/python" ] && PY="$ROOT/.venv/bin/python" || PY=python3; }
 JOBS=${JOBS:-4} BUDGET_S=${BUDGET_S:-480} DEVICE=${DEVICE:-cuda} RESULTS=${RESULTS:-$ROOT/results}
 WORK=${WORK:-$ROOT/.slices}
+# whole seconds and a count, checked before anything is written: 0 ran a slice that started nothing and exited 0,
+# and 1.5 or nan broke the shell's arithmetic part-way
+for var in BUDGET_S:480 JOBS:4; do
+  name=${var%%:*} like=${var#*:}
+  if ! [[ ${!name} =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu_slice: $name must be a whole number > 0, like $like; got '${!name}'" >&2
+    exit 2
+  fi
+done
 if [ -z "${OUT:-}" ]; then
   echo "gpu_slice: set OUT to a new or empty folder (the runs come home there)" >&2
   exit 2

@@ -116,3 +116,19 @@ def test_the_deadline_stops_the_running_run_and_starts_no_other(tmp_path, capsys
     assert rc == 0 and time.time() - t0 < 40  # stopped at the deadline, not after the 60-s sleep
     assert len(list((tmp_path / "out" / "runs").glob("*/DONE"))) == 1
     assert "none_lr0.003_s0: stopped with the sweep" in out and "unified_lr0.003_s0: not started" in out
+
+
+def test_a_budget_or_jobs_that_is_no_positive_whole_number_is_refused_before_anything_is_written(tmp_path):
+    """BUDGET_S=0 or -5 ran a 'slice' that started nothing and exited 0, 1.5 or nan broke the shell's arithmetic
+    part-way: each is one line naming the variable, exit 2, before OUT or WORK exists (likewise JOBS)."""
+    for var, value in [("BUDGET_S", "0"), ("BUDGET_S", "-5"), ("BUDGET_S", "1.5"), ("BUDGET_S", "nan"),
+                       ("JOBS", "0"), ("JOBS", "two")]:
+        out, work = tmp_path / "OUT", tmp_path / "work"
+        env = {**os.environ, "DEVICE": "cpu", "JOBS": "3", "BUDGET_S": "240", "OUT": str(out), "WORK": str(work),
+               "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable, var: value}
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_slice.sh"), str(plan(tmp_path))], env=env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and r.stdout == "", (var, value, r.stdout, r.stderr)
+        assert r.stderr.strip() == (f"gpu_slice: {var} must be a whole number > 0, like "
+                                    f"{480 if var == 'BUDGET_S' else 4}; got '{value}'"), r.stderr
+        assert not out.exists() and not work.exists()
