@@ -317,3 +317,16 @@ def test_a_monitor_whose_load_state_dict_raises_fails_the_resume_naming_it(tmp_p
         newer.name = "RunningLoss"
         train(cfg, out, resume=True, quiet=True, monitors=[*monitors.default(), newer])
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "LOCK"} == before
+
+
+def test_a_stateful_monitor_that_ran_another_run_is_refused(tmp_path):
+    """One RunningLoss instance passed to a second run would carry the first run's count and sum into the second's
+    checkpoints without a word: refused before anything is written; the same instance resuming its own run is fine."""
+    cfg = tiny_run(tmp_path, steps=2)
+    shared = RunningLoss()
+    train(cfg, tmp_path / "a", stop_at=1, quiet=True, monitors=[*monitors.default(), shared])
+    with pytest.raises(ValueError, match=r"monitor 'RunningLoss' holds the state of run .*/a; pass a new instance"):
+        Trainer(cfg, tmp_path / "b", monitors=[*monitors.default(), shared])
+    assert not (tmp_path / "b").exists()
+    train(cfg, tmp_path / "a", resume=True, quiet=True, monitors=[*monitors.default(), shared])
+    assert shared.n == 2

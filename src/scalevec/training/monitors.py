@@ -99,6 +99,7 @@ class Monitor:
 
     ctx: RunContext
     _name: str | None = None
+    run_dir: Path | None = None  # the run this instance was passed to (``Trainer``): its state is that run's
 
     @property
     def name(self) -> str:

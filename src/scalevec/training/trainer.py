@@ -89,7 +89,8 @@ class Trainer:
     ``cfg``: a validated ``RunConfig``; ``out_dir``: the run directory; ``resume`` / ``overwrite``: continue the
     run there, or replace it; ``quiet``: no progress lines; ``init``: ``--init-from`` (``init_from.InitFrom``);
     ``monitors``: what the run reports (``monitors.Monitor``; default ``monitors.default()``), each under a
-    distinct ``name``. Raises as ``train`` does, before anything is written for bad input."""
+    distinct ``name``, and none with state from another run (an instance is bound to its run: ``run_dir``). Raises
+    as ``train`` does, before anything is written for bad input."""
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: bool = False,
                  quiet: bool = False, init: init_from.InitFrom | None = None,
@@ -99,6 +100,13 @@ class Trainer:
         if len(set(names)) < len(names):
             raise ValueError(f"two monitors are named {next(n for n in names if names.count(n) > 1)!r}: their "
                              f"checkpoint states would collide; give one a distinct `name`")
+        run = Path(out_dir).resolve()
+        for m in self.monitors:  # a stateful instance reused for another run would carry its state into that run's
+            ran = getattr(m, "run_dir", None)
+            if ran is not None and ran != run and monitors_mod.checkpoint_state(m):
+                raise ValueError(f"monitor {m.name!r} holds the state of run {ran}; pass a new instance to {run}")
+        for m in self.monitors:
+            m.run_dir = run
         self.init = init  # --init-from: a Hugging Face model or a parent run (init_from.py)
         self.cfg, self.out, self.resume = cfg, Path(out_dir), resume
         self.steps = total_steps(cfg)
