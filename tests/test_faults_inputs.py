@@ -490,3 +490,14 @@ def test_yaml_1_1_octal_and_base_60_numbers_are_refused_not_misread(tmp_path, ca
     assert resolve_config("tiny", "unified", ["train.steps=010"]).train.steps == 10
     with pytest.raises(ValueError, match=r"train.steps must be a whole number; got '1:30'"):
         resolve_config("tiny", "unified", ["train.steps=1:30"])
+
+
+@pytest.mark.parametrize("text, got", [("", "None"), ("- 1\n", "[1]"), ("just text\n", "'just text'")])
+def test_a_yaml_file_that_is_no_mapping_is_refused_in_the_one_form(tmp_path, capsys, text, got):
+    """An empty file, a list or a bare word as a config is one line in the one form (what it must be, an example,
+    what it holds, the fix); it said only 'must hold a mapping'."""
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    assert main(["train", "--config", str(f), "--print-config"]) == 2
+    one_line_error(capsys, f"config file {f} must be a mapping of keys to values, like train: {{steps: 100}}; "
+                           f"got {got}; write key: value lines")

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from scalevec.config.typed import short
+from scalevec.config.typed import bad_input, short
 
 # Bounds on what one YAML document may expand to. A config, sweep or study file is a few KB; an
 # alias bomb of 369 bytes (nine levels of nine aliases) expands to 9**9 nodes, which every later walk of the
@@ -236,7 +236,8 @@ def load_yaml(path: str | Path, what: str = "config file") -> dict:
     except RecursionError:  # a bound above should come first; never a traceback
         raise ValueError(f"{what} {p} nests too deeply; flatten it") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{what} {p} must hold a mapping")
+        raise bad_input(f"{what} {p}", "a mapping of keys to values", data, like="train: {steps: 100}",
+                        fix="write key: value lines")
     check_plain(data, str(p))
     return data
 
