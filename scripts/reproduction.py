@@ -70,20 +70,22 @@ def _loss(row: dict) -> float:
     return float(row["final_val_loss"]) if row["status"] == "done" else math.inf
 
 
-def arm_axis(rows: list[dict]) -> str:
-    """The column that names a cell's arms: a setting column if the cell has one, else ``strategy``."""
+def arm_axis(rows: list[dict], where: str = "runs.csv") -> str:
+    """The column that names a cell's arms: a setting column if the cell has one, else ``strategy``. ``ValueError``
+    naming ``where`` (the cell's runs.csv) when it has two or more (``main``: one line, exit 2)."""
     extra = [k for k in (rows[0] if rows else {}) if k not in STANDARD and not k.startswith("eval.")]
     if len(extra) > 1:
-        raise SystemExit(f"a cell varies {extra} within a strategy; scripts/reproduction.py reads one setting axis")
+        raise ValueError(f"{where} varies {extra} within a strategy; scripts/reproduction.py reads one setting "
+                         f"axis: report the cell with one setting column")
     return extra[0] if extra else "strategy"
 
 
-def analyse(rows: list[dict]) -> dict:
+def analyse(rows: list[dict], where: str = "runs.csv") -> dict:
     """Per arm: the lr curve on the tuning seeds (the seeds every lr of the arm has: seed 0 in the C6
     protocol, seeds 0-2 in the why-lrpick study; their mean per lr), the tuned lr picked on it, the
     per-seed losses there and the non-embedding parameter count; the cell's arm axis, its number of runs
     (0 for a header-only runs.csv) and training time."""
-    axis = arm_axis(rows)
+    axis = arm_axis(rows, where)
     out: dict = {"axis": axis, "arms": {}, "runs": len(rows),
                  "wall_s": sum(float(r["wall_time_s"] or 0) for r in rows)}
     by_arm = defaultdict(list)
@@ -1062,7 +1064,7 @@ def generate(results: Path, figures: Path | None = None) -> str:
     ladder_lines = v3_section(results, figures) + controls.section(results) + ladder_section(results, figures)
     # the first protocol's cells below: not the ladder's, nor the ladder's lr-matched controls
     folders = [f for f in folders if not f.name.startswith(("ladder-", controls.PREFIX))]
-    cells = {folder.name: analyse(read_cell(folder)) for folder in folders}
+    cells = {folder.name: analyse(read_cell(folder), str(folder / "runs.csv")) for folder in folders}
     rows = comparisons(cells)
     fits = scaling(cells)
     lines = ladder_lines + ["### Verdicts of the first protocol (init_std 0.02 at every width, warmup 50)", ""]

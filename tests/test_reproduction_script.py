@@ -187,3 +187,18 @@ def test_study_script_skips_a_finished_study_until_its_file_changes(tmp_path):
     assert not log.exists() or "sweeps/study-ladder-cpu-10k-kjv.yaml" not in log.read_text()
     run(REDO="1")
     assert "sweeps/study-ladder-cpu-10k-kjv.yaml" in log.read_text()
+
+
+def test_a_cell_varying_two_settings_is_a_one_line_error_naming_its_runs_csv(tmp_path, monkeypatch, capsys):
+    """A runs.csv with two setting columns (the script reads one arm axis) stopped with a bare SystemExit, exit 1
+    and no file named: now the script's one-line error, exit 2, naming the file."""
+    mod = _script()
+    cell = tmp_path / "cpu-25k-shakespeare"
+    cell.mkdir()
+    (cell / "runs.csv").write_text(
+        "run,status,preset,strategy,lr,seed,final_val_loss,tokens,params,non_embedding_params,wall_time_s,"
+        "scale.wd,model.layout\nbaseline_s0,done,cpu-25k,baseline,0.003,0,2.0,1000,100,50,1.0,0.1,pre\n")
+    monkeypatch.setattr(sys, "argv", ["reproduction.py", "--results", str(tmp_path)])
+    assert mod.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"reproduction.py: error: {cell / 'runs.csv'} varies "), err
