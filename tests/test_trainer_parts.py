@@ -330,3 +330,26 @@ def test_a_stateful_monitor_that_ran_another_run_is_refused(tmp_path):
     assert not (tmp_path / "b").exists()
     train(cfg, tmp_path / "a", resume=True, quiet=True, monitors=[*monitors.default(), shared])
     assert shared.n == 2
+
+
+def test_a_monitor_whose_close_raises_still_releases_the_run_and_closes_the_others(tmp_path):
+    """A close() that raises left the run directory locked by its own process (a resume in the same process was
+    refused as 'in use') and the monitors after it unclosed: its error propagates, every other monitor is closed,
+    the lock is released, and a resume without it finishes the run."""
+
+    class BadClose(Monitor):
+        def close(self):
+            raise RuntimeError("close broke")
+
+    class Closed(Monitor):
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    cfg, out, after = tiny_run(tmp_path, steps=2), tmp_path / "run", Closed()
+    with pytest.raises(RuntimeError, match="close broke"):
+        train(cfg, out, quiet=True, monitors=[*monitors.default(), BadClose(), after])
+    assert after.closed >= 1
+    train(cfg, out, resume=True, quiet=True)
+    assert (out / "DONE").is_file()

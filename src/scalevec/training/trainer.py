@@ -236,9 +236,16 @@ class Trainer:
                 m.on_row(row)
 
     def close_monitors(self) -> None:
-        """Close every monitor (``Monitor.close``; safe to call again)."""
+        """Close every monitor (``Monitor.close``; safe to call again); a close that raises does not keep the others
+        open (a tracker unflushed): the first error is raised after all were closed."""
+        error = None
         for m in self.monitors:
-            m.close()
+            try:
+                m.close()
+            except Exception as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     def header(self) -> None:
         """The lines that open a new run (rank 0): a warmup warning on stderr (even when quiet); the run, the
@@ -364,8 +371,10 @@ class Trainer:
             except OSError as e:
                 raise self.run_dir.failed(e, self.step) from None
         finally:
-            self.close_monitors()
-            self.release()
+            try:
+                self.close_monitors()
+            finally:  # a monitor's failing close must not leave the run locked by this process
+                self.release()
 
     def _loop(self, end: int, t_start: float, interrupt: dict) -> None:
         """The steps of ``fit`` up to ``end``, each followed by the monitors' ``after_step`` (and, on an evaluation
@@ -437,8 +446,10 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, overwrite: 
         try:
             return trainer.fit(stop_at=stop_at)
         finally:
-            trainer.close_monitors()
-            distributed.teardown(trainer.dist)
+            try:
+                trainer.close_monitors()
+            finally:
+                distributed.teardown(trainer.dist)
     finally:
         torch.set_num_threads(threads)
 
