@@ -85,11 +85,10 @@ def test_a_control_run_repeating_a_cell_run_on_its_kind_counts_once_and_is_check
         assert c.arms["unified"].at_base.delta == pytest.approx(0.03, abs=1e-12)
 
 
-def test_repick_bootstrap_counts_draws_whose_repicked_lr_has_no_held_out_runs(tmp_path):
-    """Baseline curve: seed 0 prefers 0.02, seed 1 prefers 0.04, their mean 0.02; a resample {1, 1} (a quarter of
-    the draws) re-picks 0.04, where no held-out baseline ran: those draws are uncovered. Every held-out pair has
-    Δ = +0.05 exactly, so the covered draws' interval is the point +0.05."""
-    cell = tmp_path / "ladder-cpu-10k-kjv"
+def split_pick_cell(root: Path, unified_held_out_lr: float) -> Path:
+    """A cell whose tuning seeds disagree on the baseline's lr: seed 0 prefers 0.02, seed 1 prefers 0.04, their
+    mean 0.02; held-out seeds 2-7 run the baseline at 0.02 and unified at ``unified_held_out_lr``, Δ = +0.05 each."""
+    cell = root / "ladder-cpu-10k-kjv"
     seed_curves = {0: {0.01: 2.10, 0.02: 2.00, 0.04: 2.08}, 1: {0.01: 2.10, 0.02: 2.06, 0.04: 2.04}}
     for k, curve in seed_curves.items():
         for lr, loss in curve.items():
@@ -97,7 +96,15 @@ def test_repick_bootstrap_counts_draws_whose_repicked_lr_has_no_held_out_runs(tm
             add_run(cell, "unified", lr, k, CURVES["unified"][lr])
     for k in range(2, 8):
         add_run(cell, "baseline", 0.02, k, 2.0 + k / 100)
-        add_run(cell, "unified", 0.01, k, 2.05 + k / 100)
+        add_run(cell, "unified", unified_held_out_lr, k, 2.05 + k / 100)
+    return cell
+
+
+def test_repick_bootstrap_counts_draws_whose_repicked_lr_has_no_held_out_runs(tmp_path):
+    """Baseline curve: seed 0 prefers 0.02, seed 1 prefers 0.04, their mean 0.02; a resample {1, 1} (a quarter of
+    the draws) re-picks 0.04, where no held-out baseline ran: those draws are uncovered. Every held-out pair has
+    Δ = +0.05 exactly, so the covered draws' interval is the point +0.05."""
+    split_pick_cell(tmp_path, 0.01)
     c = controls.read_control(tmp_path, "ladder-cpu-10k-kjv", draws=0) or None
     assert c is None  # no control folder yet: nothing to read
     (tmp_path / "control-cpu-10k-kjv").mkdir()
@@ -143,15 +150,7 @@ def test_repick_counts_covered_draws_whose_pick_moved(tmp_path):
     """Seed 1 alone re-picks the baseline at 0.04: with no held-out baseline there, those draws are uncovered
     (``moved_covered`` 0, and the note says every interval is a bootstrap at the picks); once held-out baselines
     and unified ran at 0.04 the same draws are covered and counted (about a quarter of 2000)."""
-    cell = tmp_path / "ladder-cpu-10k-kjv"
-    seed_curves = {0: {0.01: 2.10, 0.02: 2.00, 0.04: 2.08}, 1: {0.01: 2.10, 0.02: 2.06, 0.04: 2.04}}
-    for k, curve in seed_curves.items():
-        for lr, loss in curve.items():
-            add_run(cell, "baseline", lr, k, loss)
-            add_run(cell, "unified", lr, k, CURVES["unified"][lr])
-    for k in range(2, 8):
-        add_run(cell, "baseline", 0.02, k, 2.0 + k / 100)
-        add_run(cell, "unified", 0.02, k, 2.05 + k / 100)
+    cell = split_pick_cell(tmp_path, 0.02)
     control = controls.control_folder(tmp_path, cell.name)
     control.mkdir()
     r = controls.read_control(tmp_path, cell.name, draws=2000).arms["unified"].repick_base

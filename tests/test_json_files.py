@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 import transformers  # a dev dependency: missing it fails these tests, never skips
@@ -20,9 +19,9 @@ from scalevec.hf.evaluation import check_eval_file
 from scalevec.hf_format.hf_import import read_config_json
 from scalevec.training import rundir
 from scalevec.training.checkpoint import integrity, layout
+from source_grep import lines_outside_config
 from test_faults_inputs import one_line_error
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "scalevec"
 JSON_PARSE = re.compile(r"\bjson\.loads?\(")
 # JSON parsed outside the config package that no user or earlier run wrote, each with the reason
 ALLOWED = [
@@ -36,14 +35,7 @@ TWICE = "sets the key 'lr' twice in one object"
 def test_no_json_parse_of_a_file_outside_the_config_package():
     """Outside scalevec/config, no module calls ``json.load(`` / ``json.loads(`` except the allow-listed in-memory
     texts: every file goes through ``load_json`` / ``parse_json``, which refuse a key set twice."""
-    found = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel.startswith("config/"):
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if JSON_PARSE.search(line) and not any(rel == f and s in line for f, s in ALLOWED):
-                found.append(f"{rel}:{n}: {line.strip()}")
+    found = lines_outside_config(JSON_PARSE, ALLOWED)
     assert not found, "JSON parsed outside scalevec.config.files; use load_json or parse_json:\n" + "\n".join(found)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,7 @@ from scalevec.config.typed import (
     read_number,
     yaml_number,
 )
-
-SRC = Path(__file__).resolve().parents[1] / "src" / "scalevec"
+from source_grep import lines_outside_config
 
 # (call, the whole message it must raise)
 REFUSED = [
@@ -114,12 +112,5 @@ ALLOWED = {("experiments/sweep_grid.py", "isinstance(v, float)"),
 def test_no_local_int_number_or_flag_reader_outside_the_config_package():
     """Outside scalevec/config, no module tests ``isinstance(x, int)``, ``(int, float)`` or ``bool`` on input or
     defines its own ``_int`` / ``_float`` / ``_flag``: every such check is ``is_int`` / ``is_number`` / a reader."""
-    found = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel.startswith("config/"):
-            continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if LOCAL_READER.search(line) and not any(rel == f and s in line for f, s in ALLOWED):
-                found.append(f"{rel}:{n}: {line.strip()}")
+    found = lines_outside_config(LOCAL_READER, ALLOWED)
     assert not found, "local type tests; use scalevec.config.typed:\n" + "\n".join(found)
