@@ -85,6 +85,14 @@ def test_a_control_run_repeating_a_cell_run_on_its_kind_counts_once_and_is_check
         assert c.arms["unified"].at_base.delta == pytest.approx(0.03, abs=1e-12)
 
 
+def add_tuning_runs(cell: Path, cfg: RunConfig) -> None:
+    """The cell's tuning runs: every strategy of ``CURVES`` at every lr of ``LRS`` on seeds 0-1."""
+    for s, curve in CURVES.items():
+        for lr in LRS:
+            for seed in (0, 1):
+                add_run(cell, s, lr, seed, curve[lr] + 0.001 * seed, cfg=cfg)
+
+
 def split_pick_cell(root: Path, unified_held_out_lr: float) -> Path:
     """A cell whose tuning seeds disagree on the baseline's lr: seed 0 prefers 0.02, seed 1 prefers 0.04, their
     mean 0.02; held-out seeds 2-7 run the baseline at 0.02 and unified at ``unified_held_out_lr``, Δ = +0.05 each."""
@@ -184,10 +192,7 @@ def test_wsd_stable_phase_at_equal_lr_compares_runs_at_one_lr(tmp_path):
     def ev(level, end):
         return [(k, k * 2048, level + (end if k == 2005 else 0.0)) for k in steps]
 
-    for s, curve in CURVES.items():
-        for lr in LRS:
-            for seed in (0, 1):
-                add_run(cell, s, lr, seed, curve[lr] + 0.001 * seed, cfg=cfg)
+    add_tuning_runs(cell, cfg)
     control = controls.control_folder(tmp_path, name)
     for k in range(2, 5):
         add_run(cell, "baseline", 0.02, k, 2.03 + k / 100, evals=ev(2.03 + k / 100, 0.0), cfg=cfg)
@@ -280,10 +285,7 @@ def test_a_control_rerun_under_a_cell_runs_name_reads_its_own_evaluations(tmp_pa
     cfg = replace(RunConfig(), schedule=ScheduleConfig(name="wsd", warmup_frac=0.05, min_lr_ratio=0.0, decay_frac=0.2))
     name = "ladder-cpu-25k-shakespeare-tpp100-wsd"
     cell, steps = tmp_path / name, [100, 800, 1600, 2005]
-    for s, curve in CURVES.items():
-        for lr in LRS:
-            for seed in (0, 1):
-                add_run(cell, s, lr, seed, curve[lr] + 0.001 * seed, cfg=cfg)
+    add_tuning_runs(cell, cfg)
     control = controls.control_folder(tmp_path, name)
     for k in range(2, 5):
         add_run(cell, "baseline", 0.02, k, 2.5, evals=[(t, t * 2048, 2.5) for t in steps], cfg=cfg)
