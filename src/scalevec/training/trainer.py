@@ -28,6 +28,7 @@ says which checkpoint and step it continues from.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -100,7 +101,7 @@ class Trainer:
         if len(set(names)) < len(names):
             raise ValueError(f"two monitors are named {next(n for n in names if names.count(n) > 1)!r}: their "
                              f"checkpoint states would collide; give one a distinct `name`")
-        run = Path(out_dir).resolve()
+        run = Path(os.path.abspath(out_dir))  # not resolve(): a link loop as --out is refused below, in one line
         for m in self.monitors:  # a stateful instance reused for another run would carry its state into that run's
             ran = getattr(m, "run_dir", None)
             if ran is not None and ran != run and monitors_mod.checkpoint_state(m):
