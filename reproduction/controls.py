@@ -22,7 +22,6 @@ to 6 digits, its grid steps ×√2).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -275,12 +274,12 @@ def stable_steps(schedule, total: int, steps) -> set[int]:
 def stable_tokens(results: Path, cell_name: str, run: Run) -> set[int]:
     """The evaluations (tokens) of ``run`` taken in its schedule's stable phase (``stable_steps``), from its
     ``config.yaml`` and ``summary.json`` (in the cell's folder or its control's)."""
-    d = protocol3.run_dir([Path(results) / cell_name, control_folder(results, cell_name)], run)
-    if d is None:
+    found = protocol3.run_summary([Path(results) / cell_name, control_folder(results, cell_name)], run)
+    if found is None:
         raise ValueError(f"run {run.name} has no summary.json in {results / cell_name} or its control folder; "
                          f"restore its run directory")
+    d, s = found
     cfg = rundir.load_config(d)
-    s = json.loads((d / rundir.SUMMARY).read_text())
     tokens = {int(e["step"]): int(e["tokens"]) for e in s.get("evals", [])}
     return {tokens[k] for k in stable_steps(cfg.schedule, int(s["steps"]), tokens)}
 
@@ -397,7 +396,7 @@ def cpu_hours(folder: Path) -> float:
     for f in sorted((Path(folder) / "runs").glob("*/summary.json")) if (Path(folder) / "runs").is_dir() else []:
         if (f.parent / rundir.DONE).is_file():
             try:
-                s = json.loads(f.read_text())
+                s = protocol3.read_json(f)
                 total += float(s.get("cpu_time_s") or 0) * int(s.get("steps") or 0)
             except (OSError, ValueError, TypeError):
                 continue

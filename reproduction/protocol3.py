@@ -20,13 +20,13 @@ pairs: Δ(t) of the WSD cell.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalevec.config.files import load_json
 from scalevec.experiments.frames import read_runs_csv
 from scalevec.experiments.stats import PairedDelta, paired_delta, pick_lr
 from scalevec.training import rundir
@@ -72,11 +72,17 @@ def _known(value: object) -> str:
     return "" if text.lower() in MISSING else text
 
 
+def read_json(path: Path):
+    """A run's JSON file through scalevec's one reader (``load_json``: bounded, a key set twice refused, where
+    ``json.loads`` would keep the last); ``ValueError`` naming the file otherwise."""
+    return load_json(path, "run file", "restore it from git, or retrain the run")
+
+
 def _kind(row: dict, meta: Path) -> str:
     cpu, cap = _known(row.get("cpu")), _known(row.get("cpu_capability"))
     if not (cpu and cap) and meta.is_file():
         try:
-            m = json.loads(meta.read_text())
+            m = read_json(meta)
             cpu, cap = cpu or _known(m.get("cpu")), cap or _known(m.get("cpu_capability"))
         except (OSError, ValueError, AttributeError):  # AttributeError: meta.json that is not an object
             pass
@@ -123,7 +129,7 @@ def read_runs(folder: Path) -> list[Run]:
         if run.name in seen or not (done or diverged):
             continue
         try:
-            m = json.loads(d.read_text())
+            m = read_json(d)
             loss = float(m["final_val_loss"]) if done else math.inf
             out.append(Run(run.name, str(m["strategy"]), float(m["lr"]), int(m["seed"]), loss, done,
                            _kind({}, run / rundir.META), int(m.get("non_embedding_params") or 0),
@@ -347,26 +353,26 @@ def read_ladder_cells(results: Path) -> list[CellV3]:
     return out
 
 
-def run_dir(folders: list[Path], run: Run) -> Path | None:
-    """The directory of ``run`` among ``folders`` (a cell's and its control's): the first ``FOLDER/runs/NAME``
-    whose ``summary.json`` is the run's (strategy, lr, seed and, finished, final loss equal to ``run``'s: runs.csv
-    copies them from it), so that a control's rerun named as a cell run on another CPU kind reads its own
-    evaluations; None when none of them has a summary of that name. ``ValueError`` naming the files when one
-    cannot be read or none is the run's (a summary of another run or cell copied in)."""
+def run_summary(folders: list[Path], run: Run) -> tuple[Path, dict] | None:
+    """The directory of ``run`` and its parsed ``summary.json`` among ``folders`` (a cell's and its control's): the
+    first ``FOLDER/runs/NAME`` whose ``summary.json`` is the run's (strategy, lr, seed and, finished, final loss
+    equal to ``run``'s: runs.csv copies them from it), so that a control's rerun named as a cell run on another CPU
+    kind reads its own evaluations; None when none of them has a summary of that name. ``ValueError`` naming the
+    files when one cannot be read or none is the run's (a summary of another run or cell copied in)."""
     found = []
     for folder in folders:
         f = Path(folder) / "runs" / run.name / rundir.SUMMARY
         if not f.is_file():
             continue
         try:
-            s = json.loads(f.read_text())
+            s = read_json(f)
             own = (s["strategy"] == run.strategy and float(s["lr"]) == run.lr and int(s["seed"]) == run.seed
                    and (not run.done or float(s["final_val_loss"]) == run.loss))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{f} cannot be read ({type(e).__name__}: {e}); retrain the run, or restore the "
                              f"file from git") from None
         if own:
-            return f.parent
+            return f.parent, s
         found.append(str(f))
     if found:
         raise ValueError(f"{' and '.join(found)} is not the summary of run {run.name} ({run.strategy}, lr {run.lr:g}, "
@@ -376,12 +382,10 @@ def run_dir(folders: list[Path], run: Run) -> Path | None:
 
 def run_evals(folders: list[Path], run: Run) -> dict[int, float]:
     """``{tokens: validation loss}`` at each evaluation of ``run`` (its ``summary.json`` ``evals``, found by
-    ``run_dir``); {} when it has no summary there."""
-    d = run_dir(folders, run)
-    if d is None:
-        return {}
-    s = json.loads((d / rundir.SUMMARY).read_text())
-    return {int(e["tokens"]): float(e["val_loss"]) for e in s.get("evals", []) if "val_loss" in e}
+    ``run_summary``); {} when it has no summary there."""
+    found = run_summary(folders, run)
+    evals = found[1].get("evals", []) if found else []
+    return {int(e["tokens"]): float(e["val_loss"]) for e in evals if "val_loss" in e}
 
 
 def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, PairedDelta]]:
@@ -401,5 +405,5 @@ def delta_curve(folder: Path, cell: CellV3, strategy: str) -> list[tuple[int, Pa
 
 
 __all__ = ["CellV3", "NOISE_SE", "Pick", "Run", "StrategyV3", "compare", "delta_curve", "neighbour_sd",
-           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_runs", "run_dir", "run_evals", "same_kind",
-           "tuning_seeds"]
+           "parse_name", "pick", "read_cell", "read_ladder_cells", "read_json", "read_runs", "run_evals", "run_summary",
+           "same_kind", "tuning_seeds"]

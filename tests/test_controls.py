@@ -299,4 +299,4 @@ def test_a_control_rerun_under_a_cell_runs_name_reads_its_own_evaluations(tmp_pa
     listed = replace(equal.pairs[0].base, seed=7)  # a runs.csv row of seed 7 under this run's name
     with pytest.raises(ValueError, match=r"baseline_lr0.02_s2/summary.json and .*baseline_lr0.02_s2/summary.json is "
                                          r"not the summary of run baseline_lr0.02_s2 \(baseline, lr 0.02, seed 7"):
-        protocol3.run_dir([cell, control], listed)
+        protocol3.run_summary([cell, control], listed)
