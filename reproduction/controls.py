@@ -391,15 +391,17 @@ def _boot(r: Repick | None) -> str:
 def cpu_hours(folder: Path) -> float:
     """Training CPU time of the finished runs of ``folder`` in hours: each ``summary.json``'s CPU seconds per step
     (``cpu_time_s``, the median over its logged steps) times its steps (evaluation and start-up not counted; a
-    machine shared with other work inflates the wall clock, not this)."""
+    machine shared with other work inflates the wall clock, not this). Raises ``ValueError`` naming a finished
+    run's summary that cannot be read or holds no such numbers: skipping it would print fewer hours than were spent."""
     total = 0.0
     for f in sorted((Path(folder) / "runs").glob("*/summary.json")) if (Path(folder) / "runs").is_dir() else []:
         if (f.parent / rundir.DONE).is_file():
+            s = protocol3.read_json(f)
             try:
-                s = protocol3.read_json(f)
                 total += float(s.get("cpu_time_s") or 0) * int(s.get("steps") or 0)
-            except (OSError, ValueError, TypeError):
-                continue
+            except (AttributeError, TypeError, ValueError):  # not an object, or a count that is text
+                raise ValueError(f"{f} holds no CPU seconds per step and step count; restore it from git, or "
+                                 f"retrain the run") from None
     return total / 3600
 
 

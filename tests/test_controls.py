@@ -300,3 +300,17 @@ def test_a_control_rerun_under_a_cell_runs_name_reads_its_own_evaluations(tmp_pa
     with pytest.raises(ValueError, match=r"baseline_lr0.02_s2/summary.json and .*baseline_lr0.02_s2/summary.json is "
                                          r"not the summary of run baseline_lr0.02_s2 \(baseline, lr 0.02, seed 7"):
         protocol3.run_summary([cell, control], listed)
+
+
+def test_cpu_hours_refuses_a_finished_runs_unreadable_summary(tmp_path):
+    """The hours spent add every finished run: a damaged summary.json is an error naming it, never skipped (the
+    sum would be lower than what was spent)."""
+    add_run(tmp_path, "baseline", 0.02, 2, 2.0)
+    f = next((tmp_path / "runs").glob("*/summary.json"))
+    assert controls.cpu_hours(tmp_path) == pytest.approx(0.02 * 2005 / 3600, rel=1e-12)  # seconds/step x steps
+    f.write_text('{"cpu_time_s": "x", "steps": "y"}')
+    with pytest.raises(ValueError, match="summary.json holds no CPU seconds"):
+        controls.cpu_hours(tmp_path)
+    f.write_text("{not json")
+    with pytest.raises(ValueError, match="summary.json"):
+        controls.cpu_hours(tmp_path)
